@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Build Horovod 0.28.1 from its sdist into a wheel, patched for C++17 (torch >= 2.1 headers need it).
+# One script for both the local .venv (CPU, Gloo) and the GPU image (NCCL + MPI): the caller sets
+# HOROVOD_* build flags; the defaults below are the CPU/Gloo build.
+#
+# usage: build_horovod.sh PYTHON WHEEL_DIR
+#   PYTHON     interpreter whose torch the extension is built against (torch must be installed)
+#   WHEEL_DIR  where the wheel is written; a wheel already there for the same torch is reused
+set -euo pipefail
+python=${1:?usage: build_horovod.sh PYTHON WHEEL_DIR}
+wheel_dir=${2:?usage: build_horovod.sh PYTHON WHEEL_DIR}
+version=0.28.1
+
+torch_version=$("$python" -c 'import torch; print(torch.__version__.split("+")[0])')
+tag="torch${torch_version}"
+mkdir -p "$wheel_dir/$tag"
+existing=$(ls "$wheel_dir/$tag"/horovod-"$version"-*.whl 2>/dev/null | head -n1 || true)
+if [ -n "$existing" ]; then
+  echo "horovod: cached wheel $existing"
+  exit 0
+fi
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+"$python" -m pip download --no-deps --no-binary :all: "horovod==$version" -d "$work" >/dev/null
+tar -xzf "$work/horovod-$version.tar.gz" -C "$work"
+src="$work/horovod-$version"
+# torch >= 2.1 headers use C++17; Horovod 0.28.1 pins C++14 in two places.
+sed -i 's/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD 17/' "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
+grep -q 'CMAKE_CXX_STANDARD 17' "$src/horovod/torch/CMakeLists.txt" || { echo "horovod: C++17 patch did not apply" >&2; exit 1; }
+
+export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1
+export HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
+if ! command -v mpicxx >/dev/null 2>&1; then export HOROVOD_WITHOUT_MPI=1; fi
+export MAKEFLAGS="-j$(nproc)"
+echo "horovod: building $version against torch $torch_version (a few minutes, once)"
+"$python" -m pip wheel --no-build-isolation --no-deps -w "$wheel_dir/$tag" "$src"
