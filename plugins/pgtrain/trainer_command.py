@@ -1,0 +1,11 @@
+"""The trainer's command line, shared by the local launcher and the MPIJob launcher.
+
+Everything else the trainer needs is in the run record (config snapshot, manifest); the database
+URL comes from the environment (``PGTRAIN_DATABASE_URL``), never from the command line.
+"""
+
+from __future__ import annotations
+
+
+def trainer_argv(run_id: str, python: str = "python") -> list[str]:
+    return [python, "-m", "trainer", "--run-id", run_id]
