@@ -26,7 +26,7 @@ def database_url(explicit: str | None = None) -> str:
     return url
 
 
-def connect(url: str | None = None, *, autocommit: bool = False) -> psycopg.Connection:
+def connect(url: str | None = None, *, autocommit: bool = True) -> psycopg.Connection:
     return psycopg.connect(database_url(url), autocommit=autocommit, application_name="pgtrain")
 
 

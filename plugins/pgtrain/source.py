@@ -113,7 +113,7 @@ def feature_length(source: Source) -> sql.Composable:
 def is_validation(source: Source, fraction: float, seed: int) -> sql.Composable:
     """SQL boolean: the row is held out for validation. Deterministic in (key, seed)."""
     threshold = int(round(fraction * _SPLIT_BUCKETS))
-    return sql.SQL("(abs(hashtextextended({}::text, {}) % {}) < {})").format(
+    return sql.SQL("(abs(mod(hashtextextended({}::text, {}), {})) < {})").format(
         source.key, sql.Literal(seed), sql.Literal(_SPLIT_BUCKETS), sql.Literal(threshold)
     )
 
