@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import torch
-from torch import nn
-
 from pgtrain.model_spec import ModelSpec
+from torch import nn
 
 
 class Standardize(nn.Module):

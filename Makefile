@@ -1,0 +1,46 @@
+# pgtrain: `make demo` trains and commits a model end to end; `make test` runs the whole suite.
+# Both install what is missing first (a project-local .venv; Horovod is built once into a cached wheel).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+WHEEL_CACHE ?= $(HOME)/.cache/pgtrain/wheels
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test lint bench load-digits render-mpijob clean
+
+install: $(STAMP)
+
+$(STAMP): requirements.txt trainer_image/requirements.txt trainer_image/build_horovod.sh pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip wheel setuptools
+	# torch pinned first: the CPU wheel, never a multi-GB CUDA build pulled in by a range
+	$(PY) -m pip install -q torch==2.13.0 -r trainer_image/requirements.txt
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q cloudpickle psutil pyyaml packaging cffi
+	bash trainer_image/build_horovod.sh $(PY) $(WHEEL_CACHE)
+	$(PY) -m pip install -q --no-deps $$(ls $(WHEEL_CACHE)/torch2.13.0/horovod-0.28.1-*.whl | head -n1)
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	$(VENV)/bin/horovodrun --check-build | grep -q '\[X\] PyTorch'
+	touch $(STAMP)
+
+demo: install
+	bash scripts/demo.sh
+
+test: install
+	bash scripts/test.sh
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+bench: install
+	$(PY) benchmarks/run_all.py
+
+load-digits: install
+	$(PY) -m pgtrain.examples digits --if-empty
+
+render-mpijob: install
+	$(PY) -m pgtrain.mpijob render --world-size 8 --gpus-per-worker 4 --image pgtrain-trainer:latest --run-id example
+
+clean:
+	rm -rf .airflow .demo .pytest_cache

@@ -1,0 +1,34 @@
+"""pgtrain_training: retrain a model on rows in PostgreSQL with Horovod, and commit it as a new version.
+
+provision_tables -> plan_run -> compute_shards -> train -> commit_parameters -> report
+
+Trigger it from the UI with other params (world_size, epochs, launcher=kubernetes, ...) or let the
+daily schedule retrain with the defaults. The training database is the Airflow connection `pgtrain_db`.
+"""
+
+from datetime import datetime, timedelta
+
+from airflow.sdk import DAG
+from pgtrain.airflow import tasks
+from pgtrain.airflow.params import dag_params
+
+with DAG(
+    dag_id="pgtrain_training",
+    description="Distributed training from PostgreSQL, committed as a model version",
+    schedule="@daily",
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    params=dag_params(),
+    default_args={"retries": 1, "retry_delay": timedelta(minutes=1)},
+    tags=["pgtrain", "training"],
+    doc_md=__doc__,
+):
+    run_id = tasks.plan_run()
+    shards = tasks.compute_shards(run_id)
+    trained = tasks.train(run_id)
+    committed = tasks.commit_parameters(run_id)
+    summary = tasks.report(run_id)
+
+    tasks.provision_tables() >> run_id
+    shards >> trained >> committed >> summary

@@ -1,0 +1,1 @@
+"""Airflow glue: the only part of pgtrain that imports Airflow. Heavy imports stay inside task bodies."""

@@ -1,0 +1,113 @@
+"""The DAG's Python tasks. Each is a thin shell: resolve the database, call the plain pgtrain function.
+
+pgtrain errors (bad input, rejected commits) fail the task without retries: retrying cannot fix them.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from airflow.sdk import task
+from airflow.sdk.exceptions import AirflowFailException
+
+from pgtrain.airflow.connection import DEFAULT_CONN_ID, database_url
+
+log = logging.getLogger(__name__)
+
+
+def _fail_fast_on_bad_input(function: Callable) -> Callable:
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from pgtrain.errors import PgtrainError, TrainingFailed
+
+        try:
+            return function(*args, **kwargs)
+        except TrainingFailed:
+            raise  # may be transient (a lost node): let Airflow's retries apply
+        except PgtrainError as error:
+            raise AirflowFailException(str(error)) from error
+
+    return wrapper
+
+
+@task
+@_fail_fast_on_bad_input
+def provision_tables(conn_id: str = DEFAULT_CONN_ID) -> list[int]:
+    from pgtrain.db import connect
+    from pgtrain.migrations import apply_migrations
+
+    with connect(database_url(conn_id)) as conn:
+        applied = apply_migrations(conn)
+    log.info("migrations applied now: %s", applied or "none (schema up to date)")
+    return applied
+
+
+@task
+@_fail_fast_on_bad_input
+def plan_run(conn_id: str = DEFAULT_CONN_ID, params: dict | None = None, dag_run: Any = None) -> str:
+    from pgtrain import runs
+    from pgtrain.config import TrainingConfig
+    from pgtrain.db import connect
+
+    config = TrainingConfig.from_mapping(dict(params))
+    with connect(database_url(conn_id)) as conn:
+        run = runs.plan_run(conn, dag_run.dag_id, dag_run.run_id, config)
+    log.info("training run %s (model %s, base version %s)", run.run_id, run.model_name, run.base_version)
+    return run.run_id
+
+
+@task
+@_fail_fast_on_bad_input
+def compute_shards(run_id: str, conn_id: str = DEFAULT_CONN_ID) -> dict[str, Any]:
+    from pgtrain import manifest, runs
+    from pgtrain.db import connect
+
+    with connect(database_url(conn_id)) as conn:
+        plan = manifest.plan_shards(conn, runs.get_run(conn, run_id))
+    for shard in plan.shards:
+        log.info("rank %d: keys %s..%s, %d rows (%d training)", shard.rank, shard.key_lo, shard.key_hi,
+                 shard.row_count, shard.train_count)
+    return {"rows_per_rank": [s.row_count for s in plan.shards], "input_dim": plan.input_dim,
+            "num_classes": plan.num_classes}
+
+
+@task
+@_fail_fast_on_bad_input
+def train(run_id: str, conn_id: str = DEFAULT_CONN_ID) -> None:
+    from pgtrain import launch_local, runs
+    from pgtrain.db import connect
+
+    url = database_url(conn_id)
+    with connect(url) as conn:
+        run = runs.get_run(conn, run_id)
+        runs.clear_training_output(conn, run_id)
+    launch_local.run_local(run_id, run.config.world_size, url, log)
+
+
+@task
+@_fail_fast_on_bad_input
+def commit_parameters(run_id: str, conn_id: str = DEFAULT_CONN_ID, ti: Any = None) -> dict[str, Any]:
+    from pgtrain.db import connect
+    from pgtrain.model_store import commit_run
+
+    owner = {"dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id, "try_number": ti.try_number}
+    with connect(database_url(conn_id)) as conn:
+        result = commit_run(conn, run_id, owner=owner)
+    log.info("model %s version %d (%s)", result.model_name, result.version,
+             "new" if result.created else "already committed by an earlier try")
+    return {"model_name": result.model_name, "version": result.version, "created": result.created}
+
+
+@task
+@_fail_fast_on_bad_input
+def report(run_id: str, conn_id: str = DEFAULT_CONN_ID) -> dict[str, Any]:
+    from pgtrain import report as reporting
+    from pgtrain.db import connect
+
+    with connect(database_url(conn_id)) as conn:
+        summary = reporting.build_summary(conn, run_id)
+    log.info("run summary:\n%s", reporting.format_summary(summary))
+    return summary
