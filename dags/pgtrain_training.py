@@ -24,11 +24,11 @@ with DAG(
     tags=["pgtrain", "training"],
     doc_md=__doc__,
 ):
-    run_id = tasks.plan_run()
-    shards = tasks.compute_shards(run_id)
-    trained = tasks.train(run_id)
-    committed = tasks.commit_parameters(run_id)
-    summary = tasks.report(run_id)
+    training_run = tasks.plan_run()
+    shards = tasks.compute_shards(training_run)
+    trained = tasks.train(training_run)
+    committed = tasks.commit_parameters(training_run)
+    summary = tasks.report(training_run)
 
-    tasks.provision_tables() >> run_id
+    tasks.provision_tables() >> training_run
     shards >> trained >> committed >> summary

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from urllib.parse import quote
 
 import psycopg
 from psycopg import sql
@@ -32,9 +33,14 @@ def create_database(admin_url: str, name: str) -> str:
 
 
 def database_url_for(url: str, name: str) -> str:
+    """The URL of database ``name`` on the server of ``url``, as a postgresql:// URI (Airflow reads those too)."""
     params = psycopg.conninfo.conninfo_to_dict(url)
-    params["dbname"] = name
-    return psycopg.conninfo.make_conninfo(**params)
+    user = quote(str(params.get("user", "")), safe="")
+    host, port = str(params.get("host", "")), params.get("port")
+    if host.startswith("/"):  # a unix socket directory goes in the query string
+        return f"postgresql://{user}@/{quote(name, safe='')}?host={quote(host, safe='')}" + (f"&port={port}" if port else "")
+    netloc = host + (f":{port}" if port else "")
+    return f"postgresql://{user}@{netloc}/{quote(name, safe='')}"
 
 
 def ensure_database(admin_url: str, name: str) -> str:

@@ -61,12 +61,12 @@ def plan_run(conn_id: str = DEFAULT_CONN_ID, params: dict | None = None, dag_run
 
 @task
 @_fail_fast_on_bad_input
-def compute_shards(run_id: str, conn_id: str = DEFAULT_CONN_ID) -> dict[str, Any]:
+def compute_shards(training_run: str, conn_id: str = DEFAULT_CONN_ID) -> dict[str, Any]:
     from pgtrain import manifest, runs
     from pgtrain.db import connect
 
     with connect(database_url(conn_id)) as conn:
-        plan = manifest.plan_shards(conn, runs.get_run(conn, run_id))
+        plan = manifest.plan_shards(conn, runs.get_run(conn, training_run))
     for shard in plan.shards:
         log.info("rank %d: keys %s..%s, %d rows (%d training)", shard.rank, shard.key_lo, shard.key_hi,
                  shard.row_count, shard.train_count)
@@ -76,26 +76,26 @@ def compute_shards(run_id: str, conn_id: str = DEFAULT_CONN_ID) -> dict[str, Any
 
 @task
 @_fail_fast_on_bad_input
-def train(run_id: str, conn_id: str = DEFAULT_CONN_ID) -> None:
+def train(training_run: str, conn_id: str = DEFAULT_CONN_ID) -> None:
     from pgtrain import launch_local, runs
     from pgtrain.db import connect
 
     url = database_url(conn_id)
     with connect(url) as conn:
-        run = runs.get_run(conn, run_id)
-        runs.clear_training_output(conn, run_id)
-    launch_local.run_local(run_id, run.config.world_size, url, log)
+        run = runs.get_run(conn, training_run)
+        runs.clear_training_output(conn, training_run)
+    launch_local.run_local(training_run, run.config.world_size, url, log)
 
 
 @task
 @_fail_fast_on_bad_input
-def commit_parameters(run_id: str, conn_id: str = DEFAULT_CONN_ID, ti: Any = None) -> dict[str, Any]:
+def commit_parameters(training_run: str, conn_id: str = DEFAULT_CONN_ID, ti: Any = None) -> dict[str, Any]:
     from pgtrain.db import connect
     from pgtrain.model_store import commit_run
 
     owner = {"dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id, "try_number": ti.try_number}
     with connect(database_url(conn_id)) as conn:
-        result = commit_run(conn, run_id, owner=owner)
+        result = commit_run(conn, training_run, owner=owner)
     log.info("model %s version %d (%s)", result.model_name, result.version,
              "new" if result.created else "already committed by an earlier try")
     return {"model_name": result.model_name, "version": result.version, "created": result.created}
@@ -103,11 +103,11 @@ def commit_parameters(run_id: str, conn_id: str = DEFAULT_CONN_ID, ti: Any = Non
 
 @task
 @_fail_fast_on_bad_input
-def report(run_id: str, conn_id: str = DEFAULT_CONN_ID) -> dict[str, Any]:
+def report(training_run: str, conn_id: str = DEFAULT_CONN_ID) -> dict[str, Any]:
     from pgtrain import report as reporting
     from pgtrain.db import connect
 
     with connect(database_url(conn_id)) as conn:
-        summary = reporting.build_summary(conn, run_id)
+        summary = reporting.build_summary(conn, training_run)
     log.info("run summary:\n%s", reporting.format_summary(summary))
     return summary
