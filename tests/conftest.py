@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -15,6 +16,23 @@ from pgtrain import devdb
 from pgtrain.migrations import apply_migrations
 
 REPO = Path(__file__).resolve().parents[1]
+
+# A project-local Airflow (SQLite metadata DB), set before anything imports airflow.
+os.environ.setdefault("AIRFLOW_HOME", str(REPO / ".airflow"))
+os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(REPO / "dags"))
+os.environ.setdefault("AIRFLOW__CORE__PLUGINS_FOLDER", str(REPO / "plugins"))
+os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+
+
+@pytest.fixture(scope="session")
+def airflow_env() -> dict[str, str]:
+    """Environment for `airflow` subprocesses, with the metadata DB migrated once."""
+    home = Path(os.environ["AIRFLOW_HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    if not (home / ".migrated").exists():
+        subprocess.run([str(REPO / ".venv/bin/airflow"), "db", "migrate"], check=True, capture_output=True)
+        (home / ".migrated").touch()
+    return dict(os.environ)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,84 @@
+"""DAG integrity: it loads, its shape is what DESIGN.md says, its params are valid, and parsing it is cheap."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from airflow.dag_processing.dagbag import DagBag
+from airflow.sdk.exceptions import ParamValidationError
+
+from pgtrain.config import PARAMETERS, TrainingConfig
+from tests.conftest import REPO
+
+DAG_ID = "pgtrain_training"
+TASK_ORDER = ["provision_tables", "plan_run", "compute_shards", "train", "commit_parameters", "report"]
+
+
+@pytest.fixture(scope="module")
+def dagbag() -> DagBag:
+    return DagBag(dag_folder=str(REPO / "dags"))
+
+
+@pytest.fixture(scope="module")
+def dag(dagbag):
+    return dagbag.dags[DAG_ID]
+
+
+def test_dag_folder_has_no_import_errors(dagbag):
+    assert dagbag.import_errors == {}
+    assert DAG_ID in dagbag.dags
+
+
+def test_tasks_run_in_the_designed_order(dag):
+    assert {t.task_id for t in dag.tasks} == set(TASK_ORDER)
+    position = {task_id: i for i, task_id in enumerate(TASK_ORDER)}
+    for task in dag.tasks:
+        for upstream in task.upstream_task_ids:
+            assert position[upstream] < position[task.task_id], f"{upstream} must run before {task.task_id}"
+    for earlier, later in zip(TASK_ORDER, TASK_ORDER[1:], strict=False):
+        assert earlier in dag.get_task(later).get_flat_relative_ids(upstream=True), f"{earlier} -> {later}"
+
+
+def test_schedule_is_daily_without_catchup(dag):
+    assert dag.catchup is False
+    assert dag.schedule == "@daily"
+
+
+def test_param_defaults_are_valid_training_config(dag):
+    dag.params.validate()
+    defaults = {name: dag.params[name] for name in dag.params}
+    config = TrainingConfig.from_mapping(defaults)
+    assert config == TrainingConfig()
+    assert set(PARAMETERS) <= set(defaults)
+    assert config.launcher == "local" and config.world_size == 2 and config.hidden_sizes == (50,)
+
+
+@pytest.mark.parametrize("name, value", [("world_size", 0), ("launcher", "slurm"), ("learning_rate", 0)])
+def test_params_reject_bad_values(dag, name, value):
+    with pytest.raises(ParamValidationError):
+        dag.params.get_param(name).resolve(value)
+
+
+def test_importing_the_dag_opens_no_connection_and_no_torch():
+    probe = f"""
+import importlib.util, json, socket, sys, time
+opened = []
+real_connect = socket.socket.connect
+def connect(self, address):
+    opened.append(str(address))
+    return real_connect(self, address)
+socket.socket.connect = connect
+started = time.perf_counter()
+spec = importlib.util.spec_from_file_location("dag_under_test", {str(REPO / "dags/pgtrain_training.py")!r})
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+print(json.dumps({{"seconds": time.perf_counter() - started, "connections": opened,
+    "heavy": [m for m in ("torch", "horovod", "psycopg", "psycopg2", "numpy") if m in sys.modules]}}))
+"""
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["connections"] == []
+    assert result["heavy"] == []
