@@ -9,6 +9,7 @@ daily schedule retrain with the defaults. The training database is the Airflow c
 from datetime import datetime, timedelta
 
 from airflow.sdk import DAG
+
 from pgtrain.airflow import tasks
 from pgtrain.airflow.params import dag_params
 

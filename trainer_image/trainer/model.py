@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import torch
-from pgtrain.model_spec import ModelSpec
 from torch import nn
+
+from pgtrain.model_spec import ModelSpec
 
 
 class Standardize(nn.Module):

@@ -16,11 +16,11 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 import torch.nn.functional as F
+
 from pgtrain import loader, manifest, runs, tensors
 from pgtrain.db import connect
 from pgtrain.errors import PgtrainError
 from pgtrain.model_spec import ModelSpec
-
 from trainer.model import MLP, build_model
 
 MOMENTUM = 0.9
