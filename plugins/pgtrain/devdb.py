@@ -38,7 +38,8 @@ def database_url_for(url: str, name: str) -> str:
     user = quote(str(params.get("user", "")), safe="")
     host, port = str(params.get("host", "")), params.get("port")
     if host.startswith("/"):  # a unix socket directory goes in the query string
-        return f"postgresql://{user}@/{quote(name, safe='')}?host={quote(host, safe='')}" + (f"&port={port}" if port else "")
+        port_part = f"&port={port}" if port else ""
+        return f"postgresql://{user}@/{quote(name, safe='')}?host={quote(host, safe='')}{port_part}"
     netloc = host + (f":{port}" if port else "")
     return f"postgresql://{user}@{netloc}/{quote(name, safe='')}"
 
