@@ -1,0 +1,32 @@
+"""docker-compose.yaml cannot run here (no Docker engine): check its structure and that it holds no secrets."""
+
+from __future__ import annotations
+
+import re
+
+import yaml
+
+from tests.conftest import REPO
+
+COMPOSE = yaml.safe_load((REPO / "docker-compose.yaml").read_text())
+
+
+def test_compose_has_the_airflow_3_stack():
+    services = COMPOSE["services"]
+    assert {"postgres", "airflow-init", "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor",
+            "airflow-triggerer"} <= set(services)
+    for name, service in services.items():
+        if name.startswith("airflow"):
+            mounts = {volume.split(":")[1] for volume in service["volumes"]}
+            assert {"/opt/airflow/dags", "/opt/airflow/plugins", "/opt/airflow/sql"} <= mounts, name
+            assert "AIRFLOW_CONN_PGTRAIN_DB" in service["environment"], name
+    dockerfile = REPO / services["airflow-scheduler"]["build"]["dockerfile"]
+    assert "build_horovod.sh" in dockerfile.read_text()
+
+
+def test_compose_takes_every_password_from_the_environment():
+    text = (REPO / "docker-compose.yaml").read_text()
+    for match in re.finditer(r"(?im)^\s*(\w*password\w*):\s*(\S+)", text):
+        assert match.group(2).startswith("${"), f"literal secret for {match.group(1)}"
+    for url in re.findall(r"postgresql(?:\+\w+)?://[^\s]+", text):
+        assert ":${" in url, f"URL with a literal password: {url}"
