@@ -83,6 +83,11 @@ def set_status(conn: psycopg.Connection, run_id: str, status: str, reason: str |
         )
 
 
+def save_summary(conn: psycopg.Connection, run_id: str, summary: dict[str, Any]) -> None:
+    with conn.transaction():
+        conn.execute("UPDATE pgtrain.training_runs SET summary = %s WHERE run_id = %s", (Jsonb(summary), run_id))
+
+
 def write_manifest(conn: psycopg.Connection, run_id: str, shards: list[Shard], input_dim: int,
                    num_classes: int) -> None:
     """Replace the run's manifest (same transaction as the caller's snapshot, if any)."""

@@ -79,12 +79,18 @@ def compute_shards(training_run: str, conn_id: str = DEFAULT_CONN_ID) -> dict[st
 def train(training_run: str, conn_id: str = DEFAULT_CONN_ID) -> None:
     from pgtrain import launch_local, runs
     from pgtrain.db import connect
+    from pgtrain.errors import TrainingFailed
 
     url = database_url(conn_id)
     with connect(url) as conn:
         run = runs.get_run(conn, training_run)
         runs.clear_training_output(conn, training_run)
-    launch_local.run_local(training_run, run.config.world_size, url, log)
+    try:
+        launch_local.run_local(training_run, run.config.world_size, url, log)
+    except TrainingFailed as failure:
+        with connect(url) as conn:
+            runs.set_status(conn, training_run, "failed", reason=str(failure).splitlines()[0])
+        raise
 
 
 @task
@@ -105,9 +111,11 @@ def commit_parameters(training_run: str, conn_id: str = DEFAULT_CONN_ID, ti: Any
 @_fail_fast_on_bad_input
 def report(training_run: str, conn_id: str = DEFAULT_CONN_ID) -> dict[str, Any]:
     from pgtrain import report as reporting
+    from pgtrain import runs
     from pgtrain.db import connect
 
     with connect(database_url(conn_id)) as conn:
         summary = reporting.build_summary(conn, training_run)
+        runs.save_summary(conn, training_run, summary)
     log.info("run summary:\n%s", reporting.format_summary(summary))
     return summary
