@@ -54,11 +54,19 @@ def feature_statistics(features: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return mean.float(), std.float()
 
 
+def pick_device() -> torch.device:
+    """This rank's GPU (one per local rank) when CUDA is there, else the CPU."""
+    if torch.cuda.is_available():
+        torch.cuda.set_device(hvd.local_rank())
+        return torch.device("cuda", hvd.local_rank())
+    return torch.device("cpu")
+
+
 def train_step(model: MLP, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> tuple[float, int]:
     """One SGD step on this rank's batch; returns (summed loss, correct predictions) of the batch."""
     optimizer.zero_grad()
     if len(y) == 0:  # still take part in the gradient allreduce, contributing nothing
-        (model(torch.zeros(1, model.spec.input_dim)).sum() * 0).backward()
+        (model(x.new_zeros(1, model.spec.input_dim)).sum() * 0).backward()
         optimizer.step()
         return 0.0, 0
     logits = model(x)
@@ -69,11 +77,17 @@ def train_step(model: MLP, optimizer: torch.optim.Optimizer, x: torch.Tensor, y:
 
 
 @torch.no_grad()
-def evaluate(model: MLP, x: torch.Tensor, y: torch.Tensor) -> tuple[float, int]:
-    if len(y) == 0:
-        return 0.0, 0
-    logits = model(x)
-    return F.cross_entropy(logits, y, reduction="sum").item(), int((logits.argmax(1) == y).sum())
+def evaluate(model: MLP, features: torch.Tensor, labels: torch.Tensor, device: torch.device,
+             chunk_rows: int = 65536) -> tuple[float, int]:
+    """(summed loss, correct predictions) over the rows, moved to the device a chunk at a time."""
+    loss_sum, correct = 0.0, 0
+    for start in range(0, len(labels), chunk_rows):
+        x = features[start:start + chunk_rows].to(device)
+        y = labels[start:start + chunk_rows].to(device)
+        logits = model(x)
+        loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
+        correct += int((logits.argmax(1) == y).sum())
+    return loss_sum, correct
 
 
 def global_means(name: str, loss_sum: float, correct: int, count: int) -> tuple[float | None, float | None]:
@@ -104,7 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"rank {rank}/{size}: {len(data.labels)} rows ({int(data.is_validation.sum())} validation) "
           f"keys {shards[rank].key_lo}..{shards[rank].key_hi}", flush=True)
 
+    device = pick_device()
     features, labels = torch.from_numpy(data.features), torch.from_numpy(data.labels)
+    if device.type == "cuda":  # batches go to the GPU from page-locked memory, asynchronously
+        features, labels = features.pin_memory(), labels.pin_memory()
     train_rows = np.flatnonzero(~data.is_validation)
     val_rows = torch.from_numpy(np.flatnonzero(data.is_validation))
     spec = ModelSpec(run.input_dim, tuple(config.hidden_sizes), run.num_classes)
@@ -112,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     mean, std = feature_statistics(features[train_rows])
     model.normalizer.mean.copy_(mean)
     model.normalizer.std.copy_(std)
+    model.to(device)
 
     optimizer = torch.optim.SGD(model.parameters(), lr=config.learning_rate, momentum=MOMENTUM)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
@@ -125,13 +143,15 @@ def main(argv: list[str] | None = None) -> int:
         loss_sum, correct = 0.0, 0
         for batch in epoch_batches(train_rows, steps, config.seed, epoch, rank):
             index = torch.from_numpy(batch)
-            batch_loss, batch_correct = train_step(model, optimizer, features[index], labels[index])
+            x = features[index].to(device, non_blocking=True)
+            y = labels[index].to(device, non_blocking=True)
+            batch_loss, batch_correct = train_step(model, optimizer, x, y)
             loss_sum += batch_loss
             correct += batch_correct
         train_loss, train_accuracy = global_means("train_totals", loss_sum, correct, len(train_rows))
         model.eval()
-        val_loss, val_accuracy = global_means("val_totals", *evaluate(model, features[val_rows], labels[val_rows]),
-                                              len(val_rows))
+        val_sums = evaluate(model, features[val_rows], labels[val_rows], device)
+        val_loss, val_accuracy = global_means("val_totals", *val_sums, len(val_rows))
         seconds = time.perf_counter() - started
         if rank == 0:
             runs.record_epoch(conn, run.run_id, epoch, {
@@ -143,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"val acc {val_text}, {steps} steps, {seconds:.2f}s", flush=True)
 
     if rank == 0:
-        tensors.write_staged(conn, run.run_id, {k: v.detach().numpy() for k, v in model.state_dict().items()})
+        tensors.write_staged(conn, run.run_id, {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()})
         runs.set_status(conn, run.run_id, "trained")
         conn.close()
         print(f"staged {len(spec.parameter_shapes())} tensors for run {run.run_id}", flush=True)
