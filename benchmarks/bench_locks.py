@@ -1,0 +1,154 @@
+"""Lock and commit benchmark: commit latency and throughput under 1/4/16 contenders, lock hand-off delay.
+
+    .venv/bin/python benchmarks/bench_locks.py          # embedded PostgreSQL unless PGTRAIN_BENCH_DATABASE_URL
+
+Each contender is a process committing its own prepared runs (digits-sized MLP, 64 -> 50 -> 10) to one
+model with ``commit_run``; latency includes waiting for the model's lock. Hand-off: a waiter blocked
+in ``acquire_lock`` in another process, from the holder's release call to the waiter holding the lock.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import tempfile
+import time
+import uuid
+
+import numpy as np
+import psycopg
+from common import report, stopwatch
+from psycopg import sql
+
+from pgtrain import devdb
+from pgtrain.config import TrainingConfig
+from pgtrain.locks import LockManager
+from pgtrain.migrations import apply_migrations
+from pgtrain.model_spec import ModelSpec
+from pgtrain.model_store import commit_run
+from pgtrain.runs import plan_run, record_epoch
+from pgtrain.tensors import write_staged
+
+SPEC = ModelSpec(64, (50,), 10)
+CTX = mp.get_context("fork")
+COMMITS = {1: 40, 4: 15, 16: 6}  # per contender
+HANDOFFS = 100
+
+
+def prepare_runs(url: str, model: str, count: int) -> list[str]:
+    rng = np.random.default_rng(0)
+    config = TrainingConfig(model_name=model, hidden_sizes=SPEC.hidden_sizes)
+    run_ids = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        for i in range(count):
+            run = plan_run(conn, "bench", f"{model}-{i}", config)
+            conn.execute("UPDATE pgtrain.training_runs SET input_dim = %s, num_classes = %s WHERE run_id = %s",
+                         (SPEC.input_dim, SPEC.num_classes, run.run_id))
+            write_staged(conn, run.run_id, {n: rng.standard_normal(s).astype(np.float32)
+                                            for n, s in SPEC.parameter_shapes().items()})
+            record_epoch(conn, run.run_id, 1, {"train_loss": 0.5, "train_accuracy": 0.9, "val_loss": 0.5,
+                                               "val_accuracy": 0.9, "seconds": 1.0})
+            run_ids.append(run.run_id)
+    return run_ids
+
+
+def _committer(url: str, run_ids: list[str], barrier, out) -> None:
+    latencies = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        barrier.wait()
+        for run_id in run_ids:
+            started = time.perf_counter()
+            result = commit_run(conn, run_id, owner={"task_id": "bench"}, lock_timeout=120)
+            latencies.append(time.perf_counter() - started)
+            assert result.created
+    out.put(latencies)
+
+
+def bench_commits(url: str, contenders: int) -> dict[str, float]:
+    per = COMMITS[contenders]
+    run_ids = prepare_runs(url, f"bench-{contenders}", contenders * per)
+    barrier, out = CTX.Barrier(contenders + 1), CTX.Queue()
+    procs = [CTX.Process(target=_committer, args=(url, run_ids[i::contenders], barrier, out))
+             for i in range(contenders)]
+    for p in procs:
+        p.start()
+    barrier.wait()
+    with stopwatch() as elapsed:
+        latencies = np.concatenate([out.get(timeout=300) for _ in procs])
+    for p in procs:
+        p.join()
+    with psycopg.connect(url) as conn:
+        versions = conn.execute("SELECT count(*), max(version) FROM pgtrain.model_versions WHERE model_name = %s",
+                                (f"bench-{contenders}",)).fetchone()
+    assert versions == (len(run_ids), len(run_ids)), versions
+    ms = latencies * 1000
+    return {f"locks.commit_{contenders}_p50_ms": round(float(np.percentile(ms, 50)), 2),
+            f"locks.commit_{contenders}_p99_ms": round(float(np.percentile(ms, 99)), 2),
+            f"locks.commit_{contenders}_per_s": round(len(latencies) / elapsed(), 1)}
+
+
+def _waiter(url: str, name: str, ready, acquired, done) -> None:
+    with LockManager(url, ttl=30) as locks:
+        for _ in range(HANDOFFS):
+            ready.set()
+            lease = locks.acquire_lock(name, timeout=30)
+            acquired.put(time.monotonic())  # CLOCK_MONOTONIC: one clock for every process on the machine
+            locks.release(lease)
+            done.wait()
+            done.clear()
+
+
+def bench_handoff(url: str) -> dict[str, float]:
+    name = f"handoff-{uuid.uuid4().hex[:8]}"
+    ready, done, acquired = CTX.Event(), CTX.Event(), CTX.Queue()
+    delays = []
+    with LockManager(url, ttl=30) as locks:
+        waiter = CTX.Process(target=_waiter, args=(url, name, ready, acquired, done))
+        lease = locks.acquire_lock(name)
+        waiter.start()
+        for _ in range(HANDOFFS):
+            ready.wait()
+            ready.clear()
+            time.sleep(0.01)  # let the waiter get into its wait
+            released = time.monotonic()
+            locks.release(lease)
+            delays.append(acquired.get(timeout=30) - released)
+            lease = locks.acquire_lock(name, timeout=30)  # the waiter releases right away
+            done.set()
+        locks.release(lease)
+        waiter.join()
+    ms = np.array(delays) * 1000
+    return {"locks.handoff_p50_ms": round(float(np.percentile(ms, 50)), 2),
+            "locks.handoff_p99_ms": round(float(np.percentile(ms, 99)), 2)}
+
+
+def bench_uncontended(url: str, n: int = 200) -> dict[str, float]:
+    times = []
+    with LockManager(url, ttl=30) as locks:
+        for _ in range(n):
+            started = time.perf_counter()
+            locks.release(locks.acquire_lock("uncontended"))
+            times.append(time.perf_counter() - started)
+    return {"locks.acquire_release_p50_ms": round(float(np.percentile(np.array(times) * 1000, 50)), 3)}
+
+
+def main() -> None:
+    explicit = os.environ.get("PGTRAIN_BENCH_DATABASE_URL")
+    with tempfile.TemporaryDirectory(prefix="pgtrain-bench-pg-") as data_dir:
+        admin = explicit or devdb.start(data_dir)
+        url = devdb.create_database(admin, f"pgtrain_bench_{uuid.uuid4().hex[:8]}")
+        with psycopg.connect(url) as conn:
+            apply_migrations(conn)
+        figures: dict[str, float | int | str] = {"locks.cpus": os.cpu_count() or 0}
+        figures.update(bench_uncontended(url))
+        figures.update(bench_handoff(url))
+        for contenders in COMMITS:
+            figures.update(bench_commits(url, contenders))
+        with psycopg.connect(admin, autocommit=True) as conn:
+            dbname = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
+            conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(dbname)))
+    report(figures)
+
+
+if __name__ == "__main__":
+    main()

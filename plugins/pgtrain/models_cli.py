@@ -1,0 +1,189 @@
+"""pgtrain-models: list, show, promote, roll back and export model versions; show who holds which lock.
+
+    pgtrain-models list [MODEL]                  versions (* marks the head)
+    pgtrain-models show MODEL [VERSION]          metrics, run, time, tensors (default: the head)
+    pgtrain-models promote MODEL VERSION         point the head at VERSION, under the model's lock
+    pgtrain-models rollback MODEL [VERSION]      same; default: the newest version older than the head
+    pgtrain-models export MODEL [VERSION] -o F   torch.save state dict, loads into trainer.model.MLP
+    pgtrain-models history MODEL                 every move of the head
+    pgtrain-models locks                         lock holders, tokens, leases
+
+The database comes from --database-url or $PGTRAIN_DATABASE_URL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from pgtrain import model_store
+from pgtrain.db import connect
+from pgtrain.errors import PgtrainError
+from pgtrain.locks import describe_owner, list_locks
+
+
+def _when(value: datetime | None) -> str:
+    return value.isoformat(timespec="seconds") if value else "-"
+
+
+def _json_default(value: Any) -> str:
+    return value.isoformat() if isinstance(value, datetime) else str(value)
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, default=_json_default, sort_keys=True))
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.4f}" if isinstance(value, float) else ("-" if value is None else str(value))
+
+
+def cmd_list(conn, args) -> int:
+    versions = model_store.list_versions(conn, args.model)
+    if args.json:
+        _print_json(versions)
+        return 0
+    if not versions:
+        print(f"no versions{' of ' + args.model if args.model else ''} yet")
+        return 0
+    print(f"{'model':<20} {'version':>7}  {'val_acc':>7} {'val_loss':>8} {'token':>6}  {'created':<25} run")
+    for v in versions:
+        head = "*" if v["is_head"] else " "
+        m = v["metrics"]
+        print(f"{v['model_name']:<20} {head}{v['version']:>6}  {_fmt(m.get('val_accuracy')):>7} "
+              f"{_fmt(m.get('val_loss')):>8} {v['fencing_token']:>6}  {_when(v['created_at']):<25} {v['run_id']}")
+    return 0
+
+
+def cmd_show(conn, args) -> int:
+    info = model_store.get_version(conn, args.model, args.version)
+    if args.json:
+        _print_json(info)
+        return 0
+    print(f"model     {info['model_name']} version {info['version']}{'  (head)' if info['is_head'] else ''}")
+    print(f"created   {_when(info['created_at'])} with fencing token {info['fencing_token']}")
+    print(f"run       {info['run_id']} (dag {info['dag_id']}, dag run {info['dag_run_id']})")
+    print(f"shape     {info['input_dim']} -> {info['hidden_sizes']} -> {info['num_classes']}")
+    print("metrics")
+    for key, value in sorted(info["metrics"].items()):
+        print(f"  {key:<18} {_fmt(value)}")
+    print("tensors")
+    for t in info["tensors"]:
+        print(f"  {t['name']:<24} {t['dtype']:<8} {t['shape']}")
+    return 0
+
+
+def cmd_promote(conn, args) -> int:
+    version = args.version
+    if version is None:  # rollback without a version: the newest one older than the head
+        head = model_store.head_version(conn, args.model)
+        older = [v["version"] for v in model_store.list_versions(conn, args.model)
+                 if head is not None and v["version"] < head]
+        if not older:
+            raise PgtrainError(f"model {args.model!r} has no version older than its head ({head}) to roll back to")
+        version = older[-1]
+    moved = model_store.promote(conn, args.model, version, owner={"tool": "pgtrain-models", "action": args.command},
+                                lock_timeout=args.lock_timeout)
+    print(f"{args.model}: head {moved.previous_version} -> {moved.version} (fencing token {moved.fencing_token})")
+    return 0
+
+
+def cmd_export(conn, args) -> int:
+    version = model_store.export_state_dict(conn, args.model, args.version, args.output)
+    print(f"wrote {args.output}: {args.model} version {version} (torch state dict for trainer.model.MLP)")
+    return 0
+
+
+def cmd_history(conn, args) -> int:
+    moves = model_store.head_history(conn, args.model)
+    if args.json:
+        _print_json(moves)
+        return 0
+    for m in moves:
+        print(f"{_when(m['moved_at'])}  {m['action']:<8} {_fmt(m['previous_version']):>4} -> {m['version']:<4} "
+              f"token {m['fencing_token']:<6} by {describe_owner(m['owner'])}")
+    return 0
+
+
+def cmd_locks(conn, args) -> int:
+    locks = list_locks(conn)
+    if args.json:
+        _print_json(locks)
+        return 0
+    if not locks:
+        print("no locks taken yet")
+    for lock in locks:
+        if lock["held"]:
+            print(f"{lock['name']:<28} HELD  token {lock['token']:<6} by {describe_owner(lock['owner'])} since "
+                  f"{_when(lock['acquired_at'])}, lease until {_when(lock['expires_at'])}")
+        elif lock["owner"]:
+            print(f"{lock['name']:<28} EXPIRED token {lock['token']:<6} (was {describe_owner(lock['owner'])}, "
+                  f"lease ended {_when(lock['expires_at'])}); the next taker gets it")
+        else:
+            print(f"{lock['name']:<28} free  last token {lock['token']}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pgtrain-models", description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="\n".join(__doc__.splitlines()[2:]))
+    parser.add_argument("--database-url", help="training database (default: $PGTRAIN_DATABASE_URL)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("list", help="list versions")
+    p.add_argument("model", nargs="?")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("show", help="show one version (default: the head)")
+    p.add_argument("model")
+    p.add_argument("version", nargs="?", type=int)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_show)
+
+    for name, required in (("promote", True), ("rollback", False)):
+        p = sub.add_parser(name, help="point the head at a version, under the model's lock")
+        p.add_argument("model")
+        p.add_argument("version", type=int, nargs=None if required else "?")
+        p.add_argument("--lock-timeout", type=float, default=60.0, help="seconds to wait for the lock")
+        p.set_defaults(func=cmd_promote)
+
+    p = sub.add_parser("export", help="save a version as a torch state dict")
+    p.add_argument("model")
+    p.add_argument("version", nargs="?", type=int)
+    p.add_argument("-o", "--output", required=True, help="file to write (e.g. model.pt)")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("history", help="every move of a model's head")
+    p.add_argument("model")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_history)
+
+    p = sub.add_parser("locks", help="who holds which lock")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_locks)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        with connect(args.database_url, autocommit=True) as conn:
+            return args.func(conn, args)
+    except PgtrainError as error:
+        print(f"pgtrain-models: {error}", file=sys.stderr)
+        return 1
+    except psycopg.OperationalError as error:
+        print(f"pgtrain-models: cannot use the training database: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

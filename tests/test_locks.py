@@ -1,0 +1,267 @@
+"""Leased locks and fenced parameter writes on a real PostgreSQL, with real processes."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+import traceback
+
+import psycopg
+import pytest
+
+from pgtrain.errors import LockTimeout, StaleLockToken
+from pgtrain.locks import Lease, LockManager, LockNotHeld, fenced, list_locks
+from pgtrain.model_store import get_parameter, parameter_history, read_parameter, update_parameter
+
+CTX = mp.get_context("fork")
+
+
+def _report_errors(fn):
+    def wrapper(url, results, *args):
+        try:
+            fn(url, results, *args)
+        except BaseException:  # the parent asserts on it
+            results.put(("error", traceback.format_exc()))
+    return wrapper
+
+
+class _Pipe:
+    """A one-writer channel whose put is synchronous (a Queue's feeder thread may not flush before a SIGSTOP)."""
+
+    def __init__(self) -> None:
+        self._read, self._write = CTX.Pipe(duplex=False)
+
+    def put(self, item) -> None:
+        self._write.send(item)
+
+    def get(self, timeout: float):
+        if not self._read.poll(timeout):
+            raise TimeoutError(f"no message from the child within {timeout}s")
+        return self._read.recv()
+
+
+def _join_all(processes, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    for p in processes:
+        p.join(max(0.1, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+# -- 16 processes x 25 increments -------------------------------------------------------------------------
+@_report_errors
+def _incrementer(url, results, worker, increments):
+    with psycopg.connect(url, autocommit=True) as conn, \
+            LockManager(conn, ttl=5, owner={"task_id": f"worker-{worker}"}) as locks:
+        for _ in range(increments):
+            with locks.lock("counter", timeout=60) as lease:
+                update_parameter(conn, "counter", get_parameter(conn, "counter", 0) + 1, lease)
+    results.put(("done", worker))
+
+
+def test_sixteen_processes_incrementing_one_parameter_lose_no_update(db_url, conn):
+    results = CTX.Queue()
+    workers = [CTX.Process(target=_incrementer, args=(db_url, results, w, 25)) for w in range(16)]
+    for w in workers:
+        w.start()
+    outcomes = [results.get(timeout=90) for _ in workers]
+    _join_all(workers)
+
+    assert [o for o in outcomes if o[0] == "error"] == []
+    assert read_parameter(conn, "counter") == (400, 400)
+    history = parameter_history(conn, "counter")
+    assert [v for v, _, _ in history] == list(range(1, 401)), "versions are contiguous"
+    assert [value for _, value, _ in history] == list(range(1, 401)), "each write saw the previous one"
+    tokens = [t for _, _, t in history]
+    assert all(a < b for a, b in zip(tokens, tokens[1:], strict=False)), "fencing tokens strictly increase"
+    assert list_locks(conn)[0]["owner"] is None
+
+
+# -- a holder killed with SIGKILL inside its critical section ---------------------------------------------
+@_report_errors
+def _holder_killed_mid_write(url, results, ttl):
+    conn = psycopg.connect(url, autocommit=True)
+    locks = LockManager(conn, ttl=ttl, owner={"task_id": "doomed"})
+    lease = locks.acquire_lock("model:m", timeout=5)
+    time.sleep(ttl * 1.5)  # the heartbeat keeps the lease alive past one ttl
+    with fenced(conn, lease):
+        conn.execute("UPDATE pgtrain.parameters SET value = '999', version = version + 1 WHERE name = 'p'")
+        conn.execute("INSERT INTO pgtrain.parameter_history (name, version, value, fencing_token) "
+                     "VALUES ('p', 2, '999', %s)", (lease.token,))
+        results.put(("in critical section", lease.token))
+        time.sleep(600)
+
+
+def test_holder_killed_with_sigkill_frees_the_lock_within_its_ttl_and_leaves_nothing_half_written(db_url, conn):
+    ttl = 1.0
+    with LockManager(db_url, ttl=ttl) as setup, setup.lock("model:m") as lease:
+        update_parameter(conn, "p", 1, lease)
+    results = _Pipe()
+    holder = CTX.Process(target=_holder_killed_mid_write, args=(db_url, results, ttl))
+    holder.start()
+    try:
+        state, token = results.get(timeout=20)
+        assert state == "in critical section", token
+
+        with LockManager(db_url, ttl=5) as locks:
+            with pytest.raises(LockTimeout, match="task_id=doomed"):
+                locks.acquire_lock("model:m", timeout=0.2)  # still alive: it holds the lock
+            os.kill(holder.pid, signal.SIGKILL)
+            killed_at = time.monotonic()
+            lease = locks.acquire_lock("model:m", timeout=10)
+            waited = time.monotonic() - killed_at
+
+            assert waited < ttl + 1.0, f"lock free again {waited:.2f}s after SIGKILL (ttl {ttl}s)"
+            assert lease.token > token
+            assert read_parameter(conn, "p") == (1, 1), "the killed holder's writes were rolled back"
+            assert [v for v, _, _ in parameter_history(conn, "p")] == [1]
+            assert update_parameter(conn, "p", 2, lease) == 2
+    finally:
+        holder.kill()
+        holder.join()
+
+
+# -- a stale holder: paused past its lease, then writes with its old token ---------------------------------
+@_report_errors
+def _paused_holder(url, results, ttl):
+    with psycopg.connect(url, autocommit=True) as conn, \
+            LockManager(conn, ttl=ttl, owner={"task_id": "sleepy"}) as locks:
+        lease = locks.acquire_lock("params", timeout=5)
+        update_parameter(conn, "lr", 0.1, lease)
+        results.put(("holding", lease.token))
+        os.kill(os.getpid(), signal.SIGSTOP)  # the parent lets it sleep past its lease, then SIGCONTs it
+        try:
+            update_parameter(conn, "lr", 0.3, lease)
+            results.put(("written", None))
+        except StaleLockToken as refused:
+            results.put(("refused", str(refused)))
+        results.put(("released", locks.release_lock("params")))
+
+
+def test_stale_holder_writing_with_its_old_token_is_refused_and_changes_nothing(db_url, conn):
+    ttl = 0.6
+    results = _Pipe()
+    stale = CTX.Process(target=_paused_holder, args=(db_url, results, ttl))
+    stale.start()
+    try:
+        state, old_token = results.get(timeout=20)
+        assert state == "holding", old_token
+        deadline = time.monotonic() + 10
+        while open(f"/proc/{stale.pid}/stat").read().split(") ")[1][0] != "T":
+            assert time.monotonic() < deadline, "holder did not stop"
+            time.sleep(0.01)
+
+        with LockManager(db_url, ttl=5) as locks:
+            lease = locks.acquire_lock("params", timeout=5)  # taken over once the paused holder's lease expires
+            assert lease.token > old_token
+            assert update_parameter(conn, "lr", 0.2, lease) == 2
+            os.kill(stale.pid, signal.SIGCONT)
+            outcome = results.get(timeout=20)
+            released = results.get(timeout=20)
+            _join_all([stale])
+
+            assert outcome[0] == "refused", outcome
+            assert f"token {old_token} is no longer current" in outcome[1]
+            assert released == ("released", False), "its release did not free the new holder's lock"
+            assert read_parameter(conn, "lr") == (0.2, 2)
+            assert [(v, value) for v, value, _ in parameter_history(conn, "lr")] == [(1, 0.1), (2, 0.2)]
+            assert locks.holder("params")["token"] == lease.token
+    finally:
+        if stale.is_alive():
+            stale.kill()
+        stale.join()
+
+
+def test_a_write_older_than_the_newest_token_seen_is_refused_even_under_a_live_lease(db_url, conn):
+    with LockManager(db_url, ttl=5) as locks:
+        older = locks.acquire_lock("lock-a")
+        newer = locks.acquire_lock("lock-b")
+        update_parameter(conn, "shared", "from b", newer)
+        with pytest.raises(StaleLockToken, match=f"written with token {newer.token}, newer than yours"):
+            update_parameter(conn, "shared", "from a", older)
+    assert read_parameter(conn, "shared") == ("from b", 1)
+
+
+def test_an_expired_lease_cannot_write_even_before_anyone_takes_it_over(db_url, conn):
+    with LockManager(db_url, ttl=0.3, heartbeat=False) as locks:
+        lease = locks.acquire_lock("params")
+        time.sleep(0.4)
+        with pytest.raises(StaleLockToken, match="expired at"):
+            update_parameter(conn, "lr", 1.0, lease)
+    assert read_parameter(conn, "lr") is None
+
+
+# -- timeouts, non-holders, wake-up, heartbeat ------------------------------------------------------------
+@_report_errors
+def _holder(url, results, hold_seconds):
+    with LockManager(url, ttl=5, owner={"dag_id": "train_dag", "run_id": "scheduled__1", "task_id": "commit"}) \
+            as locks, locks.lock("model:x") as lease:
+        results.put(("holding", lease.token))
+        time.sleep(hold_seconds)
+        results.put(("releasing", time.monotonic()))
+
+
+def test_lock_timeout_names_the_holder_and_a_non_holder_cannot_release(db_url):
+    results = CTX.Queue()
+    holder = CTX.Process(target=_holder, args=(db_url, results, 3.0))
+    holder.start()
+    state, token = results.get(timeout=20)
+    assert state == "holding", token
+    try:
+        with LockManager(db_url, ttl=5) as other:
+            started = time.monotonic()
+            with pytest.raises(LockTimeout) as timed_out:
+                other.acquire_lock("model:x", timeout=0.5)
+            elapsed = time.monotonic() - started
+            message = str(timed_out.value)
+            assert 0.45 < elapsed < 1.5
+            for part in ("'model:x'", "dag_id=train_dag", "run_id=scheduled__1", "task_id=commit",
+                         f"pid={holder.pid}", "since ", f"(token {token})"):
+                assert part in message, message
+
+            with pytest.raises(LockNotHeld, match="held by dag_id=train_dag"):
+                other.release_lock("model:x")
+            forged = Lease("model:x", token, {}, None, None, 5)
+            with pytest.raises(LockNotHeld):
+                other.release(forged)
+            assert other.holder("model:x")["token"] == token, "the holder still holds it"
+    finally:
+        holder.kill()
+        holder.join()
+
+
+def test_a_waiter_wakes_on_release_not_on_a_poll(db_url):
+    results = CTX.Queue()
+    holder = CTX.Process(target=_holder, args=(db_url, results, 1.0))
+    holder.start()
+    assert results.get(timeout=20)[0] == "holding"
+    with LockManager(db_url, ttl=5) as waiter:
+        lease = waiter.acquire_lock("model:x", timeout=10)  # the holder's lease runs 5 s: only NOTIFY wakes us early
+        acquired = time.monotonic()
+    state, released = results.get(timeout=5)
+    _join_all([holder])
+    assert state == "releasing" and lease.token > 0
+    assert acquired - released < 1.0, f"woke {acquired - released:.3f}s after the release"
+
+
+def test_heartbeat_keeps_a_long_holder_s_lease_and_tokens_only_grow(db_url, conn):
+    with LockManager(db_url, ttl=1.0) as holder, LockManager(db_url, ttl=1.0) as other:
+        lease = holder.acquire_lock("long")
+        first_expiry = lease.expires_at
+        for _ in range(3):  # held for twice its ttl
+            time.sleep(0.7)
+            with pytest.raises(LockTimeout):
+                other.acquire_lock("long", timeout=0)
+        assert lease.expires_at > first_expiry and lease.lost is None
+        assert update_parameter(conn, "x", 1, lease) == 1
+        assert holder.release_lock("long") is True
+        with pytest.raises(LockNotHeld):
+            holder.release_lock("long")
+        tokens = [lease.token]
+        for _ in range(3):
+            with other.lock("long") as again:
+                tokens.append(again.token)
+    assert tokens == sorted(set(tokens))

@@ -1,0 +1,312 @@
+"""Versioned model store on a real PostgreSQL: commit rules, quality gate, concurrent commits, promote, export."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import re
+import traceback
+
+import numpy as np
+import psycopg
+import pytest
+
+from pgtrain.config import TrainingConfig
+from pgtrain.errors import CommitRejected, PgtrainError
+from pgtrain.model_spec import ModelSpec
+from pgtrain.model_store import (
+    commit_run,
+    export_state_dict,
+    get_version,
+    head_history,
+    head_version,
+    list_versions,
+    load_tensors,
+    promote,
+)
+from pgtrain.runs import plan_run, record_epoch
+from pgtrain.tensors import write_staged
+
+SPEC = ModelSpec(input_dim=6, hidden_sizes=(5,), num_classes=3)
+MODEL = "test-mlp"
+OWNER = {"dag_id": "pgtrain_training", "run_id": "manual", "task_id": "commit_parameters"}
+
+
+def parameters(fill: float, spec: ModelSpec = SPEC) -> dict[str, np.ndarray]:
+    return {name: np.full(shape, fill, dtype=np.float32) for name, shape in spec.parameter_shapes().items()}
+
+
+def prepare_run(url: str, dag_run_id: str, *, fill: float = 1.0, val_accuracy: float | None = 0.9,
+                max_accuracy_drop: float | None = None, arrays: dict[str, np.ndarray] | None = None) -> str:
+    """A trained run as the DAG leaves it before commit_parameters: sharded, staged parameters, metrics."""
+    config = TrainingConfig(model_name=MODEL, hidden_sizes=SPEC.hidden_sizes, max_accuracy_drop=max_accuracy_drop)
+    with psycopg.connect(url, autocommit=True) as conn:
+        run = plan_run(conn, "pgtrain_training", dag_run_id, config)
+        conn.execute("UPDATE pgtrain.training_runs SET input_dim = %s, num_classes = %s, status = 'trained' "
+                     "WHERE run_id = %s", (SPEC.input_dim, SPEC.num_classes, run.run_id))
+        write_staged(conn, run.run_id, parameters(fill) if arrays is None else arrays)
+        for epoch in (1, 2):
+            record_epoch(conn, run.run_id, epoch, {"train_loss": 1.0 / epoch, "train_accuracy": 0.5 + epoch / 10,
+                                                   "val_loss": 1.1 / epoch, "val_accuracy": val_accuracy,
+                                                   "seconds": 0.25})
+    return run.run_id
+
+
+def run_status(url: str, run_id: str) -> tuple[str, str | None]:
+    with psycopg.connect(url) as conn:
+        return conn.execute("SELECT status, status_reason FROM pgtrain.training_runs WHERE run_id = %s",
+                            (run_id,)).fetchone()
+
+
+@pytest.fixture
+def aconn(db_url: str):
+    with psycopg.connect(db_url, autocommit=True) as connection:
+        yield connection
+
+
+def test_commit_creates_version_moves_head_and_is_idempotent(db_url, aconn):
+    run_id = prepare_run(db_url, "r1", fill=0.5)
+
+    first = commit_run(aconn, run_id, owner=OWNER, lock_timeout=5)
+    again = commit_run(aconn, run_id, owner=OWNER, lock_timeout=5)
+
+    assert (first.model_name, first.version, first.created) == (MODEL, 1, True)
+    assert (again.version, again.created, again.fencing_token) == (1, False, first.fencing_token)
+    assert first.metrics["val_accuracy"] == pytest.approx(0.9) and first.metrics["epochs"] == 2
+    assert len(list_versions(aconn, MODEL)) == 1
+    assert head_version(aconn, MODEL) == 1
+    version, tensors = load_tensors(aconn, MODEL)
+    assert version == 1 and set(tensors) == set(SPEC.parameter_shapes())
+    assert all(np.array_equal(tensors[n], a) for n, a in parameters(0.5).items())
+    assert run_status(db_url, run_id) == ("committed", None)
+    lock = aconn.execute("SELECT owner FROM pgtrain.locks WHERE name = %s", (f"model:{MODEL}",)).fetchone()
+    assert lock == (None,), "the model lock is released after the commit"
+
+
+def _bad(kind: str) -> dict[str, np.ndarray]:
+    arrays = parameters(1.0)
+    if kind == "missing":
+        del arrays["layers.2.bias"]
+    elif kind == "nan":
+        arrays["layers.0.weight"][1, 2] = np.nan
+    elif kind == "inf":
+        arrays["normalizer.std"][0] = np.inf
+    elif kind == "shape":
+        arrays["layers.0.weight"] = np.ones((5, 7), dtype=np.float32)
+    elif kind == "dtype":
+        arrays["layers.0.bias"] = np.ones(5, dtype=np.float64)
+    return arrays
+
+
+@pytest.mark.parametrize(("kind", "words"), [("missing", "missing tensor layers.2.bias"),
+                                             ("nan", "layers.0.weight has 1 non-finite"),
+                                             ("inf", "normalizer.std has 1 non-finite"),
+                                             ("shape", "shape [5, 7], the model needs [5, 6]"),
+                                             ("dtype", "dtype float64")])
+def test_commit_rejects_incomplete_non_finite_or_misshaped_parameters(db_url, aconn, kind, words):
+    good = commit_run(aconn, prepare_run(db_url, "good"), owner=OWNER)
+    bad_run = prepare_run(db_url, f"bad-{kind}", arrays=_bad(kind))
+
+    with pytest.raises(CommitRejected, match=re.escape(words)):
+        commit_run(aconn, bad_run, owner=OWNER)
+
+    status, reason = run_status(db_url, bad_run)
+    assert status == "rejected" and words in reason
+    assert head_version(aconn, MODEL) == good.version == 1
+    assert [v["version"] for v in list_versions(aconn, MODEL)] == [1]
+
+
+def test_quality_gate_rejects_with_reason_and_leaves_head_alone(db_url, aconn):
+    commit_run(aconn, prepare_run(db_url, "base", val_accuracy=0.95), owner=OWNER)
+    worse = prepare_run(db_url, "worse", val_accuracy=0.80, max_accuracy_drop=0.05)
+    slightly_worse = prepare_run(db_url, "slightly", val_accuracy=0.92, max_accuracy_drop=0.05)
+
+    with pytest.raises(CommitRejected, match=r"validation accuracy 0\.8000 is more than max_accuracy_drop=0\.05"):
+        commit_run(aconn, worse, owner=OWNER)
+    assert head_version(aconn, MODEL) == 1
+    assert run_status(db_url, worse)[0] == "rejected"
+    assert "below head version 1 (0.9500)" in run_status(db_url, worse)[1]
+
+    assert commit_run(aconn, slightly_worse, owner=OWNER).version == 2
+    assert head_version(aconn, MODEL) == 2
+
+
+def test_commit_refuses_a_connection_inside_a_transaction(db_url, conn):
+    run_id = prepare_run(db_url, "r1")
+    conn.execute("SELECT 1")  # psycopg opened a transaction (no autocommit)
+    with pytest.raises(PgtrainError, match="no transaction in progress"):
+        commit_run(conn, run_id, owner=OWNER)
+    conn.rollback()
+    assert commit_run(conn, run_id, owner=OWNER).version == 1
+
+
+# -- two DAG runs committing at the same moment --------------------------------------------------------
+def _commit_worker(url: str, run_id: str, barrier, results) -> None:
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            barrier.wait(timeout=20)
+            result = commit_run(conn, run_id, owner={"dag_id": "d", "run_id": run_id, "task_id": "commit"},
+                                lock_timeout=20, ttl=2)
+            results.put((run_id, "committed", result.version, result.fencing_token))
+    except CommitRejected as rejected:
+        results.put((run_id, "rejected", str(rejected), None))
+    except Exception:  # reported to the parent
+        results.put((run_id, "error", traceback.format_exc(), None))
+
+
+def _head_reader(url: str, stop, results) -> None:
+    """Read the head over and over while commits happen; report every torn or inconsistent view."""
+    problems, reads = [], 0
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            while not stop.is_set():
+                try:
+                    version, tensors = load_tensors(conn, MODEL)
+                except PgtrainError:
+                    continue  # no head yet
+                reads += 1
+                values = {float(np.unique(a)[0]) if np.unique(a).size == 1 else None for a in tensors.values()}
+                if set(tensors) != set(SPEC.parameter_shapes()) or len(values) != 1 or None in values:
+                    problems.append((version, sorted(tensors), values))
+    finally:
+        results.put(("reader", problems, reads, None))
+
+
+def _commit_at_once(url: str, run_ids: list[str]) -> dict[str, tuple]:
+    ctx = mp.get_context("fork")
+    barrier, results, stop = ctx.Barrier(len(run_ids)), ctx.Queue(), ctx.Event()
+    reader = ctx.Process(target=_head_reader, args=(url, stop, results))
+    reader.start()
+    workers = [ctx.Process(target=_commit_worker, args=(url, r, barrier, results)) for r in run_ids]
+    for w in workers:
+        w.start()
+    out = {}
+    for _ in workers:
+        item = results.get(timeout=60)
+        out[item[0]] = item[1:]
+    stop.set()
+    item = results.get(timeout=30)
+    out[item[0]] = item[1:]
+    for p in [*workers, reader]:
+        p.join(timeout=30)
+    errors = [v[1] for v in out.values() if v[0] == "error"]
+    assert not errors, "\n".join(errors)
+    return out
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_two_runs_committing_at_once_both_land_in_order_and_head_is_never_torn(db_url, aconn, round_):
+    runs = {prepare_run(db_url, "a", fill=1.0): 1.0, prepare_run(db_url, "b", fill=2.0): 2.0}
+
+    out = _commit_at_once(db_url, list(runs))
+
+    problems, reads, _ = out.pop("reader")
+    assert problems == [] and reads > 0
+    assert sorted(v[0] for v in out.values()) == ["committed", "committed"]
+    by_version = sorted((v[1], v[2], run_id) for run_id, v in out.items())
+    assert [v for v, _, _ in by_version] == [1, 2]
+    assert by_version[0][1] < by_version[1][1], "the later version carries the newer fencing token"
+    rows = {v["version"]: v for v in list_versions(aconn, MODEL)}
+    for version, token, run_id in by_version:
+        assert rows[version]["run_id"] == run_id and rows[version]["fencing_token"] == token
+        _, tensors = load_tensors(aconn, MODEL, version)
+        assert all(np.all(a == runs[run_id]) for a in tensors.values())
+    head = aconn.execute("SELECT version, fencing_token FROM pgtrain.model_heads WHERE model_name = %s",
+                         (MODEL,)).fetchone()
+    assert head == (2, by_version[1][1])
+    assert [h["version"] for h in head_history(aconn, MODEL)] == [1, 2]
+
+
+def test_two_runs_committing_at_once_under_a_gate_reject_the_worse_one_with_a_reason(db_url, aconn):
+    commit_run(aconn, prepare_run(db_url, "base", val_accuracy=0.90), owner=OWNER)
+    good = prepare_run(db_url, "good", fill=3.0, val_accuracy=0.91, max_accuracy_drop=0.05)
+    bad = prepare_run(db_url, "bad", fill=4.0, val_accuracy=0.50, max_accuracy_drop=0.05)
+
+    out = _commit_at_once(db_url, [good, bad])
+
+    assert out.pop("reader")[0] == []
+    assert out[good][:2] == ("committed", 2)
+    assert out[bad][0] == "rejected" and "more than max_accuracy_drop=0.05 below head version" in out[bad][1]
+    assert run_status(db_url, bad)[0] == "rejected"
+    assert head_version(aconn, MODEL) == 2
+    assert [v["version"] for v in list_versions(aconn, MODEL)] == [1, 2]
+
+
+# -- operations ------------------------------------------------------------------------------------------
+def test_promote_rolls_back_and_forward_under_the_lock(db_url, aconn):
+    commit_run(aconn, prepare_run(db_url, "one", fill=1.0), owner=OWNER)
+    second = commit_run(aconn, prepare_run(db_url, "two", fill=2.0), owner=OWNER)
+
+    back = promote(aconn, MODEL, 1, owner={"user": "ops"})
+    assert (back.version, back.previous_version) == (1, 2) and back.fencing_token > second.fencing_token
+    assert head_version(aconn, MODEL) == 1 and load_tensors(aconn, MODEL)[1]["layers.0.bias"][0] == 1.0
+    with pytest.raises(PgtrainError, match=r"has no version 7; it has versions \[1, 2\]"):
+        promote(aconn, MODEL, 7)
+    assert head_version(aconn, MODEL) == 1
+
+    third = commit_run(aconn, prepare_run(db_url, "three", fill=3.0), owner=OWNER)
+    assert third.version == 3 and head_version(aconn, MODEL) == 3
+    history = head_history(aconn, MODEL)
+    assert [(h["action"], h["version"], h["previous_version"]) for h in history] == [
+        ("commit", 1, None), ("commit", 2, 1), ("promote", 1, 2), ("commit", 3, 1)]
+    assert history[2]["owner"]["user"] == "ops"
+
+
+def test_export_loads_into_the_trainer_model(db_url, aconn, tmp_path):
+    torch = pytest.importorskip("torch")
+    from trainer.model import MLP
+
+    rng = np.random.default_rng(0)
+    arrays = {n: rng.standard_normal(s).astype(np.float32) for n, s in SPEC.parameter_shapes().items()}
+    arrays["normalizer.std"] = np.abs(arrays["normalizer.std"]) + 0.5
+    commit_run(aconn, prepare_run(db_url, "one", arrays=arrays), owner=OWNER)
+
+    version = export_state_dict(aconn, MODEL, None, tmp_path / "model.pt")
+    model = MLP(SPEC)
+    model.load_state_dict(torch.load(tmp_path / "model.pt"), strict=True)
+
+    assert version == 1
+    for name, tensor in model.state_dict().items():
+        assert np.array_equal(tensor.numpy(), arrays[name])
+    info = get_version(aconn, MODEL, 1)
+    assert (info["input_dim"], info["hidden_sizes"], info["num_classes"]) == (6, [5], 3)
+
+
+# -- the command-line tool ---------------------------------------------------------------------------
+def test_models_cli_lists_shows_promotes_rolls_back_and_exports(db_url, aconn, tmp_path, capsys):
+    from pgtrain.models_cli import main
+
+    commit_run(aconn, prepare_run(db_url, "one", fill=1.0, val_accuracy=0.91), owner=OWNER)
+    commit_run(aconn, prepare_run(db_url, "two", fill=2.0, val_accuracy=0.93), owner=OWNER)
+    cli = ["--database-url", db_url]
+
+    assert main([*cli, "list", MODEL]) == 0
+    listing = capsys.readouterr().out.splitlines()
+    assert len(listing) == 3 and "*     2" in listing[2] and "0.9300" in listing[2]
+    assert main([*cli, "show", MODEL, "1"]) == 0
+    shown = capsys.readouterr().out
+    assert "version 1" in shown and "pgtrain_training/one" in shown and "layers.0.weight" in shown
+    assert main([*cli, "rollback", MODEL]) == 0
+    assert "head 2 -> 1" in capsys.readouterr().out and head_version(aconn, MODEL) == 1
+    assert main([*cli, "promote", MODEL, "2"]) == 0 and head_version(aconn, MODEL) == 2
+    assert main([*cli, "promote", MODEL, "9"]) == 1
+    assert "has no version 9" in capsys.readouterr().err and head_version(aconn, MODEL) == 2
+    assert main([*cli, "locks"]) == 0
+    assert f"model:{MODEL}" in capsys.readouterr().out
+    assert main([*cli, "history", MODEL]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 4
+
+
+def test_models_cli_runs_as_a_module_and_exports_a_loadable_state_dict(db_url, aconn, tmp_path):
+    import subprocess
+    import sys
+
+    torch = pytest.importorskip("torch")
+    commit_run(aconn, prepare_run(db_url, "one", fill=0.25), owner=OWNER)
+    out = tmp_path / "v1.pt"
+
+    proc = subprocess.run([sys.executable, "-m", "pgtrain.models_cli", "--database-url", db_url,
+                           "export", MODEL, "1", "-o", str(out)], capture_output=True, text=True, timeout=120)
+
+    assert proc.returncode == 0, proc.stderr
+    state = torch.load(out)
+    assert set(state) == set(SPEC.parameter_shapes()) and float(state["layers.0.bias"][0]) == 0.25
