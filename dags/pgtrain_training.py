@@ -12,6 +12,8 @@ from airflow.sdk import DAG
 
 from pgtrain.airflow import tasks
 from pgtrain.airflow.params import dag_params
+from pgtrain.airflow.train_operator import HorovodTrainOperator
+from pgtrain.mpijob import KUBERNETES_PARAMETERS
 
 with DAG(
     dag_id="pgtrain_training",
@@ -20,14 +22,14 @@ with DAG(
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=1,
-    params=dag_params(),
+    params=dag_params(KUBERNETES_PARAMETERS),
     default_args={"retries": 1, "retry_delay": timedelta(minutes=1)},
     tags=["pgtrain", "training"],
     doc_md=__doc__,
 ):
     training_run = tasks.plan_run()
     shards = tasks.compute_shards(training_run)
-    trained = tasks.train(training_run)
+    trained = HorovodTrainOperator(task_id="train", training_run_id=training_run)
     committed = tasks.commit_parameters(training_run)
     summary = tasks.report(training_run)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import tempfile
@@ -16,6 +17,7 @@ from pgtrain import devdb
 from pgtrain.migrations import apply_migrations
 
 REPO = Path(__file__).resolve().parents[1]
+logging.getLogger("pgserver").setLevel(logging.WARNING)  # its exit-time INFO lines outlive pytest's capture
 
 # A project-local Airflow (SQLite metadata DB), set before anything imports airflow.
 os.environ.setdefault("AIRFLOW_HOME", str(REPO / ".airflow"))

@@ -1,0 +1,117 @@
+"""The DAG's ``train`` task: the same trainer, on this machine (launcher=local) or as an MPIJob (kubernetes).
+
+World size and launcher come from the run record (plan_run's config snapshot), so a re-run trains
+what was planned. The ``k8s_*`` DAG params (pgtrain.mpijob.KUBERNETES_PARAMETERS) fill every
+Kubernetes setting not passed to the constructor.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from airflow.providers.cncf.kubernetes.backcompat.backwards_compat_converters import convert_toleration
+from airflow.sdk.exceptions import AirflowFailException
+
+from pgtrain.airflow.connection import DEFAULT_CONN_ID, database_url
+from pgtrain.airflow.mpijob_operator import MPIJobOperator
+from pgtrain.errors import PgtrainError, TrainingFailed
+from pgtrain.mpijob import KUBERNETES_PARAMETERS
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+# DAG param -> constructor argument; the param applies unless that argument was passed explicitly.
+_PARAM_ARGUMENTS = {
+    "k8s_namespace": "namespace",
+    "k8s_image": "image",
+    "k8s_gpus_per_worker": "gpus_per_worker",
+    "k8s_database_secret": "database_secret",
+    "k8s_database_secret_key": "database_secret_key",
+    "k8s_node_selector": "node_selector",
+    "k8s_tolerations": "tolerations",
+    "k8s_worker_cpu": "worker_cpu",
+    "k8s_worker_memory": "worker_memory",
+    "k8s_startup_timeout_seconds": "startup_timeout_seconds",
+    "k8s_active_deadline_seconds": "active_deadline_seconds",
+}
+
+
+_ATTRIBUTES = {"active_deadline_seconds": "job_active_deadline_seconds"}
+
+
+class HorovodTrainOperator(MPIJobOperator):
+    """Train one planned run with Horovod; ``launcher`` "local" runs horovodrun here, "kubernetes" an MPIJob.
+
+    :param training_run_id: the run plan_run created (pass its XComArg); templated
+    :param conn_id: Airflow connection of the training database (local launcher, and clearing the
+        output of an earlier attempt). Pods read the database URL from the Kubernetes Secret instead.
+    :param launcher: override of the run's configured launcher; templated
+    """
+
+    template_fields = (*MPIJobOperator.template_fields, "conn_id", "launcher")
+
+    def __init__(self, *, training_run_id: str | None = None, conn_id: str = DEFAULT_CONN_ID,
+                 launcher: str | None = None, **kwargs: Any) -> None:
+        self._explicit = set(kwargs)
+        super().__init__(training_run_id=training_run_id, **kwargs)
+        self.conn_id = conn_id
+        self.launcher = launcher
+        self._local_running = False
+
+    def execute(self, context: Context) -> None:
+        from pgtrain import launch_local, runs
+        from pgtrain.db import connect
+
+        run_id = self._training_run_id(context)
+        url = database_url(self.conn_id)
+        try:
+            with connect(url) as conn:
+                run = runs.get_run(conn, run_id)
+        except PgtrainError as exc:  # no such run: retrying cannot help
+            raise AirflowFailException(str(exc)) from exc
+        launcher = self.launcher or run.config.launcher
+        self.log.info("training run %s: world_size %d, launcher %s", run_id, run.config.world_size, launcher)
+        self.world_size = run.config.world_size
+        if launcher == "local":
+            self._clear_earlier_output(url, run_id)
+            self._local_running = True
+            try:
+                launch_local.run_local(run_id, run.config.world_size, url, self.log)
+            finally:
+                self._local_running = False
+            return None
+        if launcher != "kubernetes":
+            raise AirflowFailException(f"launcher={launcher!r} should be 'local' or 'kubernetes'")
+        self.apply_kubernetes_params(context.get("params") or {})
+        return super().execute(context)
+
+    def on_kill(self) -> None:
+        if self._local_running:
+            # Airflow calls on_kill from its SIGTERM handler in the task's main thread: raising here
+            # unwinds run_local, which stops the horovodrun process group it started.
+            self._local_running = False
+            raise TrainingFailed("the task was killed; stopping the local Horovod ranks")
+        super().on_kill()
+
+    def apply_kubernetes_params(self, params: dict[str, Any]) -> None:
+        for param, argument in _PARAM_ARGUMENTS.items():
+            if argument in self._explicit:
+                continue
+            value = params.get(param, KUBERNETES_PARAMETERS[param]["default"])
+            if argument == "tolerations":
+                value = [convert_toleration(t) for t in value or []]
+            elif argument == "node_selector":
+                value = dict(value or {})
+            setattr(self, _ATTRIBUTES.get(argument, argument), value)
+
+    def before_submit(self, context: Context) -> None:
+        """A new job trains from scratch: forget metrics and staged parameters of an earlier attempt."""
+        self._clear_earlier_output(database_url(self.conn_id), self._training_run_id(context))
+
+    @staticmethod
+    def _clear_earlier_output(url: str, run_id: str) -> None:
+        from pgtrain import runs
+        from pgtrain.db import connect
+
+        with connect(url) as conn:
+            runs.clear_training_output(conn, run_id)

@@ -1,0 +1,41 @@
+"""Pytest fixtures for tests against the simulated cluster (import them into a test module)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from .cluster import SimulatedCluster
+
+
+@pytest.fixture(scope="session")
+def k8s_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimulatedCluster]:
+    """One simulated cluster (one node, 8 GPUs) for the session; each test uses its own namespace."""
+    with SimulatedCluster(tmp_path_factory.mktemp("k8s-sim"), gpus=8) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def k8s(k8s_cluster: SimulatedCluster, monkeypatch: pytest.MonkeyPatch) -> SimulatedCluster:
+    """The cluster, reachable through the Airflow connection ``kubernetes_default``."""
+    for name, value in k8s_cluster.connection_uri_env().items():
+        monkeypatch.setenv(name, value)
+    return k8s_cluster
+
+
+@pytest.fixture
+def password_sentinel() -> str:
+    """A password no output may ever contain (the embedded PostgreSQL trusts local connections)."""
+    return f"pw-sentinel-{uuid.uuid4().hex}"
+
+
+def with_password(url: str, password: str) -> str:
+    """``postgresql://user@/db?host=...`` with a password added."""
+    scheme, rest = url.split("://", 1)
+    userinfo, at, hostpart = rest.partition("@")
+    if not at:
+        raise ValueError(f"expected a URL with a user part: {url}")
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}://{user}:{password}@{hostpart}"

@@ -1,0 +1,149 @@
+"""The MPIJob manifest: layout, v2beta1 rules, Kubernetes schemas, names, credentials, the render command."""
+
+from __future__ import annotations
+
+import io
+import re
+from contextlib import redirect_stdout
+
+import pytest
+import yaml
+
+from pgtrain import mpijob
+from pgtrain.db import DATABASE_URL_ENV
+from pgtrain.errors import ConfigError
+from pgtrain.trainer_command import trainer_argv
+from tests.k8s_sim.validation import assert_valid_mpijob
+
+LAYOUTS = [(1, 1), (2, 1), (2, 4), (8, 4), (16, 8), (64, 8), (1024, 1)]
+LONG_RUN_ID = "a_rather_long_dag_id_for_training/scheduled__2026-01-01T00:00:00+00:00" * 2
+
+
+def settings(world_size: int = 8, gpus: int = 4, **overrides) -> mpijob.MPIJobSettings:
+    return mpijob.MPIJobSettings(run_id=overrides.pop("run_id", LONG_RUN_ID), world_size=world_size,
+                                 gpus_per_worker=gpus, image="registry.example/pgtrain-trainer:1", **overrides)
+
+
+def replica(manifest: dict, role: str) -> dict:
+    return manifest["spec"]["mpiReplicaSpecs"][role]
+
+
+def container(manifest: dict, role: str) -> dict:
+    return replica(manifest, role)["template"]["spec"]["containers"][0]
+
+
+@pytest.mark.parametrize(("world_size", "gpus"), LAYOUTS)
+def test_manifest_follows_the_v2beta1_rules(world_size, gpus):
+    manifest = mpijob.build_mpijob(settings(world_size, gpus))
+    spec = manifest["spec"]
+    workers, slots = -(-world_size // gpus), min(gpus, world_size)
+    assert manifest["apiVersion"] == "kubeflow.org/v2beta1" and manifest["kind"] == "MPIJob"
+    assert replica(manifest, "Launcher")["replicas"] == 1
+    assert replica(manifest, "Worker")["replicas"] == workers
+    assert spec["slotsPerWorker"] == slots
+    assert container(manifest, "Worker")["resources"]["limits"][mpijob.GPU_RESOURCE] == slots
+    assert container(manifest, "Worker")["resources"]["requests"].keys() >= {"cpu", "memory"}
+    launcher_resources = container(manifest, "Launcher")["resources"]
+    assert mpijob.GPU_RESOURCE not in {**launcher_resources.get("limits", {}), **launcher_resources["requests"]}
+    assert replica(manifest, "Launcher")["restartPolicy"] in ("Never", "OnFailure")
+    assert replica(manifest, "Worker")["restartPolicy"] in ("Never", "OnFailure")
+    assert spec["launcherCreationPolicy"] == "WaitForWorkersReady"
+    assert spec["runPolicy"]["cleanPodPolicy"] == "Running"
+    assert {"backoffLimit", "activeDeadlineSeconds", "ttlSecondsAfterFinished"} <= spec["runPolicy"].keys()
+    command = container(manifest, "Launcher")["command"]
+    assert command[:3] == ["horovodrun", "-np", str(workers * slots)]
+    assert command[-len(trainer_argv(LONG_RUN_ID)):] == trainer_argv(LONG_RUN_ID)
+    name = manifest["metadata"]["name"]
+    assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name)
+    assert len(f"{name}-worker-{workers - 1}") <= 63 and len(f"{name}-launcher") <= 63
+    assert list(mpijob.mpijob_problems(manifest)) == []
+
+
+@pytest.mark.parametrize(("world_size", "gpus"), LAYOUTS)
+def test_pod_templates_are_valid_kubernetes(world_size, gpus):
+    assert_valid_mpijob(mpijob.build_mpijob(settings(world_size, gpus, node_selector={"gpu": "h100"},
+                                            tolerations=[{"key": mpijob.GPU_RESOURCE, "operator": "Exists",
+                                                          "effect": "NoSchedule"}])))
+
+
+def test_database_url_only_from_the_secret():
+    manifest = mpijob.build_mpijob(settings(database_secret="team-db", database_secret_key="dsn"))
+    for role in ("Launcher", "Worker"):
+        env = {e["name"]: e for e in container(manifest, role)["env"]}
+        assert env[DATABASE_URL_ENV] == {"name": DATABASE_URL_ENV,
+                                         "valueFrom": {"secretKeyRef": {"name": "team-db", "key": "dsn"}}}
+    assert mpijob.credential_literals(manifest) == []
+
+
+def test_credential_literals_are_found_and_rejected():
+    manifest = mpijob.build_mpijob(settings())
+    container(manifest, "Worker")["env"].append({"name": "OTHER", "value": "postgresql://u:hunter2@db/x"})
+    assert mpijob.credential_literals(manifest) == [
+        "spec.mpiReplicaSpecs.Worker.template.spec.containers[0].env[2].value"]
+    container(manifest, "Launcher")["env"][0] = {"name": DATABASE_URL_ENV, "value": "postgresql://db/x"}
+    with pytest.raises(ConfigError) as error:
+        mpijob.validate_mpijob(manifest)
+    assert "must come from a Secret" in str(error.value) and "looks like a credential" in str(error.value)
+    assert mpijob.credential_literals({"dsn": "host=db password=hunter2"})
+    assert not mpijob.credential_literals({"url": "postgresql://u@/db?host=/tmp"})
+
+
+def test_violations_of_the_operator_rules_are_reported():
+    manifest = mpijob.build_mpijob(settings())
+    replica(manifest, "Launcher")["replicas"] = 2
+    replica(manifest, "Worker")["restartPolicy"] = "Always"
+    container(manifest, "Launcher")["resources"]["limits"][mpijob.GPU_RESOURCE] = 1
+    manifest["metadata"]["name"] = "x" * 60
+    problems = "\n".join(mpijob.mpijob_problems(manifest))
+    for expected in ("Launcher replicas must be 1", "Worker restartPolicy 'Always'",
+                     "Launcher must not request GPUs", "would be longer than 63"):
+        assert expected in problems
+
+
+def test_uneven_layout_is_refused_with_advice():
+    with pytest.raises(ConfigError, match=r"world_size=6 is not a multiple of gpus_per_worker=4.*e\.g\. 8"):
+        settings(6, 4)
+    assert mpijob.layout(2, 4) == (1, 2)
+    assert mpijob.layout(8, 4) == (2, 4)
+
+
+def test_job_names_are_unique_per_attempt_and_bounded():
+    names = {mpijob.job_name("pgtrain_training", "train", "manual__2026", -1, attempt, workers=128)
+             for attempt in (1, 2, 3)}
+    assert len(names) == 3
+    long = mpijob.job_name("9" * 300, "Train_Task", workers=1024)
+    assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", long) and len(f"{long}-worker-1023") <= 63
+
+
+def test_job_state_reads_the_conditions():
+    def job(*conditions):
+        return {"status": {"conditions": [{"type": t, "status": s, "reason": f"r-{t}", "message": f"m-{t}"}
+                                          for t, s in conditions]}}
+
+    assert mpijob.job_state({}).phase == "Pending"
+    assert mpijob.job_state(job(("Created", "True"))).phase == "Pending"
+    assert mpijob.job_state(job(("Created", "True"), ("Running", "True"))).phase == "Running"
+    finished = mpijob.job_state(job(("Running", "False"), ("Failed", "True")))
+    assert (finished.phase, finished.reason, finished.message, finished.finished) == ("Failed", "r-Failed",
+                                                                                      "m-Failed", True)
+    assert mpijob.job_state(job(("Running", "False"), ("Succeeded", "True"))).phase == "Succeeded"
+
+
+def test_render_command_prints_what_the_builder_builds():
+    args = ["render", "--world-size", "8", "--gpus-per-worker", "4", "--image", "reg/img:1", "--run-id", "d/r",
+            "--node-selector", "pool=gpu", "--toleration", "nvidia.com/gpu:NoSchedule"]
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert mpijob.main(args) == 0
+    rendered = yaml.safe_load(out.getvalue())
+    expected = mpijob.build_mpijob(mpijob.MPIJobSettings(
+        run_id="d/r", world_size=8, gpus_per_worker=4, image="reg/img:1", node_selector={"pool": "gpu"},
+        tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]))
+    assert rendered == expected
+    assert replica(rendered, "Worker")["replicas"] == 2
+    assert replica(rendered, "Worker")["template"]["spec"]["nodeSelector"] == {"pool": "gpu"}
+
+
+def test_render_command_explains_a_bad_layout(capsys):
+    assert mpijob.main(["render", "--world-size", "6", "--gpus-per-worker", "4", "--run-id", "r"]) == 2
+    assert "not a multiple of gpus_per_worker" in capsys.readouterr().err

@@ -1,0 +1,138 @@
+"""MPIJobOperator's manifest: built from KubernetesPodOperator's pod, valid, labelled, free of credentials."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+from airflow.providers.cncf.kubernetes.pod_generator import make_safe_label_value
+from airflow.providers.cncf.kubernetes.secret import Secret
+from kubernetes.client import models as k8s
+
+from pgtrain import mpijob
+from pgtrain.airflow.mpijob_operator import MPIJobOperator
+from pgtrain.airflow.train_operator import HorovodTrainOperator
+from pgtrain.db import DATABASE_URL_ENV
+from tests.k8s_sim.airflow_context import task_context
+from tests.k8s_sim.validation import assert_valid_mpijob
+
+RUN_ID = "manual__2026-01-01T00:00:00+00:00"
+TI_LABELS = {"dag_id": "pgtrain_training", "task_id": "train", "run_id": make_safe_label_value(RUN_ID),
+             "try_number": "3"}
+
+
+def kpo_operator(**overrides) -> MPIJobOperator:
+    arguments = dict(
+        task_id="train", namespace="ml", image="registry.example/pgtrain-trainer:1", world_size=8,
+        gpus_per_worker=4, training_run_id="pgtrain_training/manual__1",
+        env_vars={"NCCL_DEBUG": "WARN"},
+        secrets=[Secret("env", "WANDB_API_KEY", "wandb", "key")],
+        volumes=[k8s.V1Volume(name="shm", empty_dir=k8s.V1EmptyDirVolumeSource(medium="Memory"))],
+        volume_mounts=[k8s.V1VolumeMount(name="shm", mount_path="/dev/shm")],
+        node_selector={"nvidia.com/gpu.product": "H100"},
+        tolerations=[k8s.V1Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")],
+        affinity=k8s.V1Affinity(node_affinity=k8s.V1NodeAffinity(
+            required_during_scheduling_ignored_during_execution=k8s.V1NodeSelector(node_selector_terms=[
+                k8s.V1NodeSelectorTerm(match_expressions=[k8s.V1NodeSelectorRequirement(
+                    key="pool", operator="In", values=["gpu"])])]))),
+        image_pull_secrets=[k8s.V1LocalObjectReference(name="registry")],
+        service_account_name="trainer", labels={"team": "ml"}, annotations={"owner": "ml-platform"},
+    )
+    return MPIJobOperator(**{**arguments, **overrides})
+
+
+@pytest.fixture
+def manifest() -> dict:
+    context = task_context("pgtrain_training", RUN_ID, try_number=3)
+    return kpo_operator().build_mpijob(context, dry_run=True)
+
+
+def templates(manifest: dict) -> dict[str, dict]:
+    return {role: spec["template"] for role, spec in manifest["spec"]["mpiReplicaSpecs"].items()}
+
+
+def test_both_templates_carry_what_kubernetes_pod_operator_builds(manifest):
+    for role, template in templates(manifest).items():
+        spec = template["spec"]
+        container = spec["containers"][0]
+        assert container["image"] == "registry.example/pgtrain-trainer:1", role
+        env = {e["name"]: e for e in container["env"]}
+        assert env["NCCL_DEBUG"]["value"] == "WARN"
+        assert env["WANDB_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "wandb", "key": "key"}
+        assert env[DATABASE_URL_ENV]["valueFrom"]["secretKeyRef"] == {"name": "pgtrain-db", "key": "url"}
+        assert container["volumeMounts"] == [{"name": "shm", "mountPath": "/dev/shm"}]
+        assert spec["volumes"] == [{"name": "shm", "emptyDir": {"medium": "Memory"}}]
+        assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "H100"}
+        assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+        assert spec["affinity"]["nodeAffinity"]
+        assert spec["imagePullSecrets"] == [{"name": "registry"}]
+        assert spec["serviceAccountName"] == "trainer"
+        assert template["metadata"]["annotations"]["owner"] == "ml-platform"
+
+
+def test_task_instance_labels_on_the_job_and_both_templates(manifest):
+    for labels in [manifest["metadata"]["labels"], *(t["metadata"]["labels"] for t in templates(manifest).values())]:
+        assert {k: labels[k] for k in TI_LABELS} == TI_LABELS
+        assert labels["team"] == "ml" and labels["pgtrain_mpijob_operator"] == "True"
+    assert manifest["metadata"]["namespace"] == "ml"
+
+
+def test_operator_manifest_is_valid(manifest):
+    assert_valid_mpijob(manifest)
+    assert manifest["spec"]["runPolicy"]["activeDeadlineSeconds"] == 86400
+    worker = templates(manifest)["Worker"]["spec"]["containers"][0]
+    assert worker["resources"]["limits"][mpijob.GPU_RESOURCE] == 4
+    assert manifest["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
+    launcher = templates(manifest)["Launcher"]["spec"]["containers"][0]
+    assert launcher["command"][:3] == ["horovodrun", "-np", "8"]
+
+
+def test_user_gpu_resources_are_replaced_by_the_layout():
+    resources = k8s.V1ResourceRequirements(limits={"nvidia.com/gpu": "8", "memory": "64Gi"},
+                                           requests={"cpu": "16"})
+    manifest = kpo_operator(container_resources=resources, world_size=4, gpus_per_worker=2).build_mpijob(
+        task_context("d", "r"), dry_run=True)
+    worker = templates(manifest)["Worker"]["spec"]["containers"][0]["resources"]
+    launcher = templates(manifest)["Launcher"]["spec"]["containers"][0]["resources"]
+    assert worker["limits"] == {"nvidia.com/gpu": 2, "memory": "64Gi"} and worker["requests"]["cpu"] == "16"
+    assert "nvidia.com/gpu" not in launcher["limits"]
+
+
+def test_a_retry_gets_a_new_name_and_the_same_labels_to_find_it_by():
+    first = kpo_operator().build_mpijob(task_context("d", "r", try_number=1), dry_run=True)
+    second = kpo_operator().build_mpijob(task_context("d", "r", try_number=2), dry_run=True)
+    assert first["metadata"]["name"] != second["metadata"]["name"]
+    selector = kpo_operator()._build_find_pod_label_selector(task_context("d", "r"), exclude_checked=True)
+    assert "try_number" not in selector and "already_checked!=True" in selector
+
+
+def test_dry_run_prints_the_mpijob(capsys):
+    kpo_operator().dry_run()
+    out = capsys.readouterr().out
+    printed = yaml.safe_load(out[out.index("apiVersion:"):])  # after the operator's own log lines
+    assert printed["kind"] == "MPIJob" and printed["spec"]["slotsPerWorker"] == 4
+
+
+def test_xcom_sidecar_is_refused():
+    with pytest.raises(Exception, match="no XCom sidecar"):
+        kpo_operator(do_xcom_push=True)
+
+
+def test_train_operator_takes_kubernetes_settings_from_params_unless_given():
+    operator = HorovodTrainOperator(task_id="train", image="explicit:1")
+    operator.apply_kubernetes_params({"k8s_namespace": "gpu-team", "k8s_image": "from-params:1",
+                                      "k8s_gpus_per_worker": 8, "k8s_node_selector": {"pool": "a100"},
+                                      "k8s_tolerations": [{"key": "gpu", "operator": "Exists"}]})
+    assert operator.image == "explicit:1"
+    assert (operator.namespace, operator.gpus_per_worker, operator.node_selector) == ("gpu-team", 8, {"pool": "a100"})
+    assert operator.tolerations[0].key == "gpu"
+    assert operator.startup_timeout_seconds == mpijob.KUBERNETES_PARAMETERS["k8s_startup_timeout_seconds"]["default"]
+
+
+def test_importing_the_operators_stays_light_for_dag_parsing():
+    probe = ("import sys, pgtrain.airflow.train_operator, pgtrain.mpijob; "
+             "print([m for m in ('torch', 'horovod', 'psycopg', 'numpy') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
