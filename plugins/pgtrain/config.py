@@ -37,6 +37,8 @@ PARAMETERS: dict[str, dict[str, Any]] = {
                         "description": "real[], double precision[] or bytea (packed little-endian float32)"},
     "label_column": {"default": "label", "type": "string", "minLength": 1,
                      "description": "integer class label in [0, num_classes)"},
+    "input_dim": {"default": None, "type": ["integer", "null"], "minimum": 1,
+                  "description": "feature length; empty = the most common length among the rows"},
     "num_classes": {"default": None, "type": ["integer", "null"], "minimum": 2,
                     "description": "number of classes; empty = max(label) + 1"},
     "validation_fraction": {"default": 0.1, "type": "number", "minimum": 0, "maximum": 0.5,
@@ -64,6 +66,7 @@ class TrainingConfig:
     key_column: str = "id"
     features_column: str = "features"
     label_column: str = "label"
+    input_dim: int | None = None
     num_classes: int | None = None
     validation_fraction: float = 0.1
     bad_rows: str = "fail"

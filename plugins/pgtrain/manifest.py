@@ -1,20 +1,57 @@
 """compute_shards: check the source rows, then cut them into balanced keyset ranges, one per rank.
 
-Everything happens in one REPEATABLE READ snapshot: the row profile (one scan), and the boundaries
-(one ordered pass over the key index, keeping only the 2 x world_size boundary rows).
+Everything happens in one REPEATABLE READ snapshot, in two passes over the table:
+
+1. ``check_rows``: one sequential scan that counts the rows, infers the label range, finds every bad row
+   (by kind, with example keys) and notes the xmins the loader needs to read this snapshot again;
+2. ``cut_shards``: one ordered pass over the key's unique index (no sort of the table's rows) that numbers
+   the rows and keeps only the shard and batch boundaries.
+
+The snapshot, the bad-row report and each rank's batch boundaries are stored with the manifest
+(``pgtrain.shard_plans`` / ``shard_batches``), so every rank reads exactly the planned rows, once.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import psycopg
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from pgtrain import runs
+from pgtrain.config import TrainingConfig
 from pgtrain.errors import SourceError
 from pgtrain.runs import Shard
-from pgtrain.source import Source, feature_length, is_validation, resolve_source
+from pgtrain.source import (
+    BAD_ROW_KINDS,
+    PlannedRows,
+    Source,
+    XidClock,
+    bad_row,
+    feature_length,
+    is_validation,
+    prefer_index_order,
+    read_xid_clock,
+    recent_xmin_age,
+    resolve_source,
+    row_checks,
+    seen_xmins,
+    snapshot_transaction,
+)
+
+# Rows the loader receives per COPY row: about this many bytes, within these bounds.
+BATCH_BYTES = 256 * 1024
+BATCH_ROWS = (16, 8192)
+# Rows (in key order) the feature length is inferred from when it is not given.
+LENGTH_SAMPLE = 1000
+EXAMPLE_KEYS = 10  # as many as pgtrain.example_keys keeps
+
+
+@dataclass(frozen=True)
+class BadRows:
+    count: int
+    example_keys: list[str]
 
 
 @dataclass(frozen=True)
@@ -22,12 +59,65 @@ class Plan:
     shards: list[Shard]
     input_dim: int
     num_classes: int
-    total_rows: int
+    total_rows: int  # rows in the manifest: what the ranks read
+    excluded_rows: int = 0  # bad rows left out (bad_rows='exclude')
+    bad_rows: dict[str, BadRows] = field(default_factory=dict)  # kind -> count, examples; only kinds found
+    snapshot: str = ""
+
+    def summary(self) -> dict[str, object]:
+        """JSON-ready figures for the DAG's report."""
+        return {"rows_per_rank": [s.row_count for s in self.shards], "input_dim": self.input_dim,
+                "num_classes": self.num_classes, "total_rows": self.total_rows,
+                "excluded_rows": self.excluded_rows, "bad_rows": bad_rows_report(self.bad_rows)}
+
+
+def bad_rows_report(kinds: dict[str, BadRows]) -> dict[str, dict[str, object]]:
+    """kind -> {"count", "example_keys"}: as stored in pgtrain.shard_plans.bad_rows."""
+    return {kind: {"count": bad.count, "example_keys": bad.example_keys} for kind, bad in kinds.items()}
+
+
+@dataclass(frozen=True)
+class RowCheck:
+    total: int
+    bad: int
+    max_label: int | None
+    kinds: dict[str, BadRows]
+    recent_xmin_ages: list[int]
 
 
 def source_for(conn: psycopg.Connection, run: runs.Run) -> Source:
-    c = run.config
-    return resolve_source(conn, c.source_table, c.key_column, c.features_column, c.label_column)
+    """The run's source table; once compute_shards has run, with what it planned (the loader needs it)."""
+    config = run.config
+    source = resolve_source(conn, config.source_table, config.key_column, config.features_column,
+                            config.label_column)
+    return replace(source, plan=read_plan(conn, run.run_id))
+
+
+def plan_shards(conn: psycopg.Connection, run: runs.Run, *, input_dim: int | None = None) -> Plan:
+    """Check the source rows, compute and write the manifest of ``run``; returns it.
+
+    ``input_dim`` (or a config ``input_dim``) fixes the feature length; by default it is the most common
+    length among the first rows in key order. Raises SourceError, before writing anything, when the source
+    is empty or has bad rows (unless ``bad_rows='exclude'``) or fewer rows than ranks.
+    """
+    config = run.config
+    given_dim = input_dim or config.input_dim
+    with snapshot_transaction(conn):
+        source = resolve_source(conn, config.source_table, config.key_column, config.features_column,
+                                config.label_column)
+        clock = read_xid_clock(conn)
+        dim = given_dim or _inferred_length(conn, source)
+        check = check_rows(conn, source, dim, config.num_classes, clock)
+        rows = _usable_rows(source, check, dim, config, length_given=bool(given_dim))
+        num_classes = config.num_classes or _inferred_classes(source, check)
+        exclude = bad_row(source, dim, num_classes) if check.bad else None  # as the loader will apply it
+        batch_rows = batch_size(source, dim)
+        shards, batches = cut_shards(conn, source, rows, config.world_size, config.validation_fraction,
+                                     config.seed, batch_rows, exclude)
+        runs.write_manifest(conn, run.run_id, shards, dim, num_classes)
+        seen, horizon = seen_xmins(check.recent_xmin_ages, clock)
+        _write_plan(conn, run, clock, seen, horizon, dim, num_classes, rows, check, batch_rows, batches)
+    return Plan(shards, dim, num_classes, rows, check.bad, check.kinds, clock.snapshot)
 
 
 def balanced_positions(total: int, world_size: int) -> list[tuple[int, int]]:
@@ -41,64 +131,194 @@ def balanced_positions(total: int, world_size: int) -> list[tuple[int, int]]:
     return positions
 
 
-def profile(conn: psycopg.Connection, source: Source) -> tuple[int, int, int]:
-    """(row count, feature length, label bound) of the source; raises on an empty table or bad rows."""
-    length = feature_length(source)
-    rows = conn.execute(
-        sql.SQL("SELECT {len}, count(*), max({label}) FROM {rel} GROUP BY 1").format(
-            len=length, label=source.label, rel=source.relation
-        )
-    ).fetchall()
-    total = sum(count for _, count, _ in rows)
-    if total == 0:
-        raise SourceError(
-            f"source table {source.qualified_name} is empty: load training rows first "
-            "(for the example data: make load-digits)"
-        )
-    input_dim = max((r for r in rows if r[0]), key=lambda r: r[1])[0]
-    max_label = max(r[2] for r in rows if r[2] is not None)
-    return total, input_dim, max_label + 1
+def batch_size(source: Source, dim: int) -> int:
+    row_bytes = 4 * dim + 9 if source.feature_format == "bytea" else 29 + dim * (
+        8 if source.feature_format == "float4_array" else 12)
+    return max(BATCH_ROWS[0], min(BATCH_ROWS[1], BATCH_BYTES // row_bytes))
 
 
-def plan_shards(conn: psycopg.Connection, run: runs.Run) -> Plan:
-    """Compute and write the manifest of ``run``; returns it. Fails with SourceError before writing anything."""
-    config = run.config
-    with conn.transaction():
-        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        source = source_for(conn, run)
-        total, input_dim, inferred_classes = profile(conn, source)
-        num_classes = config.num_classes or inferred_classes
-        if config.world_size > total:
-            raise SourceError(
-                f"world_size {config.world_size} is larger than the {total} rows of {source.qualified_name}: "
-                f"every rank needs at least one row; use world_size <= {total} or load more rows"
-            )
-        shards = boundaries(conn, source, total, config.world_size, config.validation_fraction, config.seed)
-        runs.write_manifest(conn, run.run_id, shards, input_dim, num_classes)
-    return Plan(shards, input_dim, num_classes, total)
+def sample_length(conn: psycopg.Connection, source: Source) -> int | None:
+    """The most common feature length among the first rows in key order (None if none is usable)."""
+    row = conn.execute(
+        sql.SQL("""SELECT length FROM (SELECT {length} AS length FROM {rel} ORDER BY {key} LIMIT {n}) sample
+                   WHERE length > 0 GROUP BY length ORDER BY count(*) DESC, length LIMIT 1""").format(
+            length=feature_length(source), rel=source.relation, key=source.key, n=sql.Literal(LENGTH_SAMPLE))
+    ).fetchone()
+    return row[0] if row else None
 
 
-def boundaries(conn: psycopg.Connection, source: Source, total: int, world_size: int,
-               validation_fraction: float, seed: int) -> list[Shard]:
-    positions = balanced_positions(total, world_size)
-    wanted = sorted({p for pair in positions for p in pair})
+def check_rows(conn: psycopg.Connection, source: Source, dim: int, num_classes: int | None,
+               clock: XidClock) -> RowCheck:
+    """One scan of the table: row count, largest good label, each bad-row kind's count and example keys."""
+    checks = row_checks(source, dim, num_classes)
+    flags = [sql.Identifier(f"is_{kind}") for kind in checks]
+    any_bad = sql.SQL(" OR ").join(flags)
+    per_kind = sql.SQL(", ").join(
+        sql.SQL("count(*) FILTER (WHERE {f}), pgtrain.example_keys(key::text) FILTER (WHERE {f})").format(f=f)
+        for f in flags)
     query = sql.SQL(
+        """SELECT count(*), count(*) FILTER (WHERE {any_bad}), max(label) FILTER (WHERE NOT ({any_bad})),
+                  array_agg(xmin_age) FILTER (WHERE xmin_age IS NOT NULL), {per_kind}
+           FROM (SELECT {key} AS key, {label} AS label, {xmin_age} AS xmin_age, {checks}
+                 FROM {rel} OFFSET 0) checked"""  # OFFSET 0: compute each check once per row
+    ).format(any_bad=any_bad, per_kind=per_kind, key=source.key, label=source.label, rel=source.relation,
+             xmin_age=recent_xmin_age(source, clock),
+             checks=sql.SQL(", ").join(sql.SQL("{} AS {}").format(c, f) for c, f in zip(checks.values(), flags,
+                                                                                        strict=True)))
+    total, bad, max_label, ages, *found = conn.execute(query).fetchone()
+    kinds = {kind: BadRows(count, list(examples))
+             for kind, count, examples in zip(checks, found[::2], found[1::2], strict=True) if count}
+    return RowCheck(total, bad, max_label, kinds, ages or [])
+
+
+def cut_shards(conn: psycopg.Connection, source: Source, rows: int, world_size: int, validation_fraction: float,
+               seed: int, batch_rows: int, exclude: sql.Composable | None
+               ) -> tuple[list[Shard], list[tuple[list[str], list[str]]]]:
+    """One ordered pass over the key index: the shards, and each shard's batches as (first keys, last keys).
+
+    Batches follow a global grid of ``batch_rows`` rows, split where a shard begins; ``exclude`` (SQL) drops
+    bad rows from the numbering. Returns only the 2 x world_size shard edges and 2 keys per batch.
+    """
+    positions = balanced_positions(rows, world_size)
+    edges = sorted({p for first, last in positions for p in (first, last, first - 1)} - {0})
+    prefer_index_order(conn)
+    at = {position: (key, val) for position, key, val in conn.execute(boundary_query(
+        source, validation_fraction, seed, batch_rows, edges, exclude)).fetchall()}
+    if len(at) < len(edges):
+        raise SourceError(f"{source.qualified_name} changed while it was being planned; run compute_shards again")
+    shards, batches = [], []
+    for rank, (first, last) in enumerate(positions):
+        # Running counts include their own row; the count before `first` is the previous rank's last.
+        val_count = at[last][1] - (at[first - 1][1] if first > 1 else 0)
+        size = last - first + 1
+        shards.append(Shard(rank, world_size, at[first][0], at[last][0], size, size - val_count, val_count))
+        starts = [first] + list(range(first - (first - 1) % batch_rows + batch_rows, last + 1, batch_rows))
+        ends = [start - 1 for start in starts[1:]] + [last]
+        batches.append(([at[p][0] for p in starts], [at[p][0] for p in ends]))
+    return shards, batches
+
+
+def boundary_query(source: Source, validation_fraction: float, seed: int, batch_rows: int, edges: list[int],
+                   exclude: sql.Composable | None = None) -> sql.Composed:
+    """Number the rows in key order; keep the shard edges and the first and last row of each batch."""
+    return sql.SQL(
         """SELECT position, key::text, validation_rows FROM (
                SELECT {key} AS key,
                       row_number() OVER w AS position,
                       count(*) FILTER (WHERE {is_val}) OVER w AS validation_rows
-               FROM {rel}
+               FROM {rel} {where}
                WINDOW w AS (ORDER BY {key} ROWS UNBOUNDED PRECEDING)
            ) numbered
-           WHERE position = ANY(%s)
-           ORDER BY position"""
-    ).format(key=source.key, rel=source.relation, is_val=is_validation(source, validation_fraction, seed))
-    at = {position: (key, val) for position, key, val in conn.execute(query, (wanted,)).fetchall()}
-    shards = []
-    for rank, (first, last) in enumerate(positions):
-        # Running counts include their own row; the count before `first` is the previous rank's last.
-        val_before = at[first - 1][1] if first > 1 else 0
-        val_count = at[last][1] - val_before
-        rows = last - first + 1
-        shards.append(Shard(rank, world_size, at[first][0], at[last][0], rows, rows - val_count, val_count))
-    return shards
+           WHERE mod(position, {batch}) IN (0, 1) OR position = ANY({edges})"""
+    ).format(key=source.key, rel=source.relation, is_val=is_validation(source, validation_fraction, seed),
+             where=sql.SQL("WHERE NOT {}").format(exclude) if exclude is not None else sql.SQL(""),
+             batch=sql.Literal(batch_rows), edges=sql.Literal(edges))
+
+
+def read_plan(conn: psycopg.Connection, run_id: str) -> PlannedRows | None:
+    row = conn.execute(
+        """SELECT snapshot::text, pg_snapshot_xmin(snapshot)::text::bigint, seen_xmins::text[], xid_horizon,
+                  input_dim, num_classes, excluded_rows > 0, batch_rows
+           FROM pgtrain.shard_plans WHERE run_id = %s""",
+        (run_id,),
+    ).fetchone()
+    if row is None:
+        return None
+    snapshot, xmin, seen, horizon, dim, classes, exclude, batch_rows = row
+    return PlannedRows(run_id, snapshot, xmin, tuple(int(x) for x in seen), horizon, dim, classes, exclude,
+                       batch_rows)
+
+
+def _write_plan(conn: psycopg.Connection, run: runs.Run, clock: XidClock, seen: tuple[int, ...], horizon: int,
+                dim: int, num_classes: int, rows: int, check: RowCheck, batch_rows: int,
+                batches: list[tuple[list[str], list[str]]]) -> None:
+    conn.execute(
+        """INSERT INTO pgtrain.shard_plans (run_id, snapshot, seen_xmins, xid_horizon, input_dim, num_classes,
+                                            total_rows, excluded_rows, bad_rows, bad_rows_policy, batch_rows)
+           VALUES (%(run)s, %(snapshot)s::pg_snapshot, %(seen)s::xid[], %(horizon)s, %(dim)s, %(classes)s,
+                   %(rows)s, %(excluded)s, %(report)s, %(policy)s, %(batch)s)
+           ON CONFLICT (run_id) DO UPDATE SET
+             snapshot = EXCLUDED.snapshot, seen_xmins = EXCLUDED.seen_xmins, xid_horizon = EXCLUDED.xid_horizon,
+             input_dim = EXCLUDED.input_dim, num_classes = EXCLUDED.num_classes,
+             total_rows = EXCLUDED.total_rows, excluded_rows = EXCLUDED.excluded_rows,
+             bad_rows = EXCLUDED.bad_rows, bad_rows_policy = EXCLUDED.bad_rows_policy,
+             batch_rows = EXCLUDED.batch_rows, planned_at = now()""",
+        {"run": run.run_id, "snapshot": clock.snapshot, "seen": "{" + ",".join(map(str, seen)) + "}",
+         "horizon": horizon, "dim": dim, "classes": num_classes, "rows": rows, "excluded": check.bad,
+         "report": Jsonb(bad_rows_report(check.kinds)), "policy": run.config.bad_rows, "batch": batch_rows},
+    )
+    with conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO pgtrain.shard_batches (run_id, rank, batch_lo, batch_hi) VALUES (%s, %s, %s, %s)",
+            [(run.run_id, rank, lo, hi) for rank, (lo, hi) in enumerate(batches)],
+        )
+
+
+def _inferred_length(conn: psycopg.Connection, source: Source) -> int:
+    dim = sample_length(conn, source)
+    if dim is not None:
+        return dim
+    if conn.execute(sql.SQL("SELECT EXISTS (SELECT FROM {})").format(source.relation)).fetchone()[0]:
+        raise SourceError(
+            f"the first {LENGTH_SAMPLE} rows of {source.qualified_name} (in key order) have no usable feature "
+            "vector (NULL, empty, or not a flat vector of float32 values); fix them, or set input_dim to the "
+            "feature length"
+        )
+    raise _empty(source)
+
+
+def _usable_rows(source: Source, check: RowCheck, dim: int, config: TrainingConfig, length_given: bool) -> int:
+    """The rows the manifest will hold; raises SourceError when they cannot be trained on as configured."""
+    if check.total == 0:
+        raise _empty(source)
+    if check.kinds and config.bad_rows != "exclude":
+        raise SourceError(_bad_rows_message(source, check, dim, config.num_classes))
+    wrong_length = check.kinds.get("wrong_length")
+    if wrong_length and not length_given and 2 * wrong_length.count > check.total:
+        raise SourceError(
+            f"{wrong_length.count} of {check.total} rows of {source.qualified_name} do not have {dim} features "
+            "(the length most common among the first rows); set input_dim"
+        )
+    rows = check.total - check.bad
+    if rows == 0:
+        raise SourceError(f"all {check.total} rows of {source.qualified_name} are bad, nothing is left to train "
+                          "on:\n" + _bad_rows_message(source, check, dim, config.num_classes, details=True))
+    if config.world_size > rows:
+        left = f" left after excluding {check.bad} bad rows" if check.bad else ""
+        raise SourceError(
+            f"world_size {config.world_size} is larger than the {rows} rows of {source.qualified_name}{left}: "
+            f"every rank needs at least one row; use world_size <= {rows} or load more rows"
+        )
+    return rows
+
+
+def _inferred_classes(source: Source, check: RowCheck) -> int:
+    if check.max_label is None or check.max_label < 1:
+        raise SourceError(
+            f"the labels of {source.qualified_name} do not name at least two classes (largest usable label: "
+            f"{check.max_label}); labels are class numbers 0..num_classes-1, or set num_classes"
+        )
+    if check.max_label >= 2**31 - 1:
+        raise SourceError(f"the largest label of {source.qualified_name} is {check.max_label}; labels are class "
+                          "numbers 0..num_classes-1 (set num_classes to have larger labels reported as bad rows)")
+    return check.max_label + 1
+
+
+def _empty(source: Source) -> SourceError:
+    return SourceError(
+        f"source table {source.qualified_name} is empty: load training rows first "
+        "(for the example data: make load-digits)"
+    )
+
+
+def _bad_rows_message(source: Source, check: RowCheck, dim: int, num_classes: int | None,
+                      details: bool = False) -> str:
+    """The bad-row report: a headline (unless only ``details``), then one line per kind with example keys."""
+    classes = num_classes if num_classes else "max label + 1"
+    lines = [] if details else [f"{source.qualified_name} has {check.bad} bad rows of {check.total}; fix or "
+                                "delete them, or set bad_rows='exclude' to train without them:"]
+    for kind, bad in check.kinds.items():
+        meaning = BAD_ROW_KINDS[kind].format(dim=dim, num_classes=classes)
+        lines.append(f"  {kind}: {bad.count} rows ({meaning}), e.g. keys " + ", ".join(
+            "NULL" if k is None else k for k in bad.example_keys[:EXAMPLE_KEYS]))
+    return "\n".join(lines)

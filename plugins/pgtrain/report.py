@@ -21,9 +21,10 @@ def build_summary(conn: psycopg.Connection, run_id: str) -> dict[str, Any]:
         row = cur.execute(
             """SELECT r.run_id, r.model_name, r.status, r.status_reason, r.input_dim, r.num_classes,
                       extract(epoch FROM r.updated_at - r.created_at)::float8 AS wall_seconds,
-                      v.version, v.created_at
+                      v.version, v.created_at, p.excluded_rows
                FROM pgtrain.training_runs r
                LEFT JOIN pgtrain.model_versions v ON v.run_id = r.run_id
+               LEFT JOIN pgtrain.shard_plans p ON p.run_id = r.run_id
                WHERE r.run_id = %s""",
             (run_id,),
         ).fetchone()
@@ -40,6 +41,7 @@ def build_summary(conn: psycopg.Connection, run_id: str) -> dict[str, Any]:
         "status_reason": row["status_reason"],
         "rows_per_rank": [m["row_count"] for m in manifest],
         "train_rows_per_rank": [m["train_count"] for m in manifest],
+        "excluded_rows": row["excluded_rows"] or 0,
         "loss_per_epoch": [round(e["train_loss"], 5) for e in epochs],
         "val_accuracy": epochs[-1]["val_accuracy"] if epochs else None,
         "version": row["version"],
@@ -51,7 +53,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     accuracy = summary["val_accuracy"]
     lines = [
         f"run               {summary['run_id']} ({summary['status']})",
-        f"rows per rank     {summary['rows_per_rank']} (training: {summary['train_rows_per_rank']})",
+        f"rows per rank     {summary['rows_per_rank']} (training: {summary['train_rows_per_rank']})"
+        + (f", {summary['excluded_rows']} bad rows excluded" if summary["excluded_rows"] else ""),
         "loss per epoch    " + " ".join(f"{loss:.4f}" for loss in summary["loss_per_epoch"]),
         f"val accuracy      {'n/a' if accuracy is None else f'{accuracy:.4f}'}",
         f"committed version {summary['model_name']} v{summary['version']}" if summary["version"]

@@ -77,14 +77,12 @@ def train_step(model: MLP, optimizer: torch.optim.Optimizer, x: torch.Tensor, y:
 
 
 @torch.no_grad()
-def evaluate(model: MLP, features: torch.Tensor, labels: torch.Tensor, device: torch.device,
-             chunk_rows: int = 65536) -> tuple[float, int]:
-    """(summed loss, correct predictions) over the rows, moved to the device a chunk at a time."""
+def evaluate(model: MLP, features: torch.Tensor, labels: torch.Tensor, chunk_rows: int = 65536) -> tuple[float, int]:
+    """(summed loss, correct predictions) over the rows, a chunk at a time."""
     loss_sum, correct = 0.0, 0
     for start in range(0, len(labels), chunk_rows):
-        x = features[start:start + chunk_rows].to(device)
-        y = labels[start:start + chunk_rows].to(device)
-        logits = model(x)
+        logits = model(features[start:start + chunk_rows])
+        y = labels[start:start + chunk_rows]
         loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
         correct += int((logits.argmax(1) == y).sum())
     return loss_sum, correct
@@ -119,14 +117,14 @@ def main(argv: list[str] | None = None) -> int:
           f"keys {shards[rank].key_lo}..{shards[rank].key_hi}", flush=True)
 
     device = pick_device()
-    features, labels = torch.from_numpy(data.features), torch.from_numpy(data.labels)
-    if device.type == "cuda":  # batches go to the GPU from page-locked memory, asynchronously
-        features, labels = features.pin_memory(), labels.pin_memory()
+    features, labels, _ = data.tensors()  # page-locked when CUDA is present (the loader allocates them so)
     train_rows = np.flatnonzero(~data.is_validation)
-    val_rows = torch.from_numpy(np.flatnonzero(data.is_validation))
+    val_rows = torch.from_numpy(np.flatnonzero(data.is_validation)).to(device)
     spec = ModelSpec(run.input_dim, tuple(config.hidden_sizes), run.num_classes)
     model = build_model(spec, config.seed)
     mean, std = feature_statistics(features[train_rows])
+    # The whole shard goes to the GPU once (one fast copy from pinned memory); batches are cut there.
+    features, labels = features.to(device, non_blocking=True), labels.to(device, non_blocking=True)
     model.normalizer.mean.copy_(mean)
     model.normalizer.std.copy_(std)
     model.to(device)
@@ -142,15 +140,13 @@ def main(argv: list[str] | None = None) -> int:
         model.train()
         loss_sum, correct = 0.0, 0
         for batch in epoch_batches(train_rows, steps, config.seed, epoch, rank):
-            index = torch.from_numpy(batch)
-            x = features[index].to(device, non_blocking=True)
-            y = labels[index].to(device, non_blocking=True)
-            batch_loss, batch_correct = train_step(model, optimizer, x, y)
+            index = torch.from_numpy(batch).to(device)
+            batch_loss, batch_correct = train_step(model, optimizer, features[index], labels[index])
             loss_sum += batch_loss
             correct += batch_correct
         train_loss, train_accuracy = global_means("train_totals", loss_sum, correct, len(train_rows))
         model.eval()
-        val_sums = evaluate(model, features[val_rows], labels[val_rows], device)
+        val_sums = evaluate(model, features[val_rows], labels[val_rows])
         val_loss, val_accuracy = global_means("val_totals", *val_sums, len(val_rows))
         seconds = time.perf_counter() - started
         if rank == 0:

@@ -70,8 +70,9 @@ def compute_shards(training_run: str, conn_id: str = DEFAULT_CONN_ID) -> dict[st
     for shard in plan.shards:
         log.info("rank %d: keys %s..%s, %d rows (%d training)", shard.rank, shard.key_lo, shard.key_hi,
                  shard.row_count, shard.train_count)
-    return {"rows_per_rank": [s.row_count for s in plan.shards], "input_dim": plan.input_dim,
-            "num_classes": plan.num_classes}
+    if plan.excluded_rows:
+        log.warning("excluded %d bad rows (bad_rows=exclude): %s", plan.excluded_rows, plan.summary()["bad_rows"])
+    return plan.summary()
 
 
 @task

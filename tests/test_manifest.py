@@ -1,0 +1,230 @@
+"""compute_shards against a real PostgreSQL: exact, disjoint, balanced keyset shards of one snapshot, read once.
+
+The helpers at the top are shared with test_loader.py and test_bad_rows.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import psycopg
+import pytest
+from psycopg import sql
+
+from pgtrain import examples, loader, manifest, runs
+from pgtrain.config import TrainingConfig
+from pgtrain.errors import PgtrainError, SourceError
+from pgtrain.source import (
+    PlannedRows,
+    Source,
+    XidClock,
+    bad_row,
+    planned_rows,
+    prefer_index_order,
+    resolve_source,
+    seen_xmins,
+    snapshot_transaction,
+    widen_xid,
+)
+
+
+@pytest.fixture
+def ac(db_url: str):
+    with psycopg.connect(db_url, autocommit=True) as connection:
+        yield connection
+
+
+@pytest.fixture
+def small_batches(monkeypatch):
+    """Batches of 16 rows, so that every shard spans many batches and batch edges fall inside shards."""
+    monkeypatch.setattr(manifest, "BATCH_BYTES", 1)
+
+
+def make_table(conn: psycopg.Connection, name: str, rows: int, dim: int = 4, *, key_type: str = "bigint",
+               fmt: str = "float4_array", gaps: bool = True, not_null: bool = True, classes: int = 3,
+               seed: int = 0) -> None:
+    examples.create_samples_table(conn, ("public", name), key_type=key_type, feature_format=fmt, not_null=not_null)
+    features, labels = examples.synthetic(rows, dim, classes, seed)
+    examples.insert_samples(conn, features, labels, ("public", name),
+                            keys=examples.synthetic_keys(rows, key_type, seed, gaps=gaps))
+
+
+def plan(conn: psycopg.Connection, table: str, dag_run: str = "run", *, input_dim: int | None = None,
+         **params) -> tuple[runs.Run, manifest.Plan]:
+    run = runs.plan_run(conn, "test_shards", dag_run, TrainingConfig.from_mapping({"source_table": table, **params}))
+    planned = manifest.plan_shards(conn, run, input_dim=input_dim)
+    return runs.get_run(conn, run.run_id), planned
+
+
+def load_all(conn: psycopg.Connection, run: runs.Run) -> list[loader.ShardData]:
+    source = manifest.source_for(conn, run)
+    return [loader.load_shard(conn, source, shard, run.input_dim, run.config.validation_fraction, run.config.seed,
+                              pin_memory=False)
+            for shard in runs.get_manifest(conn, run.run_id)]
+
+
+def rows_in_key_order(conn: psycopg.Connection, table: str) -> tuple[np.ndarray, np.ndarray]:
+    """(features float32, labels) of every row, ordered by the key in SQL: what the ranks should read, in order."""
+    rows = conn.execute(sql.SQL("SELECT features, label FROM {} ORDER BY id").format(sql.Identifier(table))).fetchall()
+    features = [np.frombuffer(f, "<f4") if isinstance(f, bytes) else np.array(f, np.float32) for f, _ in rows]
+    return np.stack(features).astype(np.float32), np.array([label for _, label in rows])
+
+
+@pytest.mark.usefixtures("small_batches")
+@pytest.mark.parametrize("key_type", ["bigint", "text", "uuid"])
+@pytest.mark.parametrize("world_size", [1, 7])
+def test_shards_cover_every_row_once_balanced_in_key_order(ac, key_type, world_size):
+    make_table(ac, "t", 500, key_type=key_type, gaps=True)
+    run, planned = plan(ac, "public.t", world_size=world_size, validation_fraction=0.2)
+
+    shards = runs.get_manifest(ac, run.run_id)
+    assert shards == planned.shards and len(shards) == world_size
+    sizes = [s.row_count for s in shards]
+    assert sum(sizes) == planned.total_rows == 500 and max(sizes) - min(sizes) <= 1
+    counted = [ac.execute(sql.SQL("SELECT count(*) FROM t WHERE id BETWEEN %s::{t} AND %s::{t}").format(
+        t=sql.SQL(key_type)), (s.key_lo, s.key_hi)).fetchone()[0] for s in shards]
+    assert counted == sizes  # each range holds exactly its rows: ranges are disjoint and cover the table
+    batches = ac.execute("SELECT cardinality(batch_lo) FROM pgtrain.shard_batches WHERE run_id = %s ORDER BY rank",
+                         (run.run_id,)).fetchall()
+    assert all(n >= s // 16 for (n,), s in zip(batches, sizes, strict=True))
+
+    data = load_all(ac, run)
+    features, labels = rows_in_key_order(ac, "t")
+    np.testing.assert_array_equal(np.concatenate([d.features for d in data]), features)
+    np.testing.assert_array_equal(np.concatenate([d.labels for d in data]), labels)
+    assert [int(d.is_validation.sum()) for d in data] == [s.val_count for s in shards]
+    assert [len(d.labels) - int(d.is_validation.sum()) for d in data] == [s.train_count for s in shards]
+    assert 50 < sum(s.val_count for s in shards) < 150  # about 20 %
+
+
+def test_the_split_is_deterministic_and_depends_on_the_seed(ac):
+    make_table(ac, "t", 400)
+    first = plan(ac, "public.t", "a", world_size=3, seed=1)[1]
+    again = plan(ac, "public.t", "b", world_size=3, seed=1)[1]
+    other = plan(ac, "public.t", "c", world_size=3, seed=2)[1]
+    assert [s.val_count for s in first.shards] == [s.val_count for s in again.shards]
+    assert [s.val_count for s in first.shards] != [s.val_count for s in other.shards]
+
+
+def test_more_ranks_than_rows_is_a_clear_error(ac):
+    make_table(ac, "t", 3)
+    with pytest.raises(SourceError, match=r"world_size 5 is larger than the 3 rows of public\.t: every rank needs"):
+        plan(ac, "public.t", world_size=5)
+    assert ac.execute("SELECT count(*) FROM pgtrain.shard_manifest").fetchone()[0] == 0
+
+
+def test_an_empty_table_is_a_clear_error(ac):
+    examples.create_samples_table(ac, ("public", "t"))
+    with pytest.raises(SourceError, match=r"public\.t is empty"):
+        plan(ac, "public.t")
+
+
+def test_replanning_replaces_the_manifest(ac):
+    make_table(ac, "t", 100)
+    run, _ = plan(ac, "public.t", world_size=4)
+    again = manifest.plan_shards(ac, runs.get_run(ac, run.run_id))
+    assert len(again.shards) == 4
+    assert ac.execute("SELECT count(*) FROM pgtrain.shard_batches WHERE run_id = %s", (run.run_id,)).fetchone()[0] == 4
+    assert sum(len(d.labels) for d in load_all(ac, run)) == 100
+
+
+@pytest.mark.parametrize("key_type", ["bigint", "uuid"])
+def test_the_boundary_pass_walks_the_key_index_and_sorts_nothing(ac, key_type):
+    make_table(ac, "t", 20_000, key_type=key_type)  # freshly loaded: no visibility map, planner statistics stale
+    source = resolve_source(ac, "public.t", "id", "features", "label")
+    with snapshot_transaction(ac):
+        prefer_index_order(ac)  # as cut_shards does
+        for exclude in (None, bad_row(source, 4, 3)):
+            query = manifest.boundary_query(source, 0.1, 0, 64, [1, 10_000, 20_000], exclude)
+            explain = "\n".join(row[0] for row in ac.execute(sql.SQL("EXPLAIN ") + query).fetchall())
+            assert "Index" in explain and "t_pkey" in explain, explain
+            assert "Sort" not in explain and "Seq Scan" not in explain, explain
+
+
+def test_rows_inserted_after_planning_are_not_read(ac, db_url):
+    make_table(ac, "t", 300, gaps=True)  # keys spread over 1..3010: new keys land inside every shard's range
+    free = [k for (k,) in ac.execute("SELECT g FROM generate_series(1, 3010) g "
+                                     "WHERE mod(g, 37) = 0 AND g NOT IN (SELECT id FROM t)").fetchall()]
+    insert = "INSERT INTO t (id, features, label) SELECT unnest(%s::bigint[]), %s, 1"
+    with psycopg.connect(db_url) as early:  # a transaction in progress while compute_shards plans
+        early.execute(insert, (free[::2], [9.0] * 4))
+        run, _ = plan(ac, "public.t", world_size=3)
+        early.commit()
+    ac.execute(insert, (free[1::2], [7.0] * 4))  # committed after planning
+    assert ac.execute("SELECT count(*) FROM t").fetchone()[0] == 300 + len(free) > 350
+
+    data = load_all(ac, run)
+    assert [len(d.labels) for d in data] == [100, 100, 100]
+    features = np.concatenate([d.features for d in data])
+    assert not np.isin(features, [7.0, 9.0]).all(axis=1).any()
+
+
+def test_rows_frozen_by_vacuum_after_planning_are_still_read(ac):
+    make_table(ac, "t", 200)
+    run, _ = plan(ac, "public.t", world_size=2)
+    ac.execute("VACUUM (FREEZE) t")
+    assert sum(len(d.labels) for d in load_all(ac, run)) == 200
+
+
+@pytest.mark.parametrize("change", ["DELETE FROM t WHERE id = (SELECT max(id) FROM t)",
+                                    "UPDATE t SET label = 0 WHERE id = (SELECT min(id) FROM t)"])
+def test_rows_deleted_or_updated_after_planning_fail_the_rank_with_a_clear_error(ac, change):
+    make_table(ac, "t", 100)
+    run, _ = plan(ac, "public.t", world_size=2)
+    ac.execute(change)
+    with pytest.raises(SourceError, match=r"read 49 rows in its key range but the manifest planned 50"):
+        load_all(ac, run)
+
+
+def test_a_rank_that_reads_more_rows_than_planned_stops_and_leaves_the_connection_usable(ac):
+    make_table(ac, "t", 2000, dim=2)
+    run, _ = plan(ac, "public.t", world_size=1)
+    shard = runs.get_manifest(ac, run.run_id)[0]
+    fewer = dataclasses.replace(shard, row_count=shard.row_count - 5)
+    with pytest.raises(SourceError, match=r"read more rows than the 1995 its manifest planned"):
+        loader.load_shard(ac, manifest.source_for(ac, run), fewer, 2, 0.1, 0, pin_memory=False)
+    assert ac.execute("SELECT count(*) FROM t").fetchone() == (2000,)
+
+
+def test_loading_needs_the_plan_and_its_own_transaction(ac):
+    make_table(ac, "t", 10)
+    run, _ = plan(ac, "public.t", world_size=1)
+    shard = runs.get_manifest(ac, run.run_id)[0]
+    with pytest.raises(PgtrainError, match="run compute_shards first"):
+        loader.load_shard(ac, resolve_source(ac, "public.t", "id", "features", "label"), shard, 4, 0.1, 0)
+    source = manifest.source_for(ac, run)
+    with pytest.raises(PgtrainError, match="planned 4"):
+        loader.load_shard(ac, source, shard, 5, 0.1, 0)
+    with ac.transaction(), pytest.raises(PgtrainError, match="autocommit connection outside any transaction"):
+        loader.load_shard(ac, source, shard, 4, 0.1, 0)
+
+
+# --- the xid arithmetic behind "rows as of the planning snapshot" -------------------------------------------
+
+def test_widen_xid_crosses_the_32_bit_wrap():
+    assert widen_xid(5, 10) == (1 << 32) + 5
+    assert widen_xid(12, 10) == 12
+    assert widen_xid(3, (7 << 32) + 4_000_000_000) == (8 << 32) + 3
+
+
+def test_seen_xmins_keep_the_nearest_and_bound_the_horizon(monkeypatch):
+    base = (3 << 32) - 50  # the planning snapshot's xmin, 50 xids before a 32-bit wrap
+    clock = XidClock("", base, base + 10, base + 20)
+    newest = clock.now - clock.xmin
+    seen, horizon = seen_xmins([newest - 3, newest, newest - 3, newest - 80], clock)
+    assert seen == ((base % (1 << 32)), (base + 3) % (1 << 32), (base + 80) % (1 << 32)) == (4294967246,
+                                                                                             4294967249, 30)
+    assert horizon == base + (1 << 30)
+    monkeypatch.setattr("pgtrain.source.SEEN_XMINS_MAX", 2)
+    seen, horizon = seen_xmins([newest, newest - 3, newest - 80], clock)
+    assert len(seen) == 2 and horizon == base + 80
+
+
+def test_a_load_long_after_planning_refuses_instead_of_guessing():
+    planned = PlannedRows("r", "", xmin=1000, seen_xmins=(), xid_horizon=5000, input_dim=4, num_classes=3,
+                          exclude_bad_rows=False, batch_rows=16)
+    source = Source("public", "t", "id", "features", "label", "bigint", "float4_array", planned)
+    assert "Literal(3000)" in repr(planned_rows(source, XidClock("", 3990, 4000, 4000)))  # xids since planning
+    with pytest.raises(SourceError, match="re-run the DAG run from compute_shards"):
+        planned_rows(source, XidClock("", 4990, 5000, 5000))
