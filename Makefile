@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 WHEEL_CACHE ?= $(HOME)/.cache/pgtrain/wheels
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint bench load-digits render-mpijob clean
+.PHONY: install demo test lint bench bench-quick load-digits render-mpijob clean
 
 install: $(STAMP)
 
@@ -33,8 +33,11 @@ test: install
 lint: install
 	$(VENV)/bin/ruff check .
 
-bench: install
+bench: install  # full size: 1M-row loader, 10M-row manifest (about 5 GB of RAM, several minutes)
 	$(PY) benchmarks/run_all.py
+
+bench-quick: install  # the same benchmarks on small tables, to check they run
+	PGTRAIN_BENCH_ROWS=20000 PGTRAIN_BENCH_MANIFEST_ROWS=100000 $(PY) benchmarks/run_all.py
 
 load-digits: install
 	$(PY) -m pgtrain.examples digits --if-empty

@@ -19,11 +19,9 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
-import uuid
 from pathlib import Path
 
-from common import machine, report, stopwatch
+from common import bench_database, machine, report, stopwatch
 
 FORMATS = ("float4_array", "bytea")
 REPEATS = 3
@@ -154,55 +152,40 @@ def prepare(url: str, rows: int, dim: int) -> dict[str, str]:
 
 
 def main() -> None:
-    from pgtrain import devdb
-    from pgtrain.migrations import apply_migrations
-
     args = [int(a) for a in sys.argv[1:3]]
     rows = args[0] if args else int(os.environ.get("PGTRAIN_BENCH_ROWS", 1_000_000))
     dim = args[1] if len(args) > 1 else int(os.environ.get("PGTRAIN_BENCH_DIM", 100))
     fetchall_rows = min(rows, int(os.environ.get("PGTRAIN_BENCH_FETCHALL_ROWS", rows)))
-    explicit = os.environ.get("PGTRAIN_BENCH_DATABASE_URL")
-    with tempfile.TemporaryDirectory(prefix="pgtrain-bench-pg-") as data_dir:
-        admin = explicit or devdb.start(data_dir)
-        url = devdb.create_database(admin, f"pgtrain_bench_{uuid.uuid4().hex[:8]}")
-        try:
-            import psycopg
-
-            with psycopg.connect(url) as conn:
-                apply_migrations(conn)
-            print(f"loader benchmark: {rows} rows x {dim} features, {machine()}", flush=True)
-            run_ids = prepare(url, rows, dim)
-            baseline = in_subprocess("measure_fetchall", url, "bench_float4_array", fetchall_rows, False)
-            print(f"  original fetchall() path (real[]): {baseline}", flush=True)
-            figures: dict[str, float | int | str] = {
-                "loader.rows": rows, "loader.dim": dim, "loader.fetchall.seconds": round(baseline["seconds"], 3),
-                "loader.fetchall.rows": fetchall_rows,
-                "loader.fetchall.peak_rss_mb": round(baseline["peak_rss_mb"], 1)}
-            baseline_rate = baseline["rows"] / baseline["seconds"]
-            for fmt in FORMATS:
-                m = in_subprocess("measure_loader", url, run_ids[fmt])
-                print(f"  {fmt}: {m}", flush=True)
-                rate = m["rows"] / m["load_s"]
-                figures |= {
-                    f"loader.{fmt}.rows_per_s": round(rate),
-                    f"loader.{fmt}.load_seconds": round(m["load_s"], 3),
-                    f"loader.{fmt}.raw_copy_seconds": round(m["drain_s"], 3),
-                    f"loader.{fmt}.per_sample_copy_drain_seconds": round(m["plain_copy_s"], 3),
-                    f"loader.{fmt}.first_touch_of_tensor_memory_seconds": round(m["touch_s"], 3),
-                    f"loader.{fmt}.copy_mb": round(m["copy_mb"], 1),
-                    f"loader.{fmt}.speedup_vs_fetchall": round(rate / baseline_rate, 1),
-                    f"loader.{fmt}.overhead_vs_raw_copy": round(m["load_s"] / m["drain_s"], 3),
-                    f"loader.{fmt}.peak_rss_mb": round(m["peak_rss_mb"], 1),
-                    f"loader.{fmt}.tensor_mb": round(m["tensor_mb"], 1),
-                    f"loader.{fmt}.peak_rss_vs_tensors": round(m["peak_rss_mb"] / m["tensor_mb"], 3),
-                }
-            packed = in_subprocess("measure_fetchall", url, "bench_bytea", fetchall_rows, True)
-            figures["loader.bytea.speedup_vs_fetchall_of_bytea"] = round(
-                figures["loader.bytea.rows_per_s"] / (packed["rows"] / packed["seconds"]), 1)
-        finally:
-            with psycopg.connect(admin, autocommit=True) as conn:
-                conn.execute(f"DROP DATABASE IF EXISTS {psycopg.conninfo.conninfo_to_dict(url)['dbname']} "
-                             "WITH (FORCE)")
+    with bench_database() as (_, url):
+        print(f"loader benchmark: {rows} rows x {dim} features, {machine()}", flush=True)
+        run_ids = prepare(url, rows, dim)
+        baseline = in_subprocess("measure_fetchall", url, "bench_float4_array", fetchall_rows, False)
+        print(f"  original fetchall() path (real[]): {baseline}", flush=True)
+        figures: dict[str, float | int | str] = {
+            "loader.rows": rows, "loader.dim": dim, "loader.fetchall.seconds": round(baseline["seconds"], 3),
+            "loader.fetchall.rows": fetchall_rows,
+            "loader.fetchall.peak_rss_mb": round(baseline["peak_rss_mb"], 1)}
+        baseline_rate = baseline["rows"] / baseline["seconds"]
+        for fmt in FORMATS:
+            m = in_subprocess("measure_loader", url, run_ids[fmt])
+            print(f"  {fmt}: {m}", flush=True)
+            rate = m["rows"] / m["load_s"]
+            figures |= {
+                f"loader.{fmt}.rows_per_s": round(rate),
+                f"loader.{fmt}.load_seconds": round(m["load_s"], 3),
+                f"loader.{fmt}.raw_copy_seconds": round(m["drain_s"], 3),
+                f"loader.{fmt}.per_sample_copy_drain_seconds": round(m["plain_copy_s"], 3),
+                f"loader.{fmt}.first_touch_of_tensor_memory_seconds": round(m["touch_s"], 3),
+                f"loader.{fmt}.copy_mb": round(m["copy_mb"], 1),
+                f"loader.{fmt}.speedup_vs_fetchall": round(rate / baseline_rate, 1),
+                f"loader.{fmt}.overhead_vs_raw_copy": round(m["load_s"] / m["drain_s"], 3),
+                f"loader.{fmt}.peak_rss_mb": round(m["peak_rss_mb"], 1),
+                f"loader.{fmt}.tensor_mb": round(m["tensor_mb"], 1),
+                f"loader.{fmt}.peak_rss_vs_tensors": round(m["peak_rss_mb"] / m["tensor_mb"], 3),
+            }
+        packed = in_subprocess("measure_fetchall", url, "bench_bytea", fetchall_rows, True)
+        figures["loader.bytea.speedup_vs_fetchall_of_bytea"] = round(
+            figures["loader.bytea.rows_per_s"] / (packed["rows"] / packed["seconds"]), 1)
     report(figures)
 
 

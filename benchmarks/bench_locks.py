@@ -11,19 +11,15 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import tempfile
 import time
 import uuid
 
 import numpy as np
 import psycopg
-from common import report, stopwatch
-from psycopg import sql
+from common import bench_database, report, stopwatch
 
-from pgtrain import devdb
 from pgtrain.config import TrainingConfig
 from pgtrain.locks import LockManager
-from pgtrain.migrations import apply_migrations
 from pgtrain.model_spec import ModelSpec
 from pgtrain.model_store import commit_run
 from pgtrain.runs import plan_run, record_epoch
@@ -133,20 +129,12 @@ def bench_uncontended(url: str, n: int = 200) -> dict[str, float]:
 
 
 def main() -> None:
-    explicit = os.environ.get("PGTRAIN_BENCH_DATABASE_URL")
-    with tempfile.TemporaryDirectory(prefix="pgtrain-bench-pg-") as data_dir:
-        admin = explicit or devdb.start(data_dir)
-        url = devdb.create_database(admin, f"pgtrain_bench_{uuid.uuid4().hex[:8]}")
-        with psycopg.connect(url) as conn:
-            apply_migrations(conn)
+    with bench_database() as (_, url):
         figures: dict[str, float | int | str] = {"locks.cpus": os.cpu_count() or 0}
         figures.update(bench_uncontended(url))
         figures.update(bench_handoff(url))
         for contenders in COMMITS:
             figures.update(bench_commits(url, contenders))
-        with psycopg.connect(admin, autocommit=True) as conn:
-            dbname = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
-            conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(dbname)))
     report(figures)
 
 

@@ -15,17 +15,14 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
-import uuid
 from collections.abc import Callable
 
 import psycopg
-from common import machine, report, stopwatch
+from common import bench_database, machine, report, stopwatch
 from psycopg import sql
 
-from pgtrain import devdb, loader, manifest, runs
+from pgtrain import loader, manifest, runs
 from pgtrain.config import TrainingConfig
-from pgtrain.migrations import apply_migrations
 from pgtrain.source import bad_row, read_xid_clock, resolve_source, snapshot_transaction
 
 TABLE = "bench_manifest"
@@ -64,22 +61,14 @@ def main() -> None:
     rows = args[0] if args else int(env("PGTRAIN_BENCH_MANIFEST_ROWS", 10_000_000))
     world_size = args[1] if len(args) > 1 else int(env("PGTRAIN_BENCH_MANIFEST_WORLD_SIZE", 8))
     dim = args[2] if len(args) > 2 else int(env("PGTRAIN_BENCH_MANIFEST_DIM", 16))
-    with tempfile.TemporaryDirectory(prefix="pgtrain-bench-pg-") as data_dir:
-        admin = env("PGTRAIN_BENCH_DATABASE_URL") or devdb.start(data_dir)
-        name = f"pgtrain_bench_{uuid.uuid4().hex[:8]}"
-        url = devdb.create_database(admin, name)
-        try:
-            figures = run_benchmark(url, rows, world_size, dim)
-        finally:
-            with psycopg.connect(admin, autocommit=True) as conn:
-                conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    with bench_database() as (_, url):
+        figures = run_benchmark(url, rows, world_size, dim)
     report(figures)
 
 
 def run_benchmark(url: str, rows: int, world_size: int, dim: int) -> dict[str, float | int | str]:
     print(f"manifest benchmark: {rows} rows x {dim} features, world_size {world_size}, {machine()}", flush=True)
     with psycopg.connect(url, autocommit=True) as conn, psycopg.connect(url, autocommit=True) as stats:
-        apply_migrations(conn)
         with stopwatch() as generating:
             generate(conn, rows, dim)
         print(f"  generated in {generating():.1f} s", flush=True)

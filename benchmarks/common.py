@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
+import tempfile
 import time
+import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -14,8 +18,6 @@ sys.path.insert(0, str(REPO / "plugins"))
 
 
 def machine() -> dict[str, object]:
-    import os
-
     return {"python": platform.python_version(), "cpus": os.cpu_count(), "machine": platform.machine()}
 
 
@@ -33,3 +35,29 @@ def report(figures: dict[str, float | int | str]) -> None:
     for name, value in figures.items():
         print(f"  {name:<48} {value}")
     print(json.dumps(figures, sort_keys=True))
+
+
+@contextmanager
+def bench_database() -> Iterator[tuple[str, str]]:
+    """(admin URL, URL of a fresh migrated database) on $PGTRAIN_BENCH_DATABASE_URL's server, else on an
+    embedded one; the database is dropped (and the embedded server stopped) afterwards."""
+    import psycopg
+    from psycopg import sql
+
+    from pgtrain import devdb
+    from pgtrain.migrations import apply_migrations
+
+    explicit = os.environ.get("PGTRAIN_BENCH_DATABASE_URL")
+    with tempfile.TemporaryDirectory(prefix="pgtrain-bench-pg-") as data_dir:
+        admin = explicit or devdb.start(data_dir)
+        name = f"pgtrain_bench_{uuid.uuid4().hex[:8]}"
+        url = devdb.create_database(admin, name)
+        try:
+            with psycopg.connect(url) as conn:
+                apply_migrations(conn)
+            yield admin, url
+        finally:
+            with psycopg.connect(admin, autocommit=True) as conn:
+                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+            if not explicit:
+                devdb.stop(data_dir)

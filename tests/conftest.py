@@ -45,6 +45,7 @@ def pg_admin_url() -> Iterator[str]:
         return
     with tempfile.TemporaryDirectory(prefix="pgtrain-test-pg-") as data_dir:
         yield devdb.start(data_dir)
+        devdb.stop(data_dir)
 
 
 @pytest.fixture

@@ -24,6 +24,13 @@ def start(data_dir: Path | str, *, stop_at_exit: bool = True) -> str:
     return server.get_uri("postgres")
 
 
+def stop(data_dir: Path | str) -> None:
+    """Stop the server in data_dir (before its directory is removed)."""
+    import pgserver
+
+    pgserver.get_server(Path(data_dir), cleanup_mode="stop").cleanup()
+
+
 def create_database(admin_url: str, name: str) -> str:
     """Create database ``name`` (dropping an old one of that name); returns its URL."""
     with psycopg.connect(admin_url, autocommit=True) as conn:
@@ -61,9 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.action == "url":
         print(ensure_database(start(args.data_dir, stop_at_exit=False), args.database))
     else:
-        import pgserver
-
-        pgserver.get_server(args.data_dir, cleanup_mode="stop").cleanup()
+        stop(args.data_dir)
     return 0
 
 
