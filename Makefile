@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 WHEEL_CACHE ?= $(HOME)/.cache/pgtrain/wheels
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint bench bench-quick load-digits render-mpijob clean
+.PHONY: install demo test lint bench bench-quick load-digits render-mpijob stop-db clean
 
 install: $(STAMP)
 
@@ -45,5 +45,8 @@ load-digits: install
 render-mpijob: install
 	$(PY) -m pgtrain.mpijob render --world-size 8 --gpus-per-worker 4 --image pgtrain-trainer:latest --run-id example
 
-clean:
+stop-db:  # stop the demo's embedded PostgreSQL (its data stays in .pgdata/)
+	test ! -d .pgdata || $(PY) -m pgtrain.devdb stop .pgdata
+
+clean: stop-db
 	rm -rf .airflow .demo .pytest_cache
