@@ -129,6 +129,7 @@ def in_subprocess(function: str, *args: object) -> dict[str, float]:
 def prepare(url: str, rows: int, dim: int) -> dict[str, str]:
     """The same synthetic rows as real[] and as bytea tables, each planned as a one-rank run."""
     import psycopg
+    from psycopg import sql
 
     from pgtrain import examples, manifest, runs
     from pgtrain.config import TrainingConfig
@@ -143,7 +144,7 @@ def prepare(url: str, rows: int, dim: int) -> dict[str, str]:
             with stopwatch() as elapsed:
                 examples.insert_samples(conn, features, labels, table, keys=keys)
             print(f"  wrote {rows} x {dim} rows as {fmt} in {elapsed():.1f} s", flush=True)
-            conn.execute(f"VACUUM ANALYZE public.bench_{fmt}")
+            conn.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(*table)))
             config = TrainingConfig(world_size=1, source_table=".".join(table), num_classes=10)
             run = runs.plan_run(conn, "bench_loader", fmt, config)
             manifest.plan_shards(conn, run)

@@ -19,7 +19,8 @@ import psycopg
 from common import bench_database, report, stopwatch
 
 from pgtrain.config import TrainingConfig
-from pgtrain.locks import LockManager
+from pgtrain.errors import LockTimeout
+from pgtrain.locks import Lease, LockManager
 from pgtrain.model_spec import ModelSpec
 from pgtrain.model_store import commit_run
 from pgtrain.runs import plan_run, record_epoch
@@ -29,6 +30,8 @@ SPEC = ModelSpec(64, (50,), 10)
 CTX = mp.get_context("fork")
 COMMITS = {1: 40, 4: 15, 16: 6}  # per contender
 HANDOFFS = 100
+# The baseline waiter: try once, sleep, try again (the fixed sleep loop LISTEN/NOTIFY replaces).
+POLL_INTERVAL = 0.05
 
 
 def prepare_runs(url: str, model: str, count: int) -> list[str]:
@@ -83,23 +86,32 @@ def bench_commits(url: str, contenders: int) -> dict[str, float]:
             f"locks.commit_{contenders}_per_s": round(len(latencies) / elapsed(), 1)}
 
 
-def _waiter(url: str, name: str, ready, acquired, done) -> None:
+def _poll(locks: LockManager, name: str) -> Lease:
+    while True:
+        try:
+            return locks.acquire_lock(name, timeout=0)
+        except LockTimeout:
+            time.sleep(POLL_INTERVAL)
+
+
+def _waiter(url: str, name: str, ready, acquired, done, polling: bool) -> None:
     with LockManager(url, ttl=30) as locks:
         for _ in range(HANDOFFS):
             ready.set()
-            lease = locks.acquire_lock(name, timeout=30)
+            lease = _poll(locks, name) if polling else locks.acquire_lock(name, timeout=30)
             acquired.put(time.monotonic())  # CLOCK_MONOTONIC: one clock for every process on the machine
             locks.release(lease)
             done.wait()
             done.clear()
 
 
-def bench_handoff(url: str) -> dict[str, float]:
+def handoff_delays_ms(url: str, polling: bool) -> np.ndarray:
+    """Release-to-acquisition delays of a waiter in another process, woken by NOTIFY (or polling)."""
     name = f"handoff-{uuid.uuid4().hex[:8]}"
     ready, done, acquired = CTX.Event(), CTX.Event(), CTX.Queue()
     delays = []
     with LockManager(url, ttl=30) as locks:
-        waiter = CTX.Process(target=_waiter, args=(url, name, ready, acquired, done))
+        waiter = CTX.Process(target=_waiter, args=(url, name, ready, acquired, done, polling))
         lease = locks.acquire_lock(name)
         waiter.start()
         for _ in range(HANDOFFS):
@@ -113,9 +125,16 @@ def bench_handoff(url: str) -> dict[str, float]:
             done.set()
         locks.release(lease)
         waiter.join()
-    ms = np.array(delays) * 1000
-    return {"locks.handoff_p50_ms": round(float(np.percentile(ms, 50)), 2),
-            "locks.handoff_p99_ms": round(float(np.percentile(ms, 99)), 2)}
+    return np.array(delays) * 1000
+
+
+def bench_handoff(url: str) -> dict[str, float]:
+    notified, polled = handoff_delays_ms(url, polling=False), handoff_delays_ms(url, polling=True)
+    notified_p50, polled_p50 = float(np.percentile(notified, 50)), float(np.percentile(polled, 50))
+    return {"locks.handoff_p50_ms": round(notified_p50, 2),
+            "locks.handoff_p99_ms": round(float(np.percentile(notified, 99)), 2),
+            "locks.handoff_polling_p50_ms": round(polled_p50, 2),
+            "locks.handoff_speedup_vs_polling": round(polled_p50 / notified_p50, 1)}
 
 
 def bench_uncontended(url: str, n: int = 200) -> dict[str, float]:
