@@ -104,6 +104,10 @@ def test_failing_trainer_fails_the_task_with_reason_and_log_tail(k8s, namespace,
     assert "has no shard manifest; compute_shards writes it" in message  # the trainer's own words, from the tail
     assert "[launcher]" in task_log  # streamed into the task log
     assert committed_versions(db_url) == 0 and staged(db_url, run_id) == 0
+    with psycopg.connect(db_url) as conn:
+        status, reason = conn.execute("SELECT status, status_reason FROM pgtrain.training_runs WHERE run_id = %s",
+                                      (run_id,)).fetchone()
+    assert status == "failed" and reason == message.splitlines()[0]
     (job,) = k8s.mpijobs(namespace)  # keep_pod: kept, and marked so a retry does not re-attach to it
     assert job["metadata"]["labels"]["already_checked"] == "True"
     assert context["ti"].xcoms == {"mpijob_name": job["metadata"]["name"], "mpijob_namespace": namespace}

@@ -6,12 +6,10 @@ import os
 from pathlib import Path
 
 import psycopg
-from psycopg import sql
 
 from pgtrain.errors import ConfigError
 
 DATABASE_URL_ENV = "PGTRAIN_DATABASE_URL"
-SCHEMA = "pgtrain"
 
 
 def database_url(explicit: str | None = None) -> str:
@@ -28,21 +26,6 @@ def database_url(explicit: str | None = None) -> str:
 
 def connect(url: str | None = None, *, autocommit: bool = True) -> psycopg.Connection:
     return psycopg.connect(database_url(url), autocommit=autocommit, application_name="pgtrain")
-
-
-def table(name: str) -> sql.Composed:
-    """A pgtrain-owned table, schema-qualified and quoted."""
-    return sql.Identifier(SCHEMA, name)
-
-
-def redact(url: str) -> str:
-    """The URL with any password removed, for logs."""
-    try:
-        params = psycopg.conninfo.conninfo_to_dict(url)
-    except psycopg.ProgrammingError:
-        return "<unparseable database URL>"
-    params.pop("password", None)
-    return psycopg.conninfo.make_conninfo(**params)
 
 
 def repo_root() -> Path:

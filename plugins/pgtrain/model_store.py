@@ -22,7 +22,7 @@ from psycopg.types.json import Jsonb
 from pgtrain.errors import CommitRejected, PgtrainError, StaleLockToken
 from pgtrain.locks import DEFAULT_TTL, Lease, LockManager, fenced
 from pgtrain.model_spec import ModelSpec
-from pgtrain.runs import Run, epoch_metrics, get_run
+from pgtrain.runs import Run, epoch_metrics, get_run, set_status
 from pgtrain.tensors import from_rows, read_staged, to_rows
 
 MODEL_DTYPE = "float32"
@@ -86,7 +86,7 @@ def commit_run(conn: psycopg.Connection, run_id: str, owner: Mapping[str, Any] |
         run = get_run(conn, run_id)
         existing = _version_of_run(conn, run_id)
     if existing is not None:
-        _mark(conn, run_id, "committed")
+        set_status(conn, run_id, "committed")
         return existing
 
     try:
@@ -101,7 +101,7 @@ def commit_run(conn: psycopg.Connection, run_id: str, owner: Mapping[str, Any] |
             raise CommitRejected(f"staged parameters of run {run_id!r} do not fit the model "
                                  f"{spec.layer_dims()}: " + "; ".join(problems))
     except CommitRejected as rejected:
-        _mark(conn, run_id, "rejected", str(rejected))
+        set_status(conn, run_id, "rejected", str(rejected))
         raise
     metrics = version_metrics(epochs, arrays)
 
@@ -110,16 +110,16 @@ def commit_run(conn: psycopg.Connection, run_id: str, owner: Mapping[str, Any] |
             locks.lock(model_lock_name(run.model_name), timeout=lock_timeout) as lease, fenced(conn, lease):
         existing = _version_of_run(conn, run_id)  # a concurrent commit of this same run got here first
         if existing is not None:
-            _mark_in_tx(conn, run_id, "committed", None)
+            set_status(conn, run_id, "committed", None)
             return existing
         head = _head_for_update(conn, run.model_name)
         rejection = quality_gate(run.config.max_accuracy_drop, metrics, head)
         if rejection is not None:
-            _mark_in_tx(conn, run_id, "rejected", rejection)
+            set_status(conn, run_id, "rejected", rejection)
         else:
             version = _write_version(conn, run.model_name, run_id, lease, metrics, arrays)
             _move_head(conn, run.model_name, version, head, lease, "commit")
-            _mark_in_tx(conn, run_id, "committed", None)
+            set_status(conn, run_id, "committed", None)
     if rejection is not None:
         raise CommitRejected(rejection)
     return CommitResult(run.model_name, version, True, lease.token, metrics)
@@ -382,19 +382,6 @@ def _move_head(conn: psycopg.Connection, model_name: str, version: int, head: di
            VALUES (%s, %s, %s, %s, %s, %s)""",
         (model_name, version, head["version"] if head else None, lease.token, action, Jsonb(lease.owner)),
     )
-
-
-def _mark_in_tx(conn: psycopg.Connection, run_id: str, status: str, reason: str | None) -> None:
-    conn.execute(
-        """UPDATE pgtrain.training_runs SET status = %s, status_reason = %s, updated_at = now()
-           WHERE run_id = %s AND (status IS DISTINCT FROM %s OR status_reason IS DISTINCT FROM %s)""",
-        (status, reason, run_id, status, reason),
-    )
-
-
-def _mark(conn: psycopg.Connection, run_id: str, status: str, reason: str | None = None) -> None:
-    with conn.transaction():
-        _mark_in_tx(conn, run_id, status, reason)
 
 
 def _finite_or_none(value: Any) -> Any:

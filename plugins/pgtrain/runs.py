@@ -72,14 +72,13 @@ def get_run(conn: psycopg.Connection, run_id: str) -> Run:
     return Run(**row)
 
 
-def set_status(conn: psycopg.Connection, run_id: str, status: str, reason: str | None = None,
-               summary: dict[str, Any] | None = None) -> None:
+def set_status(conn: psycopg.Connection, run_id: str, status: str, reason: str | None = None) -> None:
+    """Record what became of the run; a no-op when nothing changes (so re-commits keep updated_at)."""
     with conn.transaction():
         conn.execute(
-            """UPDATE pgtrain.training_runs
-               SET status = %s, status_reason = %s, summary = coalesce(%s, summary), updated_at = now()
-               WHERE run_id = %s""",
-            (status, reason, Jsonb(summary) if summary is not None else None, run_id),
+            """UPDATE pgtrain.training_runs SET status = %s, status_reason = %s, updated_at = now()
+               WHERE run_id = %s AND (status IS DISTINCT FROM %s OR status_reason IS DISTINCT FROM %s)""",
+            (status, reason, run_id, status, reason),
         )
 
 

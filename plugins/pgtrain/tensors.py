@@ -7,8 +7,6 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 import psycopg
 
-from pgtrain.db import table
-
 ALLOWED_DTYPES = {"float32", "float64", "int64", "int32"}
 
 
@@ -49,5 +47,3 @@ def read_staged(conn: psycopg.Connection, run_id: str) -> dict[str, np.ndarray]:
         ).fetchall()
     )
 
-
-__all__ = ["to_rows", "from_rows", "write_staged", "read_staged", "table"]

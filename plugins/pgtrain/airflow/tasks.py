@@ -77,25 +77,6 @@ def compute_shards(training_run: str, conn_id: str = DEFAULT_CONN_ID) -> dict[st
 
 @task
 @_fail_fast_on_bad_input
-def train(training_run: str, conn_id: str = DEFAULT_CONN_ID) -> None:
-    from pgtrain import launch_local, runs
-    from pgtrain.db import connect
-    from pgtrain.errors import TrainingFailed
-
-    url = database_url(conn_id)
-    with connect(url) as conn:
-        run = runs.get_run(conn, training_run)
-        runs.clear_training_output(conn, training_run)
-    try:
-        launch_local.run_local(training_run, run.config.world_size, url, log)
-    except TrainingFailed as failure:
-        with connect(url) as conn:
-            runs.set_status(conn, training_run, "failed", reason=str(failure).splitlines()[0])
-        raise
-
-
-@task
-@_fail_fast_on_bad_input
 def commit_parameters(training_run: str, conn_id: str = DEFAULT_CONN_ID, ti: Any = None) -> dict[str, Any]:
     from pgtrain.db import connect
     from pgtrain.model_store import commit_run

@@ -7,6 +7,8 @@ Kubernetes setting not passed to the constructor.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.cncf.kubernetes.backcompat.backwards_compat_converters import convert_toleration
@@ -59,6 +61,27 @@ class HorovodTrainOperator(MPIJobOperator):
         self._local_running = False
 
     def execute(self, context: Context) -> None:
+        with self._failure_recorded(context):
+            return self._train(context)
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> None:
+        with self._failure_recorded(context):
+            return super().execute_complete(context, event)
+
+    @contextmanager
+    def _failure_recorded(self, context: Context) -> Iterator[None]:
+        """A failed job marks the run 'failed' (with the first line of why) before the task fails."""
+        from pgtrain import runs
+        from pgtrain.db import connect
+
+        try:
+            yield
+        except TrainingFailed as failure:
+            with connect(database_url(self.conn_id)) as conn:
+                runs.set_status(conn, self._training_run_id(context), "failed", str(failure).splitlines()[0])
+            raise
+
+    def _train(self, context: Context) -> None:
         from pgtrain import launch_local, runs
         from pgtrain.db import connect
 
