@@ -18,8 +18,7 @@ $(STAMP): requirements.txt trainer_image/requirements.txt trainer_image/build_ho
 	$(PY) -m pip install -q torch==2.13.0 -r trainer_image/requirements.txt
 	$(PY) -m pip install -q -r requirements.txt
 	$(PY) -m pip install -q cloudpickle psutil pyyaml packaging cffi
-	bash trainer_image/build_horovod.sh $(PY) $(WHEEL_CACHE)
-	$(PY) -m pip install -q --no-deps $$(ls $(WHEEL_CACHE)/torch2.13.0/horovod-0.28.1-*.whl | head -n1)
+	$(PY) -m pip install -q --no-deps "$$(bash trainer_image/build_horovod.sh $(PY) $(WHEEL_CACHE) | tail -n1)"
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	$(VENV)/bin/horovodrun --check-build | grep -q '\[X\] PyTorch'
 	touch $(STAMP)
@@ -37,7 +36,8 @@ bench: install  # full size: 1M-row loader, 10M-row manifest (about 5 GB of RAM,
 	$(PY) benchmarks/run_all.py
 
 bench-quick: install  # the same benchmarks on small tables, to check they run
-	PGTRAIN_BENCH_ROWS=20000 PGTRAIN_BENCH_MANIFEST_ROWS=100000 $(PY) benchmarks/run_all.py
+	PGTRAIN_BENCH_ROWS=20000 PGTRAIN_BENCH_MANIFEST_ROWS=100000 PGTRAIN_BENCH_RESULTS=benchmarks/out/results.json \
+		$(PY) benchmarks/run_all.py
 
 load-digits: install
 	$(PY) -m pgtrain.examples digits --if-empty

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,8 @@ HERE = Path(__file__).resolve().parent
 
 def main(names: list[str]) -> int:
     scripts = [HERE / f"bench_{n}.py" for n in names] if names else sorted(HERE.glob("bench_*.py"))
-    results_path = HERE / "results.json"
+    results_path = Path(os.environ.get("PGTRAIN_BENCH_RESULTS") or HERE / "results.json")
+    results_path.parent.mkdir(parents=True, exist_ok=True)
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
     failed = []
     for script in scripts:

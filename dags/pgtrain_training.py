@@ -29,7 +29,7 @@ with DAG(
 ):
     training_run = tasks.plan_run()
     shards = tasks.compute_shards(training_run)
-    trained = HorovodTrainOperator(task_id="train", training_run_id=training_run)
+    trained = HorovodTrainOperator(task_id="train", training_run_id=training_run, execution_timeout=timedelta(hours=24))
     committed = tasks.commit_parameters(training_run)
     summary = tasks.report(training_run)
 

@@ -7,7 +7,12 @@ started=$(date +%s)
 source scripts/airflow_env.sh
 
 if [ -z "${PGTRAIN_DATABASE_URL:-}" ]; then
-  PGTRAIN_DATABASE_URL=$(.venv/bin/python -m pgtrain.devdb url .pgdata 2>/dev/null)
+  mkdir -p .demo
+  if ! PGTRAIN_DATABASE_URL=$(.venv/bin/python -m pgtrain.devdb url .pgdata 2>.demo/devdb.log); then
+    cat .demo/devdb.log >&2
+    echo "could not start the embedded PostgreSQL in .pgdata/ (log above); or set PGTRAIN_DATABASE_URL" >&2
+    exit 1
+  fi
   echo "using the embedded PostgreSQL in .pgdata/ (set PGTRAIN_DATABASE_URL to use your own)"
 fi
 export PGTRAIN_DATABASE_URL
@@ -15,7 +20,6 @@ export AIRFLOW_CONN_PGTRAIN_DB="$PGTRAIN_DATABASE_URL"
 
 .venv/bin/python -m pgtrain.examples digits --if-empty
 echo "running the pgtrain_training DAG (airflow dags test, world_size 2, launcher local) ..."
-mkdir -p .demo
 if ! .venv/bin/airflow dags test pgtrain_training >.demo/dags-test.log 2>&1; then
   tail -n 60 .demo/dags-test.log
   echo "the DAG run failed; full log: .demo/dags-test.log" >&2

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from pgtrain import devdb
 from pgtrain.migrations import apply_migrations
@@ -49,17 +50,22 @@ def pg_admin_url() -> Iterator[str]:
 
 
 @pytest.fixture
-def make_database(pg_admin_url: str):
-    """Factory: a new empty database (migrated unless migrate=False); returns its URL."""
+def make_database(pg_admin_url: str) -> Iterator:
+    """Factory: a new empty database (migrated unless migrate=False); returns its URL. Dropped after the test."""
+    names: list[str] = []
 
     def make(migrate: bool = True) -> str:
-        url = devdb.create_database(pg_admin_url, f"pgtrain_test_{uuid.uuid4().hex[:12]}")
+        names.append(f"pgtrain_test_{uuid.uuid4().hex[:12]}")
+        url = devdb.create_database(pg_admin_url, names[-1])
         if migrate:
             with psycopg.connect(url) as conn:
                 apply_migrations(conn)
         return url
 
-    return make
+    yield make
+    with psycopg.connect(pg_admin_url, autocommit=True) as conn:
+        for name in names:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 @pytest.fixture

@@ -20,6 +20,8 @@ def test_compose_has_the_airflow_3_stack():
             mounts = {volume.split(":")[1] for volume in service["volumes"]}
             assert {"/opt/airflow/dags", "/opt/airflow/plugins", "/opt/airflow/sql"} <= mounts, name
             assert "AIRFLOW_CONN_PGTRAIN_DB" in service["environment"], name
+            # a shared signing key: without it each service makes its own and task tokens are rejected
+            assert service["environment"]["AIRFLOW__API_AUTH__JWT_SECRET"].startswith("${"), name
     dockerfile = REPO / services["airflow-scheduler"]["build"]["dockerfile"]
     assert "build_horovod.sh" in dockerfile.read_text()
 

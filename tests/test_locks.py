@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import threading
 import time
 import traceback
 
@@ -265,3 +266,35 @@ def test_heartbeat_keeps_a_long_holder_s_lease_and_tokens_only_grow(db_url, conn
             with other.lock("long") as again:
                 tokens.append(again.token)
     assert tokens == sorted(set(tokens))
+
+
+def test_release_after_a_zero_timeout_acquire_waits_out_a_brief_row_lock(db_url):
+    """acquire_lock's lock_timeout covers its own attempt only: a later release may wait for the row."""
+    row_locked, holding = threading.Event(), 0.2
+    errors: list[BaseException] = []
+
+    def lock_the_row_briefly() -> None:
+        try:
+            with psycopg.connect(db_url) as other, other.transaction():
+                other.execute("SELECT FROM pgtrain.locks WHERE name = 'model:x' FOR UPDATE")
+                row_locked.set()
+                time.sleep(holding)
+        except BaseException as exc:  # the test asserts on it
+            errors.append(exc)
+            row_locked.set()
+
+    with LockManager(db_url, ttl=5, heartbeat=False) as locks:
+        lease = locks.acquire_lock("model:x", timeout=0)
+        toucher = threading.Thread(target=lock_the_row_briefly)
+        toucher.start()
+        assert row_locked.wait(10)
+        started = time.monotonic()
+        try:
+            assert locks.renew(lease) is False, "the row is busy: a renewal skips it instead of failing"
+            assert locks.release_lock("model:x") is True
+        finally:
+            toucher.join()
+        assert errors == []
+        assert time.monotonic() - started >= holding * 0.5, "the release waited for the row lock"
+        assert locks.holder("model:x") is None, "the lock is free after the release"
+        assert locks.acquire_lock("model:x", timeout=0).token > lease.token

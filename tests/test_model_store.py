@@ -25,6 +25,7 @@ from pgtrain.model_store import (
 )
 from pgtrain.runs import plan_run, record_epoch
 from pgtrain.tensors import write_staged
+from pgtrain.trainer_command import DATABASE_URL_ENV
 
 SPEC = ModelSpec(input_dim=6, hidden_sizes=(5,), num_classes=3)
 MODEL = "test-mlp"
@@ -272,31 +273,47 @@ def test_export_loads_into_the_trainer_model(db_url, aconn, tmp_path):
 
 
 # -- the command-line tool ---------------------------------------------------------------------------
-def test_models_cli_lists_shows_promotes_rolls_back_and_exports(db_url, aconn, tmp_path, capsys):
+def test_models_cli_reads_the_database_only_from_the_environment(monkeypatch, capsys):
+    from pgtrain.models_cli import build_parser, main
+
+    monkeypatch.delenv(DATABASE_URL_ENV, raising=False)
+    assert main(["list"]) == 1
+    assert DATABASE_URL_ENV in capsys.readouterr().err
+    # no option that would put a password on a command line (ps, shell history); the help says where it goes
+    assert not any("database" in option for action in build_parser()._actions for option in action.option_strings)
+    with pytest.raises(SystemExit):
+        main(["list", "--database-url", "postgresql://db/x"])
+    assert "unrecognized arguments: --database-url" in capsys.readouterr().err
+    help_text = build_parser().format_help()
+    assert DATABASE_URL_ENV in help_text and "PGPASSWORD" in help_text and ".pgpass" in help_text
+
+
+def test_models_cli_lists_shows_promotes_rolls_back_and_exports(db_url, aconn, tmp_path, capsys, monkeypatch):
     from pgtrain.models_cli import main
 
     commit_run(aconn, prepare_run(db_url, "one", fill=1.0, val_accuracy=0.91), owner=OWNER)
     commit_run(aconn, prepare_run(db_url, "two", fill=2.0, val_accuracy=0.93), owner=OWNER)
-    cli = ["--database-url", db_url]
+    monkeypatch.setenv(DATABASE_URL_ENV, db_url)
 
-    assert main([*cli, "list", MODEL]) == 0
+    assert main(["list", MODEL]) == 0
     listing = capsys.readouterr().out.splitlines()
     assert len(listing) == 3 and "*     2" in listing[2] and "0.9300" in listing[2]
-    assert main([*cli, "show", MODEL, "1"]) == 0
+    assert main(["show", MODEL, "1"]) == 0
     shown = capsys.readouterr().out
     assert "version 1" in shown and "pgtrain_training/one" in shown and "layers.0.weight" in shown
-    assert main([*cli, "rollback", MODEL]) == 0
+    assert main(["rollback", MODEL]) == 0
     assert "head 2 -> 1" in capsys.readouterr().out and head_version(aconn, MODEL) == 1
-    assert main([*cli, "promote", MODEL, "2"]) == 0 and head_version(aconn, MODEL) == 2
-    assert main([*cli, "promote", MODEL, "9"]) == 1
+    assert main(["promote", MODEL, "2"]) == 0 and head_version(aconn, MODEL) == 2
+    assert main(["promote", MODEL, "9"]) == 1
     assert "has no version 9" in capsys.readouterr().err and head_version(aconn, MODEL) == 2
-    assert main([*cli, "locks"]) == 0
+    assert main(["locks"]) == 0
     assert f"model:{MODEL}" in capsys.readouterr().out
-    assert main([*cli, "history", MODEL]) == 0
+    assert main(["history", MODEL]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 4
 
 
 def test_models_cli_runs_as_a_module_and_exports_a_loadable_state_dict(db_url, aconn, tmp_path):
+    import os
     import subprocess
     import sys
 
@@ -304,8 +321,8 @@ def test_models_cli_runs_as_a_module_and_exports_a_loadable_state_dict(db_url, a
     commit_run(aconn, prepare_run(db_url, "one", fill=0.25), owner=OWNER)
     out = tmp_path / "v1.pt"
 
-    proc = subprocess.run([sys.executable, "-m", "pgtrain.models_cli", "--database-url", db_url,
-                           "export", MODEL, "1", "-o", str(out)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "pgtrain.models_cli", "export", MODEL, "1", "-o", str(out)],
+                          env={**os.environ, DATABASE_URL_ENV: db_url}, capture_output=True, text=True, timeout=120)
 
     assert proc.returncode == 0, proc.stderr
     state = torch.load(out)

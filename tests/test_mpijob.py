@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import io
 import re
+import subprocess
+import sys
 from contextlib import redirect_stdout
 
 import pytest
 import yaml
 
 from pgtrain import mpijob
-from pgtrain.db import DATABASE_URL_ENV
 from pgtrain.errors import ConfigError
-from pgtrain.trainer_command import trainer_argv
+from pgtrain.trainer_command import DATABASE_URL_ENV, trainer_argv
 from tests.k8s_sim.validation import assert_valid_mpijob
 
 LAYOUTS = [(1, 1), (2, 1), (2, 4), (8, 4), (16, 8), (64, 8), (1024, 1)]
@@ -73,6 +74,13 @@ def test_database_url_only_from_the_secret():
         assert env[DATABASE_URL_ENV] == {"name": DATABASE_URL_ENV,
                                          "valueFrom": {"secretKeyRef": {"name": "team-db", "key": "dsn"}}}
     assert mpijob.credential_literals(manifest) == []
+
+
+def test_importing_the_module_does_not_load_the_database_driver():
+    """DAG files import pgtrain.mpijob at parse time: it must not pull in psycopg (pgtrain.db does)."""
+    code = "import sys, pgtrain.mpijob; print('psycopg' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
 
 
 def test_credential_literals_are_found_and_rejected():

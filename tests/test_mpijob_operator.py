@@ -14,7 +14,7 @@ from kubernetes.client import models as k8s
 from pgtrain import mpijob
 from pgtrain.airflow.mpijob_operator import MPIJobOperator
 from pgtrain.airflow.train_operator import HorovodTrainOperator
-from pgtrain.db import DATABASE_URL_ENV
+from pgtrain.trainer_command import DATABASE_URL_ENV
 from tests.k8s_sim.airflow_context import task_context
 from tests.k8s_sim.validation import assert_valid_mpijob
 

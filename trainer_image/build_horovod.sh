@@ -5,24 +5,27 @@
 #
 # usage: build_horovod.sh PYTHON WHEEL_DIR
 #   PYTHON     interpreter whose torch the extension is built against (torch must be installed)
-#   WHEEL_DIR  where the wheel is written; a wheel already there for the same torch is reused
+#   WHEEL_DIR  where the wheel is written; a wheel already there for the same torch and Python is reused
+# Prints the wheel's path as its last line of standard output (progress goes to standard error).
 set -euo pipefail
 python=${1:?usage: build_horovod.sh PYTHON WHEEL_DIR}
 wheel_dir=${2:?usage: build_horovod.sh PYTHON WHEEL_DIR}
 version=0.28.1
 
 torch_version=$("$python" -c 'import torch; print(torch.__version__.split("+")[0])')
-tag="torch${torch_version}"
+python_tag=$("$python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+tag="torch${torch_version}-${python_tag}"
 mkdir -p "$wheel_dir/$tag"
-existing=$(ls "$wheel_dir/$tag"/horovod-"$version"-*.whl 2>/dev/null | head -n1 || true)
+existing=$(ls "$wheel_dir/$tag"/horovod-"$version"-"$python_tag"-*.whl 2>/dev/null | head -n1 || true)
 if [ -n "$existing" ]; then
-  echo "horovod: cached wheel $existing"
+  echo "horovod: cached wheel $existing" >&2
+  echo "$existing"
   exit 0
 fi
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-"$python" -m pip download --no-deps --no-binary :all: "horovod==$version" -d "$work" >/dev/null
+"$python" -m pip download --no-deps --no-binary :all: "horovod==$version" -d "$work" >&2
 tar -xzf "$work/horovod-$version.tar.gz" -C "$work"
 src="$work/horovod-$version"
 # torch >= 2.1 headers use C++17; Horovod 0.28.1 pins C++14 in two places.
@@ -33,5 +36,6 @@ export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1
 export HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
 if ! command -v mpicxx >/dev/null 2>&1; then export HOROVOD_WITHOUT_MPI=1; fi
 export MAKEFLAGS="-j$(nproc)"
-echo "horovod: building $version against torch $torch_version (a few minutes, once)"
-"$python" -m pip wheel --no-build-isolation --no-deps -w "$wheel_dir/$tag" "$src"
+echo "horovod: building $version against torch $torch_version (a few minutes, once)" >&2
+"$python" -m pip wheel --no-build-isolation --no-deps -w "$wheel_dir/$tag" "$src" >&2
+ls "$wheel_dir/$tag"/horovod-"$version"-"$python_tag"-*.whl | head -n1

@@ -8,8 +8,7 @@ from pathlib import Path
 import psycopg
 
 from pgtrain.errors import ConfigError
-
-DATABASE_URL_ENV = "PGTRAIN_DATABASE_URL"
+from pgtrain.trainer_command import DATABASE_URL_ENV
 
 
 def database_url(explicit: str | None = None) -> str:

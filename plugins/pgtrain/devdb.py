@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import psycopg
 from psycopg import sql
@@ -40,15 +40,20 @@ def create_database(admin_url: str, name: str) -> str:
 
 
 def database_url_for(url: str, name: str) -> str:
-    """The URL of database ``name`` on the server of ``url``, as a postgresql:// URI (Airflow reads those too)."""
-    params = psycopg.conninfo.conninfo_to_dict(url)
-    user = quote(str(params.get("user", "")), safe="")
-    host, port = str(params.get("host", "")), params.get("port")
+    """The URL of database ``name`` on the server of ``url`` (every other setting kept), as a postgresql:// URI:
+    Airflow's AIRFLOW_CONN_* variables take that form too."""
+    params = {k: str(v) for k, v in psycopg.conninfo.conninfo_to_dict(url).items()}
+    params.pop("dbname", None)
+    user, password = params.pop("user", ""), params.pop("password", "")
+    host, port = params.pop("host", ""), params.pop("port", "")
+    auth = quote(user, safe="") + (":" + quote(password, safe="") if password else "")
     if host.startswith("/"):  # a unix socket directory goes in the query string
-        port_part = f"&port={port}" if port else ""
-        return f"postgresql://{user}@/{quote(name, safe='')}?host={quote(host, safe='')}{port_part}"
-    netloc = host + (f":{port}" if port else "")
-    return f"postgresql://{user}@{netloc}/{quote(name, safe='')}"
+        params = {"host": host, **({"port": port} if port else {}), **params}
+        netloc = ""
+    else:
+        netloc = host + (f":{port}" if port else "")
+    query = "?" + urlencode(params, quote_via=quote) if params else ""
+    return f"postgresql://{auth}@{netloc}/{quote(name, safe='')}{query}"
 
 
 def ensure_database(admin_url: str, name: str) -> str:

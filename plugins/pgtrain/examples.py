@@ -19,11 +19,12 @@ from psycopg import sql
 
 from pgtrain.db import connect
 from pgtrain.loader import ELEMENT_TYPES, feature_fields
+from pgtrain.source import FEATURE_FORMATS
 
 SAMPLES_TABLE = ("public", "samples")
 KEY_TYPES = ("bigint", "text", "uuid")
-COLUMN_TYPES = {"float4_array": "real[]", "float8_array": "double precision[]", "bytea": "bytea"}
-_FORMATS = {column_type: feature_format for feature_format, column_type in COLUMN_TYPES.items()}
+# feature format -> column type: the inverse of the one mapping the source reader validates against.
+COLUMN_TYPES = {feature_format: column_type for column_type, feature_format in FEATURE_FORMATS.items()}
 _COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + b"\x00" * 8
 _COPY_ROWS = 65536  # rows per write
 
@@ -88,9 +89,9 @@ def insert_samples(conn: psycopg.Connection, features: np.ndarray, labels: np.nd
         """SELECT format_type(atttypid, NULL) FROM pg_attribute
            WHERE attrelid = to_regclass(%s) AND attname = 'features' AND NOT attisdropped""",
         (sql.Identifier(*table).as_string(conn),)).fetchone()
-    if column_type is None or column_type[0] not in _FORMATS:
-        raise ValueError(f"{'.'.join(table)} should have a features column of type {' or '.join(_FORMATS)}")
-    feature_format = _FORMATS[column_type[0]]
+    if column_type is None or column_type[0] not in FEATURE_FORMATS:
+        raise ValueError(f"{'.'.join(table)} should have a features column of type {' or '.join(FEATURE_FORMATS)}")
+    feature_format = FEATURE_FORMATS[column_type[0]]
     fields: list[tuple] = [("nfields", ">i2")]
     if keys is not None:
         fields += [("klen", ">i4"), ("key", ">i8" if keys.dtype.kind in "iu" else keys.dtype.str)]

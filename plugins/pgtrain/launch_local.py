@@ -8,11 +8,11 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
-from pgtrain.db import DATABASE_URL_ENV
 from pgtrain.errors import TrainingFailed
-from pgtrain.trainer_command import trainer_argv
+from pgtrain.trainer_command import DATABASE_URL_ENV, trainer_argv
 
 TAIL_LINES = 40
 
@@ -37,25 +37,40 @@ def local_command(run_id: str, world_size: int) -> list[str]:
 
 def run_local(run_id: str, world_size: int, database_url: str, log: logging.Logger,
               timeout_seconds: float | None = None) -> None:
-    """Run the job; every output line goes to ``log`` as it comes. A failure raises with the output's tail."""
+    """Run the job; every output line goes to ``log`` as it comes. A failure raises with the output's tail.
+
+    ``timeout_seconds``: past it the ranks are killed and TrainingFailed is raised.
+    """
     command = local_command(run_id, world_size)
     log.info("starting %d Horovod ranks: %s", world_size, " ".join(command))
     env = {**os.environ, DATABASE_URL_ENV: database_url, "PYTHONUNBUFFERED": "1"}
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    timed_out = threading.Event()
     with subprocess.Popen(
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
         start_new_session=True,
     ) as process:
+        # Killing the group closes the pipe, which ends the read loop below.
+        watchdog = threading.Timer(timeout_seconds or 0, lambda: (timed_out.set(), _kill_group(process)))
+        if timeout_seconds:
+            watchdog.start()
         try:
             assert process.stdout is not None
             for line in process.stdout:
                 line = line.rstrip("\n")
                 tail.append(line)
                 log.info("%s", line)
-            returncode = process.wait(timeout=timeout_seconds)
+            returncode = process.wait()
         except BaseException:
             _kill_group(process)
             raise
+        finally:
+            watchdog.cancel()
+    if timed_out.is_set():
+        raise TrainingFailed(
+            f"the Horovod job of run {run_id} did not finish within {timeout_seconds:g} s and was stopped; "
+            "last output lines:\n" + "\n".join(tail)
+        )
     if returncode != 0:
         raise TrainingFailed(
             f"the Horovod job of run {run_id} exited with status {returncode}; last output lines:\n"

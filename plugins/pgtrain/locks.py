@@ -196,16 +196,16 @@ class LockManager:
         if not self._listening and timeout > 0:
             self._ctl.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
             self._listening = True
-        lock_timeout_ms = None
         while True:
             self._drain_notifications()
             remaining_ms = max(1, int((deadline - time.monotonic()) * 1000))
-            if lock_timeout_ms is None or lock_timeout_ms > remaining_ms * 1.5 + 100:
-                # A holder inside a fenced write keeps the row locked: never block (much) past our timeout.
-                self._ctl.execute("SELECT set_config('lock_timeout', %s, false)", (f"{remaining_ms}ms",))
-                lock_timeout_ms = remaining_ms
             try:
-                row = self._ctl.execute(_ACQUIRE, {"name": name, "owner": Jsonb(owner), "ttl": ttl}).fetchone()
+                # A holder inside a fenced write keeps the row locked: never block past our timeout. The
+                # lock_timeout is local to this attempt's transaction, so release and renewal on this
+                # connection later run without it.
+                with self._ctl.transaction():
+                    self._ctl.execute("SELECT set_config('lock_timeout', %s, true)", (f"{remaining_ms}ms",))
+                    row = self._ctl.execute(_ACQUIRE, {"name": name, "owner": Jsonb(owner), "ttl": ttl}).fetchone()
             except psycopg.errors.LockNotAvailable:
                 busy = self._ctl.execute(_HOLDER, (name,)).fetchone()
                 row = (False, *busy) if busy else None

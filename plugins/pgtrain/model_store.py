@@ -157,6 +157,7 @@ def quality_gate(max_drop: float | None, metrics: Mapping[str, Any], head: dict[
 
 # -- reading the store ----------------------------------------------------------------------------------
 def head_version(conn: psycopg.Connection, model_name: str) -> int | None:
+    """The version the model's head points at, or None (no head yet)."""
     with conn.transaction():
         row = conn.execute("SELECT version FROM pgtrain.model_heads WHERE model_name = %s", (model_name,)).fetchone()
     return row[0] if row else None
@@ -178,6 +179,8 @@ def list_versions(conn: psycopg.Connection, model_name: str | None = None) -> li
 def get_version(conn: psycopg.Connection, model_name: str, version: int | None = None) -> dict[str, Any]:
     """One version (the head when ``version`` is None) with its run, spec and tensor list."""
     with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        if version is None:
+            version = head_version(conn, model_name)
         row = cur.execute(
             """SELECT v.model_name, v.version, v.run_id, v.fencing_token, v.metrics, v.created_at,
                       h.version IS NOT NULL AS is_head, r.dag_id, r.dag_run_id, r.input_dim, r.num_classes,
@@ -185,10 +188,8 @@ def get_version(conn: psycopg.Connection, model_name: str, version: int | None =
                FROM pgtrain.model_versions v
                LEFT JOIN pgtrain.model_heads h ON h.model_name = v.model_name AND h.version = v.version
                LEFT JOIN pgtrain.training_runs r ON r.run_id = v.run_id
-               WHERE v.model_name = %(model)s
-                 AND v.version = coalesce(%(version)s::int,
-                     (SELECT version FROM pgtrain.model_heads WHERE model_name = %(model)s))""",
-            {"model": model_name, "version": version},
+               WHERE v.model_name = %s AND v.version = %s""",
+            (model_name, version),
         ).fetchone()
         if row is None:
             raise PgtrainError(_no_version(conn, model_name, version))
@@ -204,22 +205,16 @@ def load_tensors(conn: psycopg.Connection, model_name: str, version: int | None 
                  ) -> tuple[int, dict[str, np.ndarray]]:
     """(version, name -> array) of a version, the head when ``version`` is None, read in one snapshot."""
     with conn.transaction():
+        if version is None:
+            version = head_version(conn, model_name)
         rows = conn.execute(
             """SELECT t.version, t.name, t.shape, t.dtype, t.data FROM pgtrain.model_tensors t
-               WHERE t.model_name = %(model)s
-                 AND t.version = coalesce(%(version)s::int,
-                     (SELECT version FROM pgtrain.model_heads WHERE model_name = %(model)s))
-               ORDER BY t.name""",
-            {"model": model_name, "version": version},
+               WHERE t.model_name = %s AND t.version = %s ORDER BY t.name""",
+            (model_name, version),
         ).fetchall()
         if not rows:
             raise PgtrainError(_no_version(conn, model_name, version))
     return rows[0][0], from_rows(row[1:] for row in rows)
-
-
-def model_spec_of_version(conn: psycopg.Connection, model_name: str, version: int) -> ModelSpec:
-    info = get_version(conn, model_name, version)
-    return ModelSpec(info["input_dim"], tuple(info["hidden_sizes"]), info["num_classes"])
 
 
 def export_state_dict(conn: psycopg.Connection, model_name: str, version: int | None, path: Path | str) -> int:

@@ -8,7 +8,9 @@
     pgtrain-models history MODEL                 every move of the head
     pgtrain-models locks                         lock holders, tokens, leases
 
-The database comes from --database-url or $PGTRAIN_DATABASE_URL.
+The database comes from $PGTRAIN_DATABASE_URL (e.g. postgresql://user@host:5432/dbname); there is no
+command-line option for it, so that no password shows up in `ps` or in shell history. Give the
+password in PGPASSWORD or ~/.pgpass, or inside $PGTRAIN_DATABASE_URL itself.
 """
 
 from __future__ import annotations
@@ -134,7 +136,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pgtrain-models", description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="\n".join(__doc__.splitlines()[2:]))
-    parser.add_argument("--database-url", help="training database (default: $PGTRAIN_DATABASE_URL)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("list", help="list versions")
@@ -175,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        with connect(args.database_url, autocommit=True) as conn:
+        with connect(autocommit=True) as conn:  # $PGTRAIN_DATABASE_URL
             return args.func(conn, args)
     except PgtrainError as error:
         print(f"pgtrain-models: {error}", file=sys.stderr)

@@ -24,7 +24,7 @@ from typing import Any
 
 from pgtrain import __version__
 from pgtrain.errors import ConfigError
-from pgtrain.trainer_command import trainer_argv
+from pgtrain.trainer_command import DATABASE_URL_ENV, trainer_argv
 
 API_GROUP = "kubeflow.org"
 API_VERSION = "v2beta1"
@@ -35,7 +35,6 @@ MPI_OPERATOR_VERSION = "v0.6.0"  # first release with launcherCreationPolicy; se
 # Labels the MPI Operator puts on the pods it creates.
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 JOB_ROLE_LABEL = "training.kubeflow.org/job-role"
-REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
 
 GPU_RESOURCE = "nvidia.com/gpu"
 CONTAINER_NAME = "trainer"
@@ -104,8 +103,6 @@ class MPIJobSettings:
     # Scheduling for base_pod(); an operator-supplied pod carries its own.
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: Sequence[Mapping[str, Any]] = ()
-    labels: Mapping[str, str] = field(default_factory=dict)
-    annotations: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         problems = []
@@ -174,16 +171,8 @@ def launcher_command(run_id: str, world_size: int) -> list[str]:
     return ["horovodrun", "-np", str(world_size), "--hostfile", HOSTFILE, *trainer_argv(run_id)]
 
 
-def database_url_env() -> str:
-    """The variable the trainer reads its database URL from (imported late: pgtrain.db loads psycopg,
-    which a DAG file importing this module must not)."""
-    from pgtrain.db import DATABASE_URL_ENV
-
-    return DATABASE_URL_ENV
-
-
 def database_env(secret: str, key: str) -> dict[str, Any]:
-    return {"name": database_url_env(), "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+    return {"name": DATABASE_URL_ENV, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
 
 
 def base_pod(settings: MPIJobSettings) -> dict[str, Any]:
@@ -206,9 +195,8 @@ def build_mpijob(settings: MPIJobSettings, pod: Mapping[str, Any] | None = None)
     pod = copy.deepcopy(dict(pod) if pod is not None else base_pod(settings))
     workers, slots = layout(settings.world_size, settings.gpus_per_worker)
     name = settings.job_name
-    labels = {**(pod.get("metadata") or {}).get("labels", {}), **settings.labels}
-    annotations = {**(pod.get("metadata") or {}).get("annotations", {}), **settings.annotations,
-                   RUN_ID_ANNOTATION: settings.run_id}
+    labels = dict((pod.get("metadata") or {}).get("labels", {}))
+    annotations = {**(pod.get("metadata") or {}).get("annotations", {}), RUN_ID_ANNOTATION: settings.run_id}
 
     launcher = _replica_template(
         pod, settings, labels, annotations, restart_policy="Never",
@@ -259,7 +247,7 @@ def _replica_template(pod: Mapping[str, Any], settings: MPIJobSettings, labels: 
     container["image"] = container.get("image") or settings.image
     container["command"] = list(command)
     container.pop("args", None)
-    env = [e for e in container.get("env") or [] if e.get("name") not in (database_url_env(), "PYTHONUNBUFFERED")]
+    env = [e for e in container.get("env") or [] if e.get("name") not in (DATABASE_URL_ENV, "PYTHONUNBUFFERED")]
     container["env"] = [database_env(settings.database_secret, settings.database_secret_key),
                         {"name": "PYTHONUNBUFFERED", "value": "1"}, *env]
     resources = copy.deepcopy(container.get("resources") or {})
@@ -318,8 +306,8 @@ def mpijob_problems(manifest: Mapping[str, Any]) -> Iterator[str]:
             if role == "Worker" and container.get("name") == CONTAINER_NAME and gpu != spec.get("slotsPerWorker"):
                 yield f"Worker {GPU_RESOURCE} limit {gpu!r} should equal slotsPerWorker {spec.get('slotsPerWorker')!r}"
             for env in container.get("env") or []:
-                if env.get("name") == database_url_env() and "value" in env:
-                    yield f"{role} sets {database_url_env()} literally; it must come from a Secret (secretKeyRef)"
+                if env.get("name") == DATABASE_URL_ENV and "value" in env:
+                    yield f"{role} sets {DATABASE_URL_ENV} literally; it must come from a Secret (secretKeyRef)"
     slots = spec.get("slotsPerWorker")
     if not isinstance(slots, int) or slots < 1:
         yield f"slotsPerWorker must be a positive integer, not {slots!r}"

@@ -14,6 +14,7 @@ from psycopg.rows import dict_row
 
 from pgtrain import runs
 from pgtrain.db import connect
+from pgtrain.errors import PgtrainError
 
 
 def build_summary(conn: psycopg.Connection, run_id: str) -> dict[str, Any]:
@@ -33,6 +34,8 @@ def build_summary(conn: psycopg.Connection, run_id: str) -> dict[str, Any]:
             "ORDER BY rank",
             (run_id,),
         ).fetchall()
+    if row is None:
+        raise PgtrainError(f"training run {run_id!r} does not exist; `python -m pgtrain.report` lists the latest")
     epochs = runs.epoch_metrics(conn, run_id)
     return {
         "run_id": run_id,
@@ -79,7 +82,11 @@ def main(argv: list[str] | None = None) -> int:
         if run_id is None:
             print("no training runs yet", file=sys.stderr)
             return 1
-        summary = build_summary(conn, run_id)
+        try:
+            summary = build_summary(conn, run_id)
+        except PgtrainError as error:
+            print(error, file=sys.stderr)
+            return 1
     print(format_summary(summary))
     return 1 if args.require_committed and summary["status"] != "committed" else 0
 

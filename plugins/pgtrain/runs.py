@@ -12,6 +12,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from pgtrain import tensors
 from pgtrain.config import TrainingConfig
 from pgtrain.errors import PgtrainError
 
@@ -99,11 +100,9 @@ def write_manifest(conn: psycopg.Connection, run_id: str, shards: list[Shard], i
             [(run_id, s.rank, s.world_size, s.key_lo, s.key_hi, s.row_count, s.train_count, s.val_count)
              for s in shards],
         )
-    conn.execute(
-        """UPDATE pgtrain.training_runs SET input_dim = %s, num_classes = %s, status = 'sharded',
-           updated_at = now() WHERE run_id = %s""",
-        (input_dim, num_classes, run_id),
-    )
+    conn.execute("UPDATE pgtrain.training_runs SET input_dim = %s, num_classes = %s WHERE run_id = %s",
+                 (input_dim, num_classes, run_id))
+    set_status(conn, run_id, "sharded")
 
 
 def get_manifest(conn: psycopg.Connection, run_id: str) -> list[Shard]:
@@ -145,4 +144,4 @@ def clear_training_output(conn: psycopg.Connection, run_id: str) -> None:
     """Forget metrics and staged parameters of an earlier attempt of this run."""
     with conn.transaction():
         conn.execute("DELETE FROM pgtrain.run_metrics WHERE run_id = %s", (run_id,))
-        conn.execute("DELETE FROM pgtrain.staged_parameters WHERE run_id = %s", (run_id,))
+        tensors.delete_staged(conn, run_id)

@@ -28,10 +28,14 @@ def from_rows(rows: Iterable[tuple[str, list[int], str, bytes]]) -> dict[str, np
     }
 
 
+def delete_staged(conn: psycopg.Connection, run_id: str) -> None:
+    conn.execute("DELETE FROM pgtrain.staged_parameters WHERE run_id = %s", (run_id,))
+
+
 def write_staged(conn: psycopg.Connection, run_id: str, arrays: Mapping[str, np.ndarray]) -> None:
     """Stage the run's final parameters, replacing any from an earlier attempt, atomically."""
     with conn.transaction():
-        conn.execute("DELETE FROM pgtrain.staged_parameters WHERE run_id = %s", (run_id,))
+        delete_staged(conn, run_id)
         with conn.cursor() as cur:
             cur.executemany(
                 "INSERT INTO pgtrain.staged_parameters (run_id, name, shape, dtype, data) VALUES (%s, %s, %s, %s, %s)",

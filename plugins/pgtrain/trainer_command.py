@@ -6,6 +6,9 @@ URL comes from the environment (``PGTRAIN_DATABASE_URL``), never from the comman
 
 from __future__ import annotations
 
+# The one environment variable that carries the training database URL to every pgtrain process.
+DATABASE_URL_ENV = "PGTRAIN_DATABASE_URL"
+
 
 def trainer_argv(run_id: str, python: str = "python") -> list[str]:
     return [python, "-m", "trainer", "--run-id", run_id]

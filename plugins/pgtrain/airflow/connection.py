@@ -10,15 +10,13 @@ DEFAULT_CONN_ID = "pgtrain_db"
 def database_url(conn_id: str = DEFAULT_CONN_ID) -> str:
     """A libpq connection string built from the connection's fields (password included: never log it)."""
     from psycopg.conninfo import make_conninfo
+    from psycopg.pq import Conninfo
 
     connection = BaseHook.get_connection(conn_id)
-    extra = connection.extra_dejson or {}
-    fields = {
-        "host": connection.host or extra.get("host"),
-        "port": connection.port,
-        "dbname": connection.schema or extra.get("dbname"),
-        "user": connection.login,
-        "password": connection.password,
-        **{key: value for key, value in extra.items() if key in ("sslmode", "sslrootcert", "connect_timeout")},
-    }
-    return make_conninfo(**{key: value for key, value in fields.items() if value not in (None, "")})
+    libpq_keywords = {option.keyword.decode() for option in Conninfo.get_defaults()}
+    # Extras that are libpq settings pass through (a socket directory and its port arrive there from a URI).
+    fields = {key: value for key, value in (connection.extra_dejson or {}).items() if key in libpq_keywords}
+    fields |= {key: value for key, value in {
+        "host": connection.host, "port": connection.port, "dbname": connection.schema,
+        "user": connection.login, "password": connection.password}.items() if value not in (None, "")}
+    return make_conninfo(**fields)

@@ -21,12 +21,12 @@ log = logging.getLogger(__name__)
 def _fail_fast_on_bad_input(function: Callable) -> Callable:
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from pgtrain.errors import LockTimeout, PgtrainError, TrainingFailed
+        from pgtrain.errors import LockTimeout, PgtrainError, StaleLockToken, TrainingFailed
 
         try:
             return function(*args, **kwargs)
-        except (TrainingFailed, LockTimeout):
-            raise  # may pass (a lost node, a long-running holder): let Airflow's retries apply
+        except (TrainingFailed, LockTimeout, StaleLockToken):
+            raise  # may pass (a lost node, a long-running holder, a lost lease): let Airflow's retries apply
         except PgtrainError as error:
             raise AirflowFailException(str(error)) from error
 
