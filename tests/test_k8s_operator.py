@@ -16,9 +16,9 @@ import threading
 
 import psycopg
 import pytest
-from airflow.sdk.exceptions import TaskDeferred
+from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
-from pgtrain.airflow.mpijob_operator import MPIJobFailed, MPIJobOperator, MPIJobStartupTimeout
+from pgtrain.airflow.mpijob_operator import MPIJobInputRefused, MPIJobOperator, MPIJobStartupTimeout
 from pgtrain.airflow.train_operator import HorovodTrainOperator
 from tests.k8s_sim import fixtures
 from tests.k8s_sim.airflow_context import FakeTaskStateStore, task_context
@@ -94,10 +94,11 @@ def test_failing_trainer_fails_the_task_with_reason_and_log_tail(k8s, namespace,
     run_id = plan(db_url, "failing", shard=False)  # no manifest: every rank stops with a clear error
     operator = train_operator(training_run_id=run_id, on_finish_action="keep_pod")
     context = task_context(DAG_ID, "failing", params=params(namespace))
-    with pytest.raises(MPIJobFailed) as failure:
+    with pytest.raises(AirflowFailException) as failure:  # the rank refused its input: no retry
         operator.execute(context)
     task_log = "".join(capfd.readouterr())
 
+    assert isinstance(failure.value.__cause__, MPIJobInputRefused)
     message = str(failure.value)
     assert "BackoffLimitExceeded" in message and "backoff limit" in message
     assert "launcher container exited with code 1" in message

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from pgtrain import launch_local, loader, manifest, runs, tensors
-from pgtrain.errors import TrainingFailed
+from pgtrain.errors import TrainingFailed, TrainingInputError
 from pgtrain.model_spec import ModelSpec
 from tests.support import planned_run, seed_samples
 from trainer.model import MLP, build_model
@@ -113,11 +113,23 @@ def test_two_rank_sgd_equals_single_process_on_the_same_global_batches(autocommi
 def test_a_failing_rank_fails_the_job_with_its_output(autocommit, db_url):
     seed_samples(autocommit, rows=60)
     run = planned_run(autocommit, world_size=3, epochs=1)
-    with pytest.raises(TrainingFailed) as failure:
+    with pytest.raises(TrainingInputError) as failure:
         launch_local.run_local(run.run_id, 2, db_url, logging.getLogger("test.fail"), timeout_seconds=120)
     message = str(failure.value)
-    assert "exited with status" in message
-    assert "planned for 3 ranks but this Horovod job has 2" in message
+    assert message.startswith(f"run {run.run_id} cannot train on its planned input:")
+    assert "planned for 3 ranks but this Horovod job has 2; launch it with -np 3" in message
+
+
+def test_a_crashing_rank_fails_the_job_with_the_output_tail(autocommit, db_url, monkeypatch):
+    seed_samples(autocommit, rows=60)
+    run = planned_run(autocommit, world_size=2, epochs=1)
+    crash = [sys.executable, "-c", "print('rank output before the crash', flush=True); raise SystemExit(3)"]
+    monkeypatch.setattr(launch_local, "local_command", lambda run_id, world_size: crash)
+    with pytest.raises(TrainingFailed) as failure:
+        launch_local.run_local(run.run_id, 2, db_url, logging.getLogger("test.crash"), timeout_seconds=60)
+    assert not isinstance(failure.value, TrainingInputError)
+    assert "exited with status 3" in str(failure.value)
+    assert "rank output before the crash" in str(failure.value)
 
 
 def test_a_job_past_its_timeout_is_stopped(autocommit, db_url, monkeypatch):

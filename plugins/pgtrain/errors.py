@@ -17,6 +17,14 @@ class TrainingFailed(PgtrainError):
     """The Horovod job failed; the message carries the tail of its output."""
 
 
+class TrainingInputError(TrainingFailed):
+    """A rank refused its input (rows changed since planning, a wrong world size): a retry cannot fix it."""
+
+
+# A rank that refuses its input prints this before the reason, so launchers can tell it from a crash.
+INPUT_ERROR_MARK = "pgtrain input error:"
+
+
 class CommitRejected(PgtrainError):
     """The staged parameters may not become a model version (incomplete, non-finite, or gated)."""
 

@@ -11,7 +11,7 @@ import sys
 import threading
 from pathlib import Path
 
-from pgtrain.errors import TrainingFailed
+from pgtrain.errors import INPUT_ERROR_MARK, TrainingFailed, TrainingInputError
 from pgtrain.trainer_command import DATABASE_URL_ENV, trainer_argv
 
 TAIL_LINES = 40
@@ -71,6 +71,9 @@ def run_local(run_id: str, world_size: int, database_url: str, log: logging.Logg
             f"the Horovod job of run {run_id} did not finish within {timeout_seconds:g} s and was stopped; "
             "last output lines:\n" + "\n".join(tail)
         )
+    refusals = [line.split(INPUT_ERROR_MARK, 1)[1].strip() for line in tail if INPUT_ERROR_MARK in line]
+    if returncode != 0 and refusals:
+        raise TrainingInputError(f"run {run_id} cannot train on its planned input: {refusals[0]}")
     if returncode != 0:
         raise TrainingFailed(
             f"the Horovod job of run {run_id} exited with status {returncode}; last output lines:\n"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 import time
 
 import horovod.torch as hvd
@@ -19,7 +20,7 @@ import torch.nn.functional as F
 
 from pgtrain import loader, manifest, runs, tensors
 from pgtrain.db import connect
-from pgtrain.errors import PgtrainError
+from pgtrain.errors import INPUT_ERROR_MARK, PgtrainError
 from pgtrain.model_spec import ModelSpec
 from trainer.model import MLP, build_model
 
@@ -96,7 +97,14 @@ def global_means(name: str, loss_sum: float, correct: int, count: int) -> tuple[
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    try:
+        return train(parse_args(argv))
+    except PgtrainError as error:  # bad input, not a crash: one clear line, no traceback
+        print(f"{INPUT_ERROR_MARK} {error}", file=sys.stderr, flush=True)
+        return 2
+
+
+def train(args: argparse.Namespace) -> int:
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))

@@ -38,7 +38,7 @@ from kubernetes.client.exceptions import ApiException
 
 from pgtrain import mpijob
 from pgtrain.airflow.mpijob_trigger import MPIJobTrigger
-from pgtrain.errors import ConfigError, TrainingFailed
+from pgtrain.errors import INPUT_ERROR_MARK, ConfigError, TrainingFailed, TrainingInputError
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -53,6 +53,10 @@ class MPIJobStartupTimeout(TrainingFailed):
 
 class MPIJobFailed(TrainingFailed):
     """The MPIJob ended with its Failed condition."""
+
+
+class MPIJobInputRefused(MPIJobFailed, TrainingInputError):
+    """The MPIJob failed because a rank refused its planned input: retrying cannot help."""
 
 
 class MPIJobOperator(KubernetesPodOperator):
@@ -410,7 +414,8 @@ class MPIJobOperator(KubernetesPodOperator):
             if terminated is not None:
                 exit_status = f"\nlauncher container exited with code {terminated.exit_code} ({terminated.reason})"
         tail = "\n".join(self._tail) or "(no launcher output; set get_logs=True to capture it)"
-        raise MPIJobFailed(
+        refused = any(INPUT_ERROR_MARK in line for line in self._tail)
+        raise (MPIJobInputRefused if refused else MPIJobFailed)(
             f"MPIJob {self.job_namespace}/{self.job_name} failed: {state.reason.rstrip('/') or 'Failed'}: "
             f"{state.message}{exit_status}\nlast {len(self._tail)} launcher log lines:\n{tail}")
 

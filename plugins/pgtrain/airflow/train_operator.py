@@ -16,7 +16,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from pgtrain.airflow.connection import DEFAULT_CONN_ID, database_url
 from pgtrain.airflow.mpijob_operator import MPIJobOperator
-from pgtrain.errors import PgtrainError, TrainingFailed
+from pgtrain.errors import PgtrainError, TrainingFailed, TrainingInputError
 from pgtrain.mpijob import KUBERNETES_PARAMETERS
 
 if TYPE_CHECKING:
@@ -70,7 +70,10 @@ class HorovodTrainOperator(MPIJobOperator):
 
     @contextmanager
     def _failure_recorded(self, context: Context) -> Iterator[None]:
-        """A failed job marks the run 'failed' (with the first line of why) before the task fails."""
+        """A failed job marks the run 'failed' (with the first line of why) before the task fails.
+
+        A rank that refused its input fails the task for good: a retry would read the same rows.
+        """
         from pgtrain import runs
         from pgtrain.db import connect
 
@@ -79,6 +82,8 @@ class HorovodTrainOperator(MPIJobOperator):
         except TrainingFailed as failure:
             with connect(database_url(self.conn_id)) as conn:
                 runs.set_status(conn, self._training_run_id(context), "failed", str(failure).splitlines()[0])
+            if isinstance(failure, TrainingInputError):
+                raise AirflowFailException(str(failure)) from failure
             raise
 
     def _train(self, context: Context) -> None:
