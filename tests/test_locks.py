@@ -96,16 +96,26 @@ def _holder_killed_mid_write(url, results, ttl):
         time.sleep(600)
 
 
+def _start(target, db_url: str, ttl: float, expect: str):
+    """Start a lock-holding process; wait for its first report (``expect``) and return (process, pipe, token)."""
+    results = _Pipe()
+    process = CTX.Process(target=target, args=(db_url, results, ttl))
+    process.start()
+    try:
+        state, token = results.get(timeout=20)
+        assert state == expect, token
+    except BaseException:
+        process.kill()
+        raise
+    return process, results, token
+
+
 def test_holder_killed_with_sigkill_frees_the_lock_within_its_ttl_and_leaves_nothing_half_written(db_url, conn):
     ttl = 1.0
     with LockManager(db_url, ttl=ttl) as setup, setup.lock("model:m") as lease:
         update_parameter(conn, "p", 1, lease)
-    results = _Pipe()
-    holder = CTX.Process(target=_holder_killed_mid_write, args=(db_url, results, ttl))
-    holder.start()
+    holder, results, token = _start(_holder_killed_mid_write, db_url, ttl, expect="in critical section")
     try:
-        state, token = results.get(timeout=20)
-        assert state == "in critical section", token
 
         with LockManager(db_url, ttl=5) as locks:
             with pytest.raises(LockTimeout, match="task_id=doomed"):
@@ -144,12 +154,8 @@ def _paused_holder(url, results, ttl):
 
 def test_stale_holder_writing_with_its_old_token_is_refused_and_changes_nothing(db_url, conn):
     ttl = 0.6
-    results = _Pipe()
-    stale = CTX.Process(target=_paused_holder, args=(db_url, results, ttl))
-    stale.start()
+    stale, results, old_token = _start(_paused_holder, db_url, ttl, expect="holding")
     try:
-        state, old_token = results.get(timeout=20)
-        assert state == "holding", old_token
         deadline = time.monotonic() + 10
         while open(f"/proc/{stale.pid}/stat").read().split(") ")[1][0] != "T":
             assert time.monotonic() < deadline, "holder did not stop"
