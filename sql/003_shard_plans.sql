@@ -8,12 +8,9 @@ CREATE TABLE IF NOT EXISTS pgtrain.shard_plans (
     snapshot        pg_snapshot NOT NULL,
     seen_xmins      xid[] NOT NULL,
     xid_horizon     bigint NOT NULL,
-    input_dim       integer NOT NULL CHECK (input_dim > 0),
-    num_classes     integer NOT NULL CHECK (num_classes > 1),
-    total_rows      bigint NOT NULL CHECK (total_rows > 0),
+    -- input_dim and num_classes live in training_runs, row counts in shard_manifest, the policy in the config
     excluded_rows   bigint NOT NULL CHECK (excluded_rows >= 0),
     bad_rows        jsonb NOT NULL,
-    bad_rows_policy text NOT NULL CHECK (bad_rows_policy IN ('fail', 'exclude')),
     batch_rows      integer NOT NULL CHECK (batch_rows > 1),
     planned_at      timestamptz NOT NULL DEFAULT now()
 );

@@ -116,7 +116,7 @@ def plan_shards(conn: psycopg.Connection, run: runs.Run, *, input_dim: int | Non
                                      config.seed, batch_rows, exclude)
         runs.write_manifest(conn, run.run_id, shards, dim, num_classes)
         seen, horizon = seen_xmins(check.recent_xmin_ages, clock)
-        _write_plan(conn, run, clock, seen, horizon, dim, num_classes, rows, check, batch_rows, batches)
+        _write_plan(conn, run, clock, seen, horizon, check, batch_rows, batches)
     return Plan(shards, dim, num_classes, rows, check.bad, check.kinds, clock.snapshot)
 
 
@@ -217,9 +217,9 @@ def boundary_query(source: Source, validation_fraction: float, seed: int, batch_
 
 def read_plan(conn: psycopg.Connection, run_id: str) -> PlannedRows | None:
     row = conn.execute(
-        """SELECT snapshot::text, pg_snapshot_xmin(snapshot)::text::bigint, seen_xmins::text[], xid_horizon,
-                  input_dim, num_classes, excluded_rows > 0, batch_rows
-           FROM pgtrain.shard_plans WHERE run_id = %s""",
+        """SELECT p.snapshot::text, pg_snapshot_xmin(p.snapshot)::text::bigint, p.seen_xmins::text[], p.xid_horizon,
+                  r.input_dim, r.num_classes, p.excluded_rows > 0, p.batch_rows
+           FROM pgtrain.shard_plans p JOIN pgtrain.training_runs r USING (run_id) WHERE p.run_id = %s""",
         (run_id,),
     ).fetchone()
     if row is None:
@@ -230,22 +230,19 @@ def read_plan(conn: psycopg.Connection, run_id: str) -> PlannedRows | None:
 
 
 def _write_plan(conn: psycopg.Connection, run: runs.Run, clock: XidClock, seen: tuple[int, ...], horizon: int,
-                dim: int, num_classes: int, rows: int, check: RowCheck, batch_rows: int,
-                batches: list[tuple[list[str], list[str]]]) -> None:
+                check: RowCheck, batch_rows: int, batches: list[tuple[list[str], list[str]]]) -> None:
     conn.execute(
-        """INSERT INTO pgtrain.shard_plans (run_id, snapshot, seen_xmins, xid_horizon, input_dim, num_classes,
-                                            total_rows, excluded_rows, bad_rows, bad_rows_policy, batch_rows)
-           VALUES (%(run)s, %(snapshot)s::pg_snapshot, %(seen)s::xid[], %(horizon)s, %(dim)s, %(classes)s,
-                   %(rows)s, %(excluded)s, %(report)s, %(policy)s, %(batch)s)
+        """INSERT INTO pgtrain.shard_plans (run_id, snapshot, seen_xmins, xid_horizon, excluded_rows, bad_rows,
+                                            batch_rows)
+           VALUES (%(run)s, %(snapshot)s::pg_snapshot, %(seen)s::xid[], %(horizon)s, %(excluded)s, %(report)s,
+                   %(batch)s)
            ON CONFLICT (run_id) DO UPDATE SET
              snapshot = EXCLUDED.snapshot, seen_xmins = EXCLUDED.seen_xmins, xid_horizon = EXCLUDED.xid_horizon,
-             input_dim = EXCLUDED.input_dim, num_classes = EXCLUDED.num_classes,
-             total_rows = EXCLUDED.total_rows, excluded_rows = EXCLUDED.excluded_rows,
-             bad_rows = EXCLUDED.bad_rows, bad_rows_policy = EXCLUDED.bad_rows_policy,
+             excluded_rows = EXCLUDED.excluded_rows, bad_rows = EXCLUDED.bad_rows,
              batch_rows = EXCLUDED.batch_rows, planned_at = now()""",
         {"run": run.run_id, "snapshot": clock.snapshot, "seen": "{" + ",".join(map(str, seen)) + "}",
-         "horizon": horizon, "dim": dim, "classes": num_classes, "rows": rows, "excluded": check.bad,
-         "report": Jsonb(bad_rows_report(check.kinds)), "policy": run.config.bad_rows, "batch": batch_rows},
+         "horizon": horizon, "excluded": check.bad, "report": Jsonb(bad_rows_report(check.kinds)),
+         "batch": batch_rows},
     )
     with conn.cursor() as cur:
         cur.executemany(
