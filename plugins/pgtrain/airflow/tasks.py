@@ -11,9 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 from airflow.sdk import task
-from airflow.sdk.exceptions import AirflowFailException
 
 from pgtrain.airflow.connection import DEFAULT_CONN_ID, database_url
+from pgtrain.airflow.failures import retry_only_what_may_pass
 
 log = logging.getLogger(__name__)
 
@@ -21,14 +21,8 @@ log = logging.getLogger(__name__)
 def _fail_fast_on_bad_input(function: Callable) -> Callable:
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from pgtrain.errors import LockTimeout, PgtrainError, StaleLockToken, TrainingFailed
-
-        try:
+        with retry_only_what_may_pass():
             return function(*args, **kwargs)
-        except (TrainingFailed, LockTimeout, StaleLockToken):
-            raise  # may pass (a lost node, a long-running holder, a lost lease): let Airflow's retries apply
-        except PgtrainError as error:
-            raise AirflowFailException(str(error)) from error
 
     return wrapper
 

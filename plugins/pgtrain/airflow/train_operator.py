@@ -15,8 +15,9 @@ from airflow.providers.cncf.kubernetes.backcompat.backwards_compat_converters im
 from airflow.sdk.exceptions import AirflowFailException
 
 from pgtrain.airflow.connection import DEFAULT_CONN_ID, database_url
+from pgtrain.airflow.failures import retry_only_what_may_pass
 from pgtrain.airflow.mpijob_operator import MPIJobOperator
-from pgtrain.errors import PgtrainError, TrainingFailed, TrainingInputError
+from pgtrain.errors import TrainingFailed
 from pgtrain.mpijob import KUBERNETES_PARAMETERS
 
 if TYPE_CHECKING:
@@ -61,19 +62,16 @@ class HorovodTrainOperator(MPIJobOperator):
         self._local_running = False
 
     def execute(self, context: Context) -> None:
-        with self._failure_recorded(context):
+        with retry_only_what_may_pass(), self._failure_recorded(context):
             return self._train(context)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> None:
-        with self._failure_recorded(context):
+        with retry_only_what_may_pass(), self._failure_recorded(context):
             return super().execute_complete(context, event)
 
     @contextmanager
     def _failure_recorded(self, context: Context) -> Iterator[None]:
-        """A failed job marks the run 'failed' (with the first line of why) before the task fails.
-
-        A rank that refused its input fails the task for good: a retry would read the same rows.
-        """
+        """A failed job marks the run 'failed' (with the first line of why) before the task fails."""
         from pgtrain import runs
         from pgtrain.db import connect
 
@@ -82,8 +80,6 @@ class HorovodTrainOperator(MPIJobOperator):
         except TrainingFailed as failure:
             with connect(database_url(self.conn_id)) as conn:
                 runs.set_status(conn, self._training_run_id(context), "failed", str(failure).splitlines()[0])
-            if isinstance(failure, TrainingInputError):
-                raise AirflowFailException(str(failure)) from failure
             raise
 
     def _train(self, context: Context) -> None:
@@ -92,11 +88,8 @@ class HorovodTrainOperator(MPIJobOperator):
 
         run_id = self._training_run_id(context)
         url = database_url(self.conn_id)
-        try:
-            with connect(url) as conn:
-                run = runs.get_run(conn, run_id)
-        except PgtrainError as exc:  # no such run: retrying cannot help
-            raise AirflowFailException(str(exc)) from exc
+        with connect(url) as conn:
+            run = runs.get_run(conn, run_id)
         launcher = self.launcher or run.config.launcher
         self.log.info("training run %s: world_size %d, launcher %s", run_id, run.config.world_size, launcher)
         self.world_size = run.config.world_size
