@@ -82,3 +82,9 @@ print(json.dumps({{"seconds": time.perf_counter() - started, "connections": open
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["connections"] == []
     assert result["heavy"] == []
+
+
+def test_every_task_follows_the_one_retry_policy(dag):
+    from pgtrain.airflow.failures import RETRY_POLICY
+
+    assert [t.task_id for t in dag.tasks if t.retry_policy is not RETRY_POLICY] == []

@@ -1,11 +1,14 @@
-"""The retry rule of every pgtrain task: what retrying could fix propagates, the rest fails the task for good."""
+"""The retry rule of every pgtrain task: what retrying could fix is retried, the rest fails the task for good."""
 
 from __future__ import annotations
 
-import pytest
-from airflow.sdk.exceptions import AirflowFailException
+from datetime import timedelta
 
-from pgtrain.airflow.failures import retry_only_what_may_pass
+import pytest
+from airflow.sdk import RetryAction
+from airflow.sdk.exceptions import AirflowTaskTimeout
+
+from pgtrain.airflow.failures import RETRY_POLICY
 from pgtrain.errors import (
     CommitRejected,
     ConfigError,
@@ -20,13 +23,19 @@ from pgtrain.errors import (
 @pytest.mark.parametrize("error", [SourceError("empty"), ConfigError("bad"), CommitRejected("gate"),
                                    TrainingInputError("rows changed")])
 def test_what_a_retry_would_meet_again_fails_for_good(error):
-    with pytest.raises(AirflowFailException, match=str(error)) as raised, retry_only_what_may_pass():
-        raise error
-    assert raised.value.__cause__ is error
+    assert RETRY_POLICY.evaluate(error, try_number=1, max_tries=3).action == RetryAction.FAIL
 
 
 @pytest.mark.parametrize("error", [TrainingFailed("rank crashed"), LockTimeout("busy"), StaleLockToken("lost")])
-def test_what_may_pass_is_left_to_the_retries(error):
-    with pytest.raises(type(error)) as raised, retry_only_what_may_pass():
-        raise error
-    assert raised.value is error
+def test_what_may_pass_is_retried(error):
+    assert RETRY_POLICY.evaluate(error, try_number=1, max_tries=3).action == RetryAction.RETRY
+
+
+def test_a_hit_execution_timeout_waits_a_day():
+    decision = RETRY_POLICY.evaluate(AirflowTaskTimeout(), try_number=1, max_tries=3)
+    assert (decision.action, decision.retry_delay) == (RetryAction.RETRY, timedelta(hours=24))
+
+
+def test_other_errors_follow_the_tasks_retries():
+    assert RETRY_POLICY.evaluate(OSError("disk"), try_number=1, max_tries=3).action == RetryAction.DEFAULT
+

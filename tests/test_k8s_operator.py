@@ -16,7 +16,8 @@ import threading
 
 import psycopg
 import pytest
-from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
+from airflow.sdk import RetryAction
+from airflow.sdk.exceptions import TaskDeferred
 
 from pgtrain.airflow.mpijob_operator import MPIJobInputRefused, MPIJobOperator, MPIJobStartupTimeout
 from pgtrain.airflow.train_operator import HorovodTrainOperator
@@ -56,12 +57,10 @@ def plan(db_url: str, dag_run_id: str, *, rows: int = 240, epochs: int = 2, shar
                            launcher="kubernetes").run_id
 
 
-def params(ns: str, **extra) -> dict:
-    return {"k8s_namespace": ns, "k8s_image": IMAGE, "k8s_startup_timeout_seconds": 60, **extra}
-
-
-def train_operator(**kwargs) -> HorovodTrainOperator:
-    return HorovodTrainOperator(task_id="train", poll_interval=0.3, **kwargs)
+def train_operator(namespace: str | None = None, **kwargs) -> HorovodTrainOperator:
+    """The operator as a DAG author configures it: namespace, image and timeouts are its arguments."""
+    cluster = {"namespace": namespace, "image": IMAGE, "startup_timeout_seconds": 60} if namespace else {}
+    return HorovodTrainOperator(task_id="train", poll_interval=0.3, **cluster, **kwargs)
 
 
 def committed_versions(db_url: str) -> int:
@@ -92,13 +91,13 @@ def launcher_running(k8s, ns: str):
 def test_failing_trainer_fails_the_task_with_reason_and_log_tail(k8s, namespace, db_url, password_sentinel,
                                                                  capfd):
     run_id = plan(db_url, "failing", shard=False)  # no manifest: every rank stops with a clear error
-    operator = train_operator(training_run_id=run_id, on_finish_action="keep_pod")
-    context = task_context(DAG_ID, "failing", params=params(namespace))
-    with pytest.raises(AirflowFailException) as failure:  # the rank refused its input: no retry
+    operator = train_operator(namespace, training_run_id=run_id, on_finish_action="keep_pod")
+    context = task_context(DAG_ID, "failing")
+    with pytest.raises(MPIJobInputRefused) as failure:
         operator.execute(context)
     task_log = "".join(capfd.readouterr())
 
-    assert isinstance(failure.value.__cause__, MPIJobInputRefused)
+    assert operator.retry_policy.evaluate(failure.value, 1, 2).action == RetryAction.FAIL  # refused: no retry
     message = str(failure.value)
     assert "BackoffLimitExceeded" in message and "backoff limit" in message
     assert "launcher container exited with code 1" in message
@@ -145,8 +144,8 @@ def test_missing_secret_fails_fast_with_advice(k8s, db_url):
 
 def test_on_kill_deletes_the_mpijob(k8s, namespace, db_url):
     run_id = plan(db_url, "killed", epochs=50)
-    operator = train_operator(training_run_id=run_id)
-    context = task_context(DAG_ID, "killed", params=params(namespace))
+    operator = train_operator(namespace, training_run_id=run_id)
+    context = task_context(DAG_ID, "killed")
     errors: list[BaseException] = []
 
     def run() -> None:
@@ -171,8 +170,8 @@ def test_on_kill_deletes_the_mpijob(k8s, namespace, db_url):
 
 def _first_attempt(namespace: str, run_id: str) -> None:
     """Child process: the first try, killed (SIGKILL, no on_kill) while its job runs."""
-    operator = train_operator(training_run_id=run_id)
-    operator.execute(task_context(DAG_ID, "retried", params=params(namespace), try_number=1))
+    operator = train_operator(namespace, training_run_id=run_id)
+    operator.execute(task_context(DAG_ID, "retried", try_number=1))
 
 
 def test_retry_reattaches_to_the_running_job(k8s, namespace, db_url, password_sentinel, capfd):
@@ -186,8 +185,8 @@ def test_retry_reattaches_to_the_running_job(k8s, namespace, db_url, password_se
         child.join()
 
     capfd.readouterr()
-    retry = train_operator(training_run_id=run_id)
-    retry.execute(task_context(DAG_ID, "retried", params=params(namespace), try_number=2))
+    retry = train_operator(namespace, training_run_id=run_id)
+    retry.execute(task_context(DAG_ID, "retried", try_number=2))
     task_log = "".join(capfd.readouterr())
 
     assert "Re-attaching to MPIJob" in task_log
@@ -202,9 +201,9 @@ def test_retry_reattaches_to_the_running_job(k8s, namespace, db_url, password_se
 def test_deferrable_mode_hands_the_wait_to_the_trigger(k8s, namespace, db_url, capfd):
     run_id = plan(db_url, "deferred")
     store = FakeTaskStateStore()
-    context = task_context(DAG_ID, "deferred", params=params(namespace), state_store=store)
+    context = task_context(DAG_ID, "deferred", state_store=store)
     with pytest.raises(TaskDeferred) as deferred:
-        train_operator(training_run_id=run_id, deferrable=True).execute(context)
+        train_operator(namespace, training_run_id=run_id, deferrable=True).execute(context)
     assert store.get("pgtrain_mpijob") == {"name": context["ti"].xcoms["mpijob_name"], "namespace": namespace}
 
     # What the triggerer does: rebuild the trigger from its serialized form and run it to its event.
@@ -220,7 +219,7 @@ def test_deferrable_mode_hands_the_wait_to_the_trigger(k8s, namespace, db_url, c
     assert event["status"] == "success"
 
     capfd.readouterr()
-    resumed = train_operator(training_run_id=run_id, deferrable=True)  # a fresh instance, as on resume
+    resumed = train_operator(namespace, training_run_id=run_id, deferrable=True)  # a fresh instance, as on resume
     getattr(resumed, deferred.value.method_name)(context, event)
     task_log = "".join(capfd.readouterr())
     assert "[launcher]" in task_log and "succeeded" in task_log

@@ -14,6 +14,8 @@ from kubernetes.client import models as k8s
 from pgtrain import mpijob
 from pgtrain.airflow.mpijob_operator import MPIJobOperator
 from pgtrain.airflow.train_operator import HorovodTrainOperator
+from pgtrain.errors import ConfigError
+from pgtrain.settings import load_settings
 from pgtrain.trainer_command import DATABASE_URL_ENV
 from tests.k8s_sim.airflow_context import task_context
 from tests.k8s_sim.validation import assert_valid_mpijob
@@ -120,15 +122,21 @@ def test_xcom_sidecar_is_refused():
         kpo_operator(do_xcom_push=True)
 
 
-def test_train_operator_takes_kubernetes_settings_from_params_unless_given():
-    operator = HorovodTrainOperator(task_id="train", image="explicit:1")
-    operator.apply_kubernetes_params({"k8s_namespace": "gpu-team", "k8s_image": "from-params:1",
-                                      "k8s_gpus_per_worker": 8, "k8s_node_selector": {"pool": "a100"},
-                                      "k8s_tolerations": [{"key": "gpu", "operator": "Exists"}]})
-    assert operator.image == "explicit:1"
-    assert (operator.namespace, operator.gpus_per_worker, operator.node_selector) == ("gpu-team", 8, {"pool": "a100"})
+def test_train_operator_takes_kubernetes_settings_from_the_authors_settings_file(tmp_path):
+    path = tmp_path / "pgtrain.yaml"
+    path.write_text("kubernetes:\n  namespace: gpu-team\n  image: from-settings:1\n  gpus_per_worker: 8\n"
+                    "  node_selector: {pool: a100}\n  tolerations: [{key: gpu, operator: Exists}]\n")
+    operator = HorovodTrainOperator(task_id="train", **load_settings(path).operator_arguments())
+    assert (operator.namespace, operator.image, operator.gpus_per_worker) == ("gpu-team", "from-settings:1", 8)
+    assert operator.node_selector == {"pool": "a100"}
     assert operator.tolerations[0].key == "gpu"
-    assert operator.startup_timeout_seconds == mpijob.KUBERNETES_PARAMETERS["k8s_startup_timeout_seconds"]["default"]
+
+
+def test_settings_file_errors_name_the_file_and_the_field(tmp_path):
+    path = tmp_path / "pgtrain.yaml"
+    path.write_text("kubernetes:\n  imgae: typo:1\n")
+    with pytest.raises(ConfigError, match=r"pgtrain\.yaml: kubernetes: Additional properties .*'imgae'"):
+        load_settings(path)
 
 
 def test_importing_the_operators_stays_light_for_dag_parsing():

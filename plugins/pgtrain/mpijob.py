@@ -53,34 +53,6 @@ _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DNS_LABEL_MAX = 63
 _CREDENTIAL_URL = re.compile(r"postgres(ql)?://[^/\s:@]*:[^@\s/]+@|password\s*=", re.IGNORECASE)
 
-# DAG params for launcher=kubernetes, in the format of pgtrain.config.PARAMETERS (the DAG merges both).
-KUBERNETES_PARAMETERS: dict[str, dict[str, Any]] = {
-    "k8s_namespace": {"default": "default", "type": "string", "minLength": 1,
-                      "description": "namespace of the MPIJob (the Secret must live there too)"},
-    "k8s_image": {"default": DEFAULT_IMAGE, "type": "string", "minLength": 1,
-                  "description": "trainer image built from trainer_image/Dockerfile, pushed to your registry"},
-    "k8s_gpus_per_worker": {"default": 1, "type": "integer", "minimum": 1, "maximum": 64,
-                            "description": "GPUs (= MPI slots, = ranks) per worker pod; world_size must be "
-                                           "a multiple when larger than it"},
-    "k8s_database_secret": {"default": DEFAULT_SECRET_NAME, "type": "string", "minLength": 1,
-                            "description": "Kubernetes Secret holding the training database URL"},
-    "k8s_database_secret_key": {"default": DEFAULT_SECRET_KEY, "type": "string", "minLength": 1,
-                                "description": "key of the URL inside that Secret"},
-    "k8s_node_selector": {"default": {}, "type": "object",
-                          "description": "node labels the launcher and worker pods must match"},
-    "k8s_tolerations": {"default": [], "type": "array", "items": {"type": "object"},
-                        "description": "pod tolerations, e.g. [{\"key\": \"nvidia.com/gpu\", "
-                                       "\"operator\": \"Exists\", \"effect\": \"NoSchedule\"}]"},
-    "k8s_worker_cpu": {"default": "4", "type": "string", "description": "CPU request of each worker"},
-    "k8s_worker_memory": {"default": "16Gi", "type": "string", "description": "memory request of each worker"},
-    "k8s_startup_timeout_seconds": {"default": 600, "type": "integer", "minimum": 1,
-                                    "description": "fail (and delete the MPIJob) when it is not running "
-                                                   "after this long, e.g. no GPUs free"},
-    "k8s_active_deadline_seconds": {"default": 86400, "type": ["integer", "null"], "minimum": 1,
-                                    "description": "the MPI Operator stops the job after this long"},
-}
-
-
 @dataclass(frozen=True)
 class MPIJobSettings:
     """Everything that shapes one MPIJob; validated on construction."""
@@ -100,6 +72,7 @@ class MPIJobSettings:
     backoff_limit: int = 0
     active_deadline_seconds: int | None = 86400
     ttl_seconds_after_finished: int = 3600
+    attempt: int | None = None  # the run's train attempt (pgtrain.runs.begin_attempt), passed to the trainer
     # Scheduling for base_pod(); an operator-supplied pod carries its own.
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: Sequence[Mapping[str, Any]] = ()
@@ -162,13 +135,13 @@ def _longest_suffix(workers: int) -> int:
     return max(len("-launcher"), len(f"-worker-{workers - 1}"))
 
 
-def launcher_command(run_id: str, world_size: int) -> list[str]:
+def launcher_command(run_id: str, world_size: int, attempt: int | None = None) -> list[str]:
     """``horovodrun`` over the MPI Operator's hostfile: MPI (+NCCL) in the GPU image, Gloo where MPI is absent.
 
     horovodrun passes the launcher's environment to every rank by name (``mpirun -x NAME``), so the
     database URL travels from the Secret to the ranks without ever being written out.
     """
-    return ["horovodrun", "-np", str(world_size), "--hostfile", HOSTFILE, *trainer_argv(run_id)]
+    return ["horovodrun", "-np", str(world_size), "--hostfile", HOSTFILE, *trainer_argv(run_id, attempt=attempt)]
 
 
 def database_env(secret: str, key: str) -> dict[str, Any]:
@@ -200,7 +173,7 @@ def build_mpijob(settings: MPIJobSettings, pod: Mapping[str, Any] | None = None)
 
     launcher = _replica_template(
         pod, settings, labels, annotations, restart_policy="Never",
-        command=launcher_command(settings.run_id, settings.world_size),
+        command=launcher_command(settings.run_id, settings.world_size, settings.attempt),
         requests={"cpu": settings.launcher_cpu, "memory": settings.launcher_memory},
         limits={"memory": settings.launcher_memory}, gpus=0,
     )

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from airflow.sdk import Param
 
 from pgtrain.config import PARAMETERS
 
 
-def dag_params(*extra: dict[str, dict[str, Any]]) -> dict[str, Param]:
+def dag_params() -> dict[str, Param]:
     params = {}
-    for definitions in (PARAMETERS, *extra):
-        for name, schema in definitions.items():
-            schema = dict(schema)
-            params[name] = Param(schema.pop("default"), **schema)
+    for name, schema in PARAMETERS.items():
+        schema = dict(schema)
+        params[name] = Param(schema.pop("default"), **schema)
     return params

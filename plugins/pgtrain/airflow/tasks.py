@@ -1,34 +1,21 @@
 """The DAG's Python tasks. Each is a thin shell: resolve the database, call the plain pgtrain function.
 
-pgtrain errors (bad input, rejected commits) fail the task without retries: retrying cannot fix them.
+Which errors are retried is decided by the DAG's one retry policy (``pgtrain.airflow.failures``).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from airflow.sdk import task
 
 from pgtrain.airflow.connection import DEFAULT_CONN_ID, database_url
-from pgtrain.airflow.failures import retry_only_what_may_pass
 
 log = logging.getLogger(__name__)
 
 
-def _fail_fast_on_bad_input(function: Callable) -> Callable:
-    @functools.wraps(function)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with retry_only_what_may_pass():
-            return function(*args, **kwargs)
-
-    return wrapper
-
-
 @task
-@_fail_fast_on_bad_input
 def provision_tables(conn_id: str = DEFAULT_CONN_ID) -> list[int]:
     from pgtrain.db import connect
     from pgtrain.migrations import apply_migrations
@@ -40,27 +27,35 @@ def provision_tables(conn_id: str = DEFAULT_CONN_ID) -> list[int]:
 
 
 @task
-@_fail_fast_on_bad_input
 def plan_run(conn_id: str = DEFAULT_CONN_ID, params: dict | None = None, dag_run: Any = None) -> str:
-    from pgtrain import runs
-    from pgtrain.config import TrainingConfig
+    from pgtrain import policy, runs
+    from pgtrain.config import TrainingConfig, unknown_keys
     from pgtrain.db import connect
+    from pgtrain.errors import ConfigError
+    from pgtrain.settings import load_settings
 
+    typos = unknown_keys(dict(dag_run.conf or {}))
+    if typos:
+        raise ConfigError("the run's conf has keys this DAG does not define: " + "; ".join(typos))
     config = TrainingConfig.from_mapping(dict(params))
+    log.info("params of this run: %s", config.to_dict())
     with connect(database_url(conn_id)) as conn:
+        policy.check_run(conn, config, load_settings())
         run = runs.plan_run(conn, dag_run.dag_id, dag_run.run_id, config)
     log.info("training run %s (model %s, base version %s)", run.run_id, run.model_name, run.base_version)
     return run.run_id
 
 
 @task
-@_fail_fast_on_bad_input
 def compute_shards(training_run: str, conn_id: str = DEFAULT_CONN_ID) -> dict[str, Any]:
-    from pgtrain import manifest, runs
+    from pgtrain import manifest, policy, runs
     from pgtrain.db import connect
+    from pgtrain.settings import load_settings
 
     with connect(database_url(conn_id)) as conn:
-        plan = manifest.plan_shards(conn, runs.get_run(conn, training_run))
+        run = runs.get_run(conn, training_run)
+        policy.check_run(conn, run.config, load_settings())
+        plan = manifest.plan_shards(conn, run)
     for shard in plan.shards:
         log.info("rank %d: keys %s..%s, %d rows (%d training)", shard.rank, shard.key_lo, shard.key_hi,
                  shard.row_count, shard.train_count)
@@ -70,7 +65,6 @@ def compute_shards(training_run: str, conn_id: str = DEFAULT_CONN_ID) -> dict[st
 
 
 @task
-@_fail_fast_on_bad_input
 def commit_parameters(training_run: str, conn_id: str = DEFAULT_CONN_ID, ti: Any = None) -> dict[str, Any]:
     from pgtrain.db import connect
     from pgtrain.model_store import commit_run
@@ -84,7 +78,6 @@ def commit_parameters(training_run: str, conn_id: str = DEFAULT_CONN_ID, ti: Any
 
 
 @task
-@_fail_fast_on_bad_input
 def report(training_run: str, conn_id: str = DEFAULT_CONN_ID) -> dict[str, Any]:
     from pgtrain import report as reporting
     from pgtrain import runs

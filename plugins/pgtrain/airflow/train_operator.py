@@ -1,8 +1,8 @@
 """The DAG's ``train`` task: the same trainer, on this machine (launcher=local) or as an MPIJob (kubernetes).
 
 World size and launcher come from the run record (plan_run's config snapshot), so a re-run trains
-what was planned. The ``k8s_*`` DAG params (pgtrain.mpijob.KUBERNETES_PARAMETERS) fill every
-Kubernetes setting not passed to the constructor.
+what was planned. Every Kubernetes setting (image, namespace, Secret, node selector, ...) is a
+constructor argument, chosen by the DAG's author (``pgtrain.settings``), never by a trigger's conf.
 """
 
 from __future__ import annotations
@@ -11,36 +11,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from airflow.providers.cncf.kubernetes.backcompat.backwards_compat_converters import convert_toleration
 from airflow.sdk.exceptions import AirflowFailException
 
 from pgtrain.airflow.connection import DEFAULT_CONN_ID, database_url
-from pgtrain.airflow.failures import retry_only_what_may_pass
+from pgtrain.airflow.failures import RETRY_POLICY
 from pgtrain.airflow.mpijob_operator import MPIJobOperator
 from pgtrain.errors import TrainingFailed
-from pgtrain.mpijob import KUBERNETES_PARAMETERS
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-
-# DAG param -> constructor argument; the param applies unless that argument was passed explicitly.
-_PARAM_ARGUMENTS = {
-    "k8s_namespace": "namespace",
-    "k8s_image": "image",
-    "k8s_gpus_per_worker": "gpus_per_worker",
-    "k8s_database_secret": "database_secret",
-    "k8s_database_secret_key": "database_secret_key",
-    "k8s_node_selector": "node_selector",
-    "k8s_tolerations": "tolerations",
-    "k8s_worker_cpu": "worker_cpu",
-    "k8s_worker_memory": "worker_memory",
-    "k8s_startup_timeout_seconds": "startup_timeout_seconds",
-    "k8s_active_deadline_seconds": "active_deadline_seconds",
-}
-
-
-_ATTRIBUTES = {"active_deadline_seconds": "job_active_deadline_seconds"}
-
 
 class HorovodTrainOperator(MPIJobOperator):
     """Train one planned run with Horovod; ``launcher`` "local" runs horovodrun here, "kubernetes" an MPIJob.
@@ -55,18 +34,18 @@ class HorovodTrainOperator(MPIJobOperator):
 
     def __init__(self, *, training_run_id: str | None = None, conn_id: str = DEFAULT_CONN_ID,
                  launcher: str | None = None, **kwargs: Any) -> None:
-        self._explicit = set(kwargs)
+        kwargs.setdefault("retry_policy", RETRY_POLICY)
         super().__init__(training_run_id=training_run_id, **kwargs)
         self.conn_id = conn_id
         self.launcher = launcher
         self._local_running = False
 
     def execute(self, context: Context) -> None:
-        with retry_only_what_may_pass(), self._failure_recorded(context):
+        with self._failure_recorded(context):
             return self._train(context)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> None:
-        with retry_only_what_may_pass(), self._failure_recorded(context):
+        with self._failure_recorded(context):
             return super().execute_complete(context, event)
 
     @contextmanager
@@ -103,7 +82,6 @@ class HorovodTrainOperator(MPIJobOperator):
             return None
         if launcher != "kubernetes":
             raise AirflowFailException(f"launcher={launcher!r} should be 'local' or 'kubernetes'")
-        self.apply_kubernetes_params(context.get("params") or {})
         return super().execute(context)
 
     def on_kill(self) -> None:
@@ -113,17 +91,6 @@ class HorovodTrainOperator(MPIJobOperator):
             self._local_running = False
             raise TrainingFailed("the task was killed; stopping the local Horovod ranks")
         super().on_kill()
-
-    def apply_kubernetes_params(self, params: dict[str, Any]) -> None:
-        for param, argument in _PARAM_ARGUMENTS.items():
-            if argument in self._explicit:
-                continue
-            value = params.get(param, KUBERNETES_PARAMETERS[param]["default"])
-            if argument == "tolerations":
-                value = [convert_toleration(t) for t in value or []]
-            elif argument == "node_selector":
-                value = dict(value or {})
-            setattr(self, _ATTRIBUTES.get(argument, argument), value)
 
     def before_submit(self, context: Context) -> None:
         """A new job trains from scratch: forget metrics and staged parameters of an earlier attempt."""
