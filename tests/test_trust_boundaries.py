@@ -126,3 +126,22 @@ def test_a_triggered_image_or_foreign_table_fails_plan_run_and_nothing_is_planne
     assert "424242" not in table_out
     with psycopg.connect(db_url) as conn:
         assert conn.execute("SELECT count(*) FROM pgtrain.training_runs").fetchone()[0] == 0
+
+
+def test_more_local_ranks_than_cpus_is_refused_while_planning():
+    from pgtrain import capacity
+
+    config = TrainingConfig.from_mapping({"world_size": 1024, "launcher": "local"})
+    with pytest.raises(ConfigError, match=r"world_size 1024 is more ranks than this machine's \d+ CPUs"):
+        capacity.check_world_size(config)
+    capacity.check_world_size(TrainingConfig.from_mapping({"world_size": 1024, "launcher": "kubernetes"}))
+
+
+def test_an_mlp_too_big_for_this_machine_is_refused_while_planning():
+    from pgtrain import capacity
+
+    config = TrainingConfig.from_mapping({"hidden_sizes": [65536, 65536], "world_size": 1})
+    assert capacity.mlp_parameter_count(64, (65536, 65536), 10) > 4 * 10**9
+    with pytest.raises(ConfigError, match=r"hidden_sizes \[65536, 65536\] make an mlp of 4,\d{3},\d{3},\d{3} param"):
+        capacity.check_model_size(config, 64, 10)
+    capacity.check_model_size(TrainingConfig.from_mapping({"hidden_sizes": [50]}), 64, 10)

@@ -367,6 +367,40 @@ def fatal_start_problem(pods: Sequence[Mapping[str, Any]]) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class WatchVerdict:
+    """What one look at an MPIJob and its pods says. ``outcome``: waiting (not started, still within the
+    startup timeout), running, succeeded, failed, cannot_start (a pod can never start: no point waiting)
+    or timeout (not started in time)."""
+
+    outcome: str
+    message: str = ""
+    reason: str = ""
+
+    @property
+    def done(self) -> bool:
+        return self.outcome not in ("waiting", "running")
+
+
+def watch_step(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], now: float, startup_deadline: float,
+               started: bool = False) -> WatchVerdict:
+    """One step of watching a job (API-form job and pods), the same for the operator's loop and its trigger.
+
+    ``started``: the job was seen running before (a job that started is never timed out for startup).
+    """
+    state = job_state(job)
+    if state.finished:
+        return WatchVerdict("succeeded" if state.phase == "Succeeded" else "failed", state.message, state.reason)
+    if started or state.phase == "Running":
+        return WatchVerdict("running", state.message, state.reason)
+    fatal = fatal_start_problem(pods)
+    if fatal is not None:
+        return WatchVerdict("cannot_start", fatal)
+    if now >= startup_deadline:
+        return WatchVerdict("timeout", "; ".join(startup_problems(pods)))
+    return WatchVerdict("waiting")
+
+
 def render_yaml(manifest: Mapping[str, Any]) -> str:
     import yaml  # only the CLI needs it
 

@@ -28,7 +28,7 @@ def provision_tables(conn_id: str = DEFAULT_CONN_ID) -> list[int]:
 
 @task
 def plan_run(conn_id: str = DEFAULT_CONN_ID, params: dict | None = None, dag_run: Any = None) -> str:
-    from pgtrain import policy, runs
+    from pgtrain import capacity, policy, runs
     from pgtrain.config import TrainingConfig, unknown_keys
     from pgtrain.db import connect
     from pgtrain.errors import ConfigError
@@ -39,6 +39,7 @@ def plan_run(conn_id: str = DEFAULT_CONN_ID, params: dict | None = None, dag_run
         raise ConfigError("the run's conf has keys this DAG does not define: " + "; ".join(typos))
     config = TrainingConfig.from_mapping(dict(params))
     log.info("params of this run: %s", config.to_dict())
+    capacity.check_world_size(config)
     with connect(database_url(conn_id)) as conn:
         policy.check_run(conn, config, load_settings())
         run = runs.plan_run(conn, dag_run.dag_id, dag_run.run_id, config)
@@ -48,7 +49,7 @@ def plan_run(conn_id: str = DEFAULT_CONN_ID, params: dict | None = None, dag_run
 
 @task
 def compute_shards(training_run: str, conn_id: str = DEFAULT_CONN_ID) -> dict[str, Any]:
-    from pgtrain import manifest, policy, runs
+    from pgtrain import capacity, manifest, policy, runs
     from pgtrain.db import connect
     from pgtrain.settings import load_settings
 
@@ -56,6 +57,8 @@ def compute_shards(training_run: str, conn_id: str = DEFAULT_CONN_ID) -> dict[st
         run = runs.get_run(conn, training_run)
         policy.check_run(conn, run.config, load_settings())
         plan = manifest.plan_shards(conn, run)
+        planned = runs.get_run(conn, training_run)
+    capacity.check_model_size(run.config, planned.input_dim, planned.output_dim)
     for shard in plan.shards:
         log.info("rank %d: keys %s..%s, %d rows (%d training)", shard.rank, shard.key_lo, shard.key_hi,
                  shard.row_count, shard.train_count)
