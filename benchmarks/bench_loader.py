@@ -11,6 +11,10 @@ its bytes only drained) and load_shard alternate three times, the best of each k
 The baseline is the original sketch: SELECT features, label ... LIMIT/OFFSET, fetchall(), torch.tensor().
 For the breakdown: the drain of a plain one-COPY-row-per-sample COPY of the same rows, and the time to first
 touch fresh arrays of the tensors' size (page faults and zeroing, which the raw drain does not pay).
+
+loader.scalar_columns: ROWS / 2 rows (500,000 at full size) x DIM ``real`` columns (feature_columns), loaded
+with load_shard against a plain ``COPY (SELECT the same columns ORDER BY key) TO STDOUT (FORMAT BINARY)``
+drained in the same process (best of three each, alternating), and against fetchall() of the same columns.
 """
 
 from __future__ import annotations
@@ -120,6 +124,79 @@ def measure_fetchall(url: str, table: str, rows: int, packed: bool) -> dict[str,
     return {"seconds": elapsed(), "rows": rows, "peak_rss_mb": (_rss("VmHWM") - before) / MB}
 
 
+def measure_scalar_columns(url: str, run_id: str) -> dict[str, float]:
+    """Scalar feature columns: best load_shard against the best drain of a plain COPY of the same columns."""
+    import psycopg
+    from psycopg import sql
+
+    from pgtrain import loader, manifest, runs
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        run = runs.get_run(conn, run_id)
+        source = manifest.source_for(conn, run)
+        shard = runs.get_manifest(conn, run_id)[0]
+        cfg = run.config
+        plain = sql.SQL("COPY (SELECT {c}, {l} FROM {t} ORDER BY {k}) TO STDOUT (FORMAT BINARY)").format(
+            c=sql.SQL(", ").join(map(sql.Identifier, source.column_names)), l=source.label, t=source.relation,
+            k=source.key)
+
+        def drain_plain() -> int:
+            with conn.cursor() as cur, cur.copy(plain) as copy:
+                return sum(map(len, copy))
+
+        drain_plain()  # warm the caches once
+        drains, loads = [], []
+        for _ in range(REPEATS):
+            with stopwatch() as elapsed:
+                copy_bytes = drain_plain()
+            drains.append(elapsed())
+            with stopwatch() as elapsed:
+                data = loader.load_shard(conn, source, shard, run.input_dim, cfg.validation_fraction, cfg.seed,
+                                         pin_memory=False)
+            loads.append(elapsed())
+            assert data.features.shape == (shard.row_count, len(source.column_names))
+            del data
+    return {"load_s": min(loads), "plain_copy_s": min(drains), "plain_copy_mb": copy_bytes / MB,
+            "rows": shard.row_count}
+
+
+def measure_fetchall_columns(url: str, table: list[str], columns: list[str], rows: int) -> dict[str, float]:
+    """The original path on scalar columns: SELECT the columns LIMIT/OFFSET, fetchall(), torch.tensor()."""
+    import psycopg
+    import torch
+    from psycopg import sql
+
+    with psycopg.connect(url) as conn, stopwatch() as elapsed:
+        records = conn.execute(sql.SQL("SELECT {}, label FROM {} LIMIT %s OFFSET %s").format(
+            sql.SQL(", ").join(map(sql.Identifier, columns)), sql.Identifier(*table)), (rows, 0)).fetchall()
+        features = torch.tensor([r[:-1] for r in records])
+        labels = torch.tensor([r[-1] for r in records])
+        assert features.shape == (rows, len(columns)) and labels.shape[0] == rows
+    return {"seconds": elapsed(), "rows": rows}
+
+
+def prepare_scalar_columns(url: str, rows: int, dim: int) -> tuple[str, list[str], list[str]]:
+    """A table of ``dim`` real columns planned as a one-rank run; returns (run id, table, column names)."""
+    import psycopg
+
+    from pgtrain import examples, manifest, runs
+    from pgtrain.config import TrainingConfig
+
+    features, labels = examples.synthetic(rows, dim, classes=10, seed=0)
+    table, names = ["public", "bench_scalar_columns"], [f"x{i}" for i in range(dim)]
+    with psycopg.connect(url, autocommit=True) as conn:
+        with stopwatch() as elapsed:
+            examples.load_scalar_table(conn, tuple(table), names, features, "label", labels, "integer",
+                                       feature_type="real")
+        print(f"  wrote {rows} rows x {dim} real columns in {elapsed():.1f} s", flush=True)
+        conn.execute("VACUUM ANALYZE public.bench_scalar_columns")
+        config = TrainingConfig(world_size=1, source_table=".".join(table), features_column=None,
+                                feature_columns=tuple(names), num_classes=10)
+        run = runs.plan_run(conn, "bench_loader", "scalar_columns", config)
+        manifest.plan_shards(conn, run)
+    return run.run_id, table, names
+
+
 def in_subprocess(function: str, *args: object) -> dict[str, float]:
     proc = subprocess.run([sys.executable, __file__, "--measure", function, json.dumps(args)],
                           stdout=subprocess.PIPE, text=True, check=True)
@@ -187,6 +264,24 @@ def main() -> None:
         packed = in_subprocess("measure_fetchall", url, "bench_bytea", fetchall_rows, True)
         figures["loader.bytea.speedup_vs_fetchall_of_bytea"] = round(
             figures["loader.bytea.rows_per_s"] / (packed["rows"] / packed["seconds"]), 1)
+        scalar_rows = max(1, rows // 2)
+        run_id, table, names = prepare_scalar_columns(url, scalar_rows, dim)
+        m = in_subprocess("measure_scalar_columns", url, run_id)
+        print(f"  scalar columns: {m}", flush=True)
+        columns_baseline = in_subprocess("measure_fetchall_columns", url, table, names,
+                                         min(scalar_rows, fetchall_rows))
+        print(f"  fetchall() of the scalar columns: {columns_baseline}", flush=True)
+        figures |= {
+            "loader.scalar_columns.rows": scalar_rows, "loader.scalar_columns.columns": dim,
+            "loader.scalar_columns.seconds": round(m["load_s"], 3),
+            "loader.scalar_columns.rows_per_s": round(m["rows"] / m["load_s"]),
+            "loader.scalar_columns.raw_copy_seconds": round(m["plain_copy_s"], 3),
+            "loader.scalar_columns.raw_copy_mb": round(m["plain_copy_mb"], 1),
+            "loader.scalar_columns.overhead_vs_raw_copy": round(m["load_s"] / m["plain_copy_s"], 3),
+            "loader.scalar_columns.fetchall_seconds": round(columns_baseline["seconds"], 3),
+            "loader.scalar_columns.speedup_vs_fetchall": round(
+                (m["rows"] / m["load_s"]) / (columns_baseline["rows"] / columns_baseline["seconds"]), 1),
+        }
     report(figures)
 
 

@@ -160,3 +160,78 @@ def test_a_length_inferred_from_unrepresentative_first_rows_is_refused(ac, monke
     with pytest.raises(SourceError, match=r"45 of 50 rows of public\.t do not have 2 features .* set input_dim"):
         plan(ac, "public.t", bad_rows="exclude")
     assert plan(ac, "public.t", bad_rows="exclude", input_dim=4)[1].excluded_rows == 5
+
+
+# --- scalar feature columns, float32 range, regression targets ----------------------------------------------
+
+SCALAR_TABLE = """CREATE TABLE "Lab"."Rows" (id bigint PRIMARY KEY, "a b" real, "C" double precision, n numeric,
+                  i integer, y double precision, ys double precision[])"""
+SCALAR_PARAMS = {"features_column": None, "feature_columns": ["a b", "C", "n", "i"], "label_column": "y",
+                 "task": "regression"}
+SCALAR_CASES = {  # name: (UPDATE ... SET <this> WHERE id = <key>, keys, {kind: bad keys}, bad columns, params)
+    "null": ('"a b" = NULL', [3], {"null_features": [3]}, ["a b"], {}),
+    "real_nan": ('"a b" = \'NaN\'', [4], {"non_finite": [4]}, ["a b"], {}),
+    "double_infinities": ('"C" = \'Infinity\'', [5], {"non_finite": [5]}, ["C"], {}),
+    "numeric_nan_and_integer_null": ("n = 'NaN', i = NULL", [6], {"null_features": [6], "non_finite": [6]},
+                                     ["n", "i"], {}),
+    "double_beyond_float32": ('"C" = -3.5e38', [7, 8], {"out_of_range": [7, 8]}, ["C"], {}),
+    "numeric_beyond_float64": ("n = 1e400", [9], {"out_of_range": [9]}, ["n"], {}),
+    "target_null": ("y = NULL", [10], {"null_label": [10]}, [], {}),
+    "target_nan_and_too_large": ("y = CASE WHEN id = 11 THEN 'NaN' ELSE 1e39 END", [11, 12],
+                                 {"target_non_finite": [11], "target_out_of_range": [12]}, [], {}),
+    "array_target": ("ys = CASE id WHEN 13 THEN '{1,NULL}' WHEN 14 THEN '{1,2,3}' WHEN 15 THEN '{1,-Infinity}' "
+                     "ELSE '{1,4e38}' END::double precision[]", [13, 14, 15, 16],
+                     {"target_wrong_length": [14], "target_null_elements": [13], "target_non_finite": [15],
+                      "target_out_of_range": [16]}, [], {"label_column": "ys"}),
+}
+
+
+def make_scalar_table(conn: psycopg.Connection, rows: int = 40) -> None:
+    conn.execute('CREATE SCHEMA "Lab"')
+    conn.execute(SCALAR_TABLE)
+    conn.execute("""INSERT INTO "Lab"."Rows" SELECT g, g / 4.0, g * 1e30, g / 3.0, g, g * 2.5, ARRAY[g, -g]
+                    FROM generate_series(1, %s) g""", (rows,))
+
+
+@pytest.mark.parametrize("case", SCALAR_CASES)
+def test_each_bad_scalar_value_fails_compute_shards_naming_kind_keys_and_columns(ac, case):
+    change, keys, expected, columns, params = SCALAR_CASES[case]
+    make_scalar_table(ac)
+    ac.execute(f'UPDATE "Lab"."Rows" SET {change} WHERE id = ANY(%s)', (keys,))  # noqa: S608 (fixed test SQL)
+    with pytest.raises(SourceError, match=r"bad_rows='exclude'") as failure:
+        plan(ac, '"Lab"."Rows"', world_size=2, **{**SCALAR_PARAMS, **params})
+    message = str(failure.value)
+    assert reported_kinds(message) == {kind: (len(k), [str(x) for x in k]) for kind, k in expected.items()}, message
+    named = re.findall(r"feature columns with NULL, NaN, infinite or out-of-range values: (.*)$", message, re.M)
+    assert named == ([", ".join(map(repr, columns))] if columns else []), message
+
+
+@pytest.mark.usefixtures("small_batches")
+def test_excluded_bad_scalar_rows_never_reach_the_loader_and_tiny_doubles_load_as_zero(ac):
+    make_scalar_table(ac, 100)
+    ac.execute("""UPDATE "Lab"."Rows" SET "C" = CASE id WHEN 5 THEN 4e38 WHEN 6 THEN 'NaN' ELSE "C" END,
+                  n = CASE id WHEN 7 THEN 1e400 WHEN 8 THEN 'NaN' WHEN 9 THEN 1e-400 ELSE n END,
+                  "a b" = CASE WHEN id = 10 THEN NULL ELSE "a b" END,
+                  y = CASE id WHEN 11 THEN 'Infinity' WHEN 12 THEN -1e300 ELSE y END""")
+    ac.execute("""UPDATE "Lab"."Rows" SET "C" = 1e-300 WHERE id = 20""")  # underflows float32: 0, not a bad row
+    run, planned = plan(ac, '"Lab"."Rows"', world_size=3, bad_rows="exclude", **SCALAR_PARAMS)
+    assert planned.excluded_rows == 7 and planned.total_rows == 93
+    assert planned.bad_columns == ("a b", "C", "n")
+    data = load_all(ac, run)
+    features, targets = np.concatenate([d.features for d in data]), np.concatenate([d.labels for d in data])
+    good = [k for k in range(1, 101) if k not in (5, 6, 7, 8, 10, 11, 12)]  # 9: 1e-400 is 0 in float32
+    assert np.isfinite(features).all() and np.isfinite(targets).all()
+    np.testing.assert_array_equal(features[:, 0], np.array(good, np.float32) / 4)
+    np.testing.assert_array_equal(targets[:, 0], np.array(good, np.float32) * 2.5)
+    assert features[good.index(20), 1] == 0.0 and features[good.index(9), 2] == 0.0
+
+
+def test_double_precision_array_values_beyond_float32_are_bad_rows(ac):
+    make_table(ac, "t", 30, fmt="float8_array", gaps=False)
+    ac.execute("UPDATE t SET features[2] = 1e39 WHERE id = 3")
+    ac.execute("UPDATE t SET features[1] = -3.41e38 WHERE id = 4")
+    ac.execute("UPDATE t SET features[3] = 3.4028234e38 WHERE id = 5")  # the largest float32 values are fine
+    ac.execute("UPDATE t SET features[1] = 'Infinity', features[2] = 1e39 WHERE id = 6")
+    with pytest.raises(SourceError) as failure:
+        plan(ac, "public.t")
+    assert reported_kinds(str(failure.value)) == {"out_of_range": (2, ["3", "4"]), "non_finite": (1, ["6"])}

@@ -11,6 +11,7 @@ from psycopg import sql
 
 from pgtrain import examples, loader, manifest, runs
 from pgtrain.source import planned_rows, prefer_index_order, read_xid_clock, snapshot_transaction
+from tests import support
 from tests import test_manifest as shards
 from tests.test_manifest import load_all, plan
 
@@ -84,3 +85,86 @@ def test_table_and_column_names_never_clash_with_the_loaders_own(ac):
         data = load_all(ac, run)
         expected = sorted([float(g), float(-g)] for g in range(1, 101))
         assert sorted(np.concatenate([d.features for d in data]).tolist()) == expected
+
+
+# --- scalar feature columns and regression targets --------------------------------------------------------------
+
+def test_the_breast_cancer_example_loads_from_quoted_scalar_columns_as_sklearn_has_it(ac):
+    assert examples.load_breast_cancer(ac) == 569
+    assert examples.load_breast_cancer(ac) == 0  # already loaded: left as it is
+    names, features, labels = examples.breast_cancer()
+    assert "mean radius" in names and len(names) == 30
+    run, planned = plan(ac, '"Clinic"."Biopsies"', world_size=3, **support.breast_cancer_params())
+    assert (planned.input_dim, planned.num_classes, planned.output_dim) == (30, 2, 2)
+    assert (run.input_dim, run.num_classes, run.output_dim) == (30, 2, 2)
+    data = load_all(ac, run)
+    np.testing.assert_array_equal(np.concatenate([d.features for d in data]), features.astype(np.float32))
+    np.testing.assert_array_equal(np.concatenate([d.labels for d in data]), labels)
+    assert all(d.labels.dtype == np.int64 for d in data)
+
+
+@pytest.mark.usefixtures("small_batches")
+def test_scalar_columns_of_every_type_load_in_the_given_order_like_a_direct_select(ac):
+    ac.execute('CREATE SCHEMA "Lab"')
+    ac.execute('''CREATE TABLE "Lab"."Mixed Rows" (id bigint PRIMARY KEY, "mean radius" double precision,
+                  "Texture" real, n integer, s smallint, flag boolean, big bigint, amount numeric(10, 3),
+                  label smallint)''')
+    ac.execute('''INSERT INTO "Lab"."Mixed Rows"
+                  SELECT g * 3, sin(g) * 1e6, cos(g)::real, g - 150, -g, g % 3 = 0, g * 1000003, round(g / 7.0, 3),
+                         g % 4 FROM generate_series(1, 300) g''')
+    order = ["amount", "Texture", "mean radius", "flag", "big", "n", "s"]  # f4 and f8 columns interleaved
+    run, planned = plan(ac, '"Lab"."Mixed Rows"', world_size=3, features_column=None, feature_columns=order,
+                        validation_fraction=0.2)
+    assert planned.input_dim == 7 and run.output_dim == run.num_classes == 4
+    data = load_all(ac, run)
+    columns = sql.SQL(", ").join(sql.SQL("CAST({} AS double precision)").format(
+        sql.SQL("CAST({} AS integer)").format(sql.Identifier(c)) if c == "flag" else sql.Identifier(c))
+        for c in order)
+    rows = ac.execute(sql.SQL('SELECT {}, label FROM "Lab"."Mixed Rows" ORDER BY id').format(columns)).fetchall()
+    expected = np.array([r[:-1] for r in rows], np.float64).astype(np.float32)
+    np.testing.assert_array_equal(np.concatenate([d.features for d in data]), expected)
+    np.testing.assert_array_equal(np.concatenate([d.labels for d in data]), [r[-1] for r in rows])
+    assert [int(d.is_validation.sum()) for d in data] == [s.val_count for s in planned.shards]
+
+
+def test_a_scalar_regression_target_loads_as_float32_rows_by_one(ac):
+    assert examples.load_diabetes(ac) == 442
+    names, features, target = examples.diabetes()
+    run, planned = plan(ac, "public.diabetes", world_size=2, num_classes=5, **support.diabetes_params())
+    assert (planned.input_dim, planned.num_classes, planned.output_dim) == (10, None, 1)
+    assert (run.input_dim, run.num_classes, run.output_dim) == (10, None, 1)  # num_classes is ignored
+    data = load_all(ac, run)
+    labels = np.concatenate([d.labels for d in data])
+    assert labels.dtype == np.float32 and labels.shape == (442, 1)
+    np.testing.assert_array_equal(labels[:, 0], target.astype(np.float32))
+    np.testing.assert_array_equal(np.concatenate([d.features for d in data]), features.astype(np.float32))
+    x, y, val = data[0].tensors()
+    assert y.dtype == torch.float32 and tuple(y.shape) == (len(data[0].labels), 1) and x.shape[1] == 10
+
+
+@pytest.mark.usefixtures("small_batches")
+@pytest.mark.parametrize("target_type", ["real[]", "double precision[]", "numeric", "integer"])
+def test_regression_targets_of_each_type_load_like_a_direct_select(ac, target_type):
+    width = 3 if target_type.endswith("[]") else 1
+    ac.execute(f"CREATE TABLE t (id bigint PRIMARY KEY, features real[], y {target_type})")
+    value = ("ARRAY[g * 0.5, -g, g / 3.0]" if width == 3 else "g * 0.25" if target_type == "numeric" else "g - 7")
+    ac.execute(sql.SQL("INSERT INTO t SELECT g, ARRAY[g, g * 2]::real[], {} FROM generate_series(1, 200) g").format(
+        sql.SQL(value)))
+    run, planned = plan(ac, "public.t", world_size=2, label_column="y", task="regression")
+    assert (planned.output_dim, run.output_dim, run.num_classes) == (width, width, None)
+    labels = np.concatenate([d.labels for d in load_all(ac, run)])
+    expected = [r[0] if width == 3 else [r[0]] for r in ac.execute("SELECT y FROM t ORDER BY id").fetchall()]
+    assert labels.dtype == np.float32 and labels.shape == (200, width)
+    np.testing.assert_array_equal(labels, np.array(expected, np.float64).astype(np.float32))
+
+
+def test_an_array_target_of_the_wrong_width_is_excluded_and_never_loaded(ac):
+    ac.execute("CREATE TABLE t (id bigint PRIMARY KEY, a real, b real, y double precision[])")
+    ac.execute("INSERT INTO t SELECT g, g, -g, ARRAY[g, g + 1] FROM generate_series(1, 50) g")
+    ac.execute("UPDATE t SET y = ARRAY[1, 2, 3] WHERE id = 7")
+    run, planned = plan(ac, "public.t", world_size=2, features_column=None, feature_columns=["a", "b"],
+                        label_column="y", task="regression", bad_rows="exclude")
+    assert planned.output_dim == 2 and planned.bad_rows["target_wrong_length"].example_keys == ["7"]
+    data = load_all(ac, run)
+    labels = np.concatenate([d.labels for d in data])
+    assert labels.shape == (49, 2) and 7.0 not in labels[:, 0]

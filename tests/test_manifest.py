@@ -228,3 +228,89 @@ def test_a_load_long_after_planning_refuses_instead_of_guessing():
     assert "Literal(3000)" in repr(planned_rows(source, XidClock("", 3990, 4000, 4000)))  # xids since planning
     with pytest.raises(SourceError, match="re-run the DAG run from compute_shards"):
         planned_rows(source, XidClock("", 4990, 5000, 5000))
+
+
+# --- keys with type modifiers, sources that are not tables, and params that do not fit the source -----------
+
+@pytest.mark.usefixtures("small_batches")
+@pytest.mark.parametrize(("key_type", "key"), [("char(6)", "to_hex(g * 7)"), ("varchar(5)", "to_hex(g * 7)"),
+                                               ("numeric(8, 2)", "g * 1.5")])
+def test_keys_with_type_modifiers_are_read_in_their_full_type(ac, key_type, key):
+    """char(6) keys are blank-padded: read back as plain `character` (one character) they would all collide."""
+    ac.execute(sql.SQL("CREATE TABLE t (id {} PRIMARY KEY, features real[], label integer)").format(sql.SQL(key_type)))
+    ac.execute(sql.SQL("INSERT INTO t SELECT {}, ARRAY[g, -g], g % 3 FROM generate_series(1, 300) g").format(
+        sql.SQL(key)))
+    run, planned = plan(ac, "public.t", world_size=3)
+    assert [s.row_count for s in planned.shards] == [100, 100, 100]
+    data = load_all(ac, run)
+    features, labels = rows_in_key_order(ac, "t")
+    np.testing.assert_array_equal(np.concatenate([d.features for d in data]), features)
+    np.testing.assert_array_equal(np.concatenate([d.labels for d in data]), labels)
+
+
+def test_a_view_gets_advice_that_fits_a_view_and_a_materialized_view_with_a_unique_index_works(ac):
+    make_table(ac, "t", 50)
+    ac.execute("CREATE VIEW v AS SELECT * FROM t WHERE id > 0")
+    with pytest.raises(SourceError, match=r'"public"\."v" is a view.*cannot get a primary key.*materialized view '
+                                          r"with a unique index") as failure:
+        plan(ac, "public.v")
+    assert "ALTER TABLE public.v" not in str(failure.value) and 'ALTER TABLE "public"."v"' not in str(failure.value)
+    ac.execute("CREATE MATERIALIZED VIEW m AS SELECT * FROM t")
+    with pytest.raises(SourceError, match=r'CREATE UNIQUE INDEX ON "public"\."m" \("id"\)'):
+        plan(ac, "public.m", "m1")
+    ac.execute("CREATE UNIQUE INDEX ON m (id)")
+    run, planned = plan(ac, "public.m", "m2", world_size=2)
+    assert sum(len(d.labels) for d in load_all(ac, run)) == planned.total_rows == 50
+    ac.execute("CREATE TABLE nokey (id bigint, features real[], label integer)")
+    with pytest.raises(SourceError, match=r'ALTER TABLE "public"\."nokey" ADD PRIMARY KEY \("id"\)'):
+        plan(ac, "public.nokey", "n")
+
+
+def test_a_mixed_case_name_given_unquoted_gets_a_quoting_hint(ac):
+    examples.load_breast_cancer(ac)
+    with pytest.raises(SourceError, match=r"""'Clinic\.Biopsies' does not exist.*did you mean "Clinic"\."Biopsies"\?"""
+                                          r".*double quotes"):
+        plan(ac, "Clinic.Biopsies", features_column=None, feature_columns=["mean radius"], label_column="diagnosis")
+    with pytest.raises(SourceError, match=r'did you mean "Clinic"\."Biopsies"'):
+        plan(ac, "biopsies", "b", features_column=None, feature_columns=["mean radius"], label_column="diagnosis")
+    with pytest.raises(SourceError, match=r"'nothing_like_it' does not exist") as failure:
+        plan(ac, "nothing_like_it", "c")
+    assert "did you mean" not in str(failure.value)
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    ({"feature_columns": ["mean radius"]}, r"both features_column \('features'\) and feature_columns .* set "
+                                           r"features_column to null"),
+    ({"features_column": None}, r"no features: set feature_columns .* or features_column"),
+    ({"features_column": None, "feature_columns": ["mean radius", "Mean Texture"]},
+     r"feature_columns 'Mean Texture' is not a column of Clinic\.Biopsies; its columns are: .*'mean texture'.*"
+     r"did you mean 'mean texture'\?"),
+    ({"features_column": None, "feature_columns": ["mean radius", "mean radius"]}, r"'mean radius' more than once"),
+    ({"features_column": None, "feature_columns": ["mean radius", "diagnosis"]}, r"also in feature_columns"),
+    ({"features_column": None, "feature_columns": ["mean radius"], "input_dim": 3}, r"input_dim is 3 but"),
+    ({"features_column": None, "feature_columns": ["mean radius"], "label_column": "mean area"},
+     r"classification needs an integer class label \(for a numeric target, set task='regression'\)"),
+])
+def test_source_params_that_do_not_fit_the_source_are_clear_errors(ac, params, message):
+    examples.load_breast_cancer(ac)
+    with pytest.raises(SourceError, match=message):
+        plan(ac, '"Clinic"."Biopsies"', **{"label_column": "diagnosis", **params})
+    assert ac.execute("SELECT count(*) FROM pgtrain.shard_manifest").fetchone()[0] == 0
+
+
+def test_a_split_that_leaves_no_training_rows_is_a_clear_error_but_one_rank_without_any_is_fine(ac):
+    def keys(validation: bool) -> list[int]:
+        return [g for (g,) in ac.execute(
+            "SELECT g FROM generate_series(1, 200) g WHERE (abs(mod(hashtextextended(g::text, 0), 1000000)) < 500000) "
+            "= %s ORDER BY g LIMIT 2", (validation,)).fetchall()]
+
+    held_out, trained = keys(True), keys(False)
+    ac.execute("CREATE TABLE t (id bigint PRIMARY KEY, features real[], label integer)")
+    ac.execute("INSERT INTO t SELECT unnest(%s::bigint[]), '{1,2}', 1", (held_out,))
+    with pytest.raises(SourceError, match=r"validation_fraction 0\.5 holds out all 2 usable rows of public\.t"):
+        plan(ac, "public.t", world_size=2, validation_fraction=0.5, num_classes=2)
+    ac.execute("DELETE FROM t")
+    ac.execute("INSERT INTO t SELECT unnest(%s::bigint[]), '{1,2}', 1", (sorted(held_out + trained),))
+    ranks = [(s.train_count, s.val_count) for s in plan(ac, "public.t", "b", world_size=4, validation_fraction=0.5,
+                                                         num_classes=2)[1].shards]
+    assert sum(t for t, _ in ranks) == 2 and (0, 1) in ranks

@@ -1,6 +1,8 @@
-"""Example data: scikit-learn's bundled handwritten digits, and synthetic learnable samples for scale tests.
+"""Example data: scikit-learn's bundled data sets, and synthetic learnable samples for scale tests.
 
     python -m pgtrain.examples digits [--if-empty]
+    python -m pgtrain.examples breast-cancer   # "Clinic"."Biopsies": 30 scalar columns, smallint "diagnosis"
+    python -m pgtrain.examples diabetes        # public.diabetes: 10 scalar columns, double "progression"
     python -m pgtrain.examples synthetic --rows N --dim D [--classes C] [--seed S]
         [--table T --key-type bigint|text|uuid --format float4_array|float8_array|bytea]
 
@@ -22,6 +24,8 @@ from pgtrain.loader import ELEMENT_TYPES, feature_fields
 from pgtrain.source import FEATURE_FORMATS
 
 SAMPLES_TABLE = ("public", "samples")
+BREAST_CANCER_TABLE = ("Clinic", "Biopsies")  # mixed case on purpose: a source name that must be quoted
+DIABETES_TABLE = ("public", "diabetes")
 KEY_TYPES = ("bigint", "text", "uuid")
 # feature format -> column type: the inverse of the one mapping the source reader validates against.
 COLUMN_TYPES = {feature_format: column_type for column_type, feature_format in FEATURE_FORMATS.items()}
@@ -130,6 +134,72 @@ def _fill_features(block: np.ndarray, features: np.ndarray, feature_format: str)
     block["x"]["v"] = features
 
 
+def breast_cancer() -> tuple[list[str], np.ndarray, np.ndarray]:
+    """569 biopsies: (the 30 feature names, spaces included; float64 features; diagnosis 0 malignant, 1 benign)."""
+    from sklearn.datasets import load_breast_cancer
+
+    data = load_breast_cancer()
+    return [str(name) for name in data.feature_names], data.data, data.target.astype(np.int16)
+
+
+def diabetes() -> tuple[list[str], np.ndarray, np.ndarray]:
+    """442 patients: (10 feature names, the unscaled float64 features, disease progression after a year)."""
+    from sklearn.datasets import load_diabetes
+
+    data = load_diabetes(scaled=False)
+    return [str(name) for name in data.feature_names], data.data, data.target.astype(np.float64)
+
+
+def load_breast_cancer(conn: psycopg.Connection, table: tuple[str, str] = BREAST_CANCER_TABLE) -> int:
+    """Create ``table`` (bigint "id", one double precision column per feature, smallint "diagnosis") and fill it
+    with scikit-learn's breast cancer data, unless it already has rows; returns the rows written."""
+    names, features, labels = breast_cancer()
+    return load_scalar_table(conn, table, names, features, "diagnosis", labels, "smallint")
+
+
+def load_diabetes(conn: psycopg.Connection, table: tuple[str, str] = DIABETES_TABLE) -> int:
+    """Create ``table`` (bigint "id", 10 double precision columns, double precision "progression") and fill it
+    with scikit-learn's diabetes data, unless it already has rows; returns the rows written."""
+    names, features, target = diabetes()
+    return load_scalar_table(conn, table, names, features, "progression", target, "double precision")
+
+
+_SCALAR_WIRE = {"smallint": ">i2", "integer": ">i4", "bigint": ">i8", "real": ">f4", "double precision": ">f8"}
+
+
+def load_scalar_table(conn: psycopg.Connection, table: tuple[str, str], names: list[str], features: np.ndarray,
+                      target_name: str, target: np.ndarray, target_type: str, *,
+                      feature_type: str = "double precision") -> int:
+    """A table of scalar columns: bigint "id" (1..rows), one ``feature_type`` column per name, the target.
+
+    Created with its schema if missing; rows are written (one binary COPY) only into an empty table.
+    """
+    relation = sql.Identifier(*table)
+    with conn.transaction():
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(table[0])))
+        conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (id bigint PRIMARY KEY, {}, {} {} NOT NULL)").format(
+            relation, sql.SQL(", ").join(sql.SQL("{} {} NOT NULL").format(sql.Identifier(n), sql.SQL(feature_type))
+                                         for n in names),
+            sql.Identifier(target_name), sql.SQL(target_type)))
+        if conn.execute(sql.SQL("SELECT EXISTS (SELECT FROM {})").format(relation)).fetchone()[0]:
+            return 0
+        rows = len(features)
+        if feature_type not in _SCALAR_WIRE or target_type not in _SCALAR_WIRE:
+            raise ValueError(f"types: use one of {', '.join(_SCALAR_WIRE)}")
+        layout = np.dtype([("nfields", ">i2"), ("klen", ">i4"), ("key", ">i8"),
+                           ("x", [("len", ">i4"), ("v", _SCALAR_WIRE[feature_type])], (len(names),)),
+                           ("ylen", ">i4"), ("y", _SCALAR_WIRE[target_type])])
+        block = np.zeros(rows, layout)
+        block["nfields"], block["klen"], block["key"] = len(names) + 2, 8, np.arange(1, rows + 1)
+        block["x"]["len"], block["x"]["v"] = layout["x"].base["v"].itemsize, features
+        block["ylen"], block["y"] = layout["y"].itemsize, target
+        columns = sql.SQL(", ").join(map(sql.Identifier, ["id", *names, target_name]))
+        with conn.cursor() as cur, cur.copy(sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
+                relation, columns)) as copy:
+            copy.write(_COPY_SIGNATURE + block.tobytes() + b"\xff\xff")
+    return rows
+
+
 def count_rows(conn: psycopg.Connection, table: tuple[str, str] = SAMPLES_TABLE) -> int:
     return conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(*table))).fetchone()[0]
 
@@ -147,11 +217,22 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--table", help="schema.table to create and fill instead of public.samples")
     s.add_argument("--key-type", choices=KEY_TYPES, default="bigint")
     s.add_argument("--format", choices=sorted(COLUMN_TYPES), default="float4_array")
+    sub.add_parser("breast-cancer", help='load the 569 biopsies into "Clinic"."Biopsies" (if it is empty)')
+    sub.add_parser("diabetes", help="load the 442 diabetes patients into public.diabetes (if it is empty)")
     args = parser.parse_args(argv)
     with connect() as conn:
         from pgtrain.migrations import apply_migrations
 
         apply_migrations(conn)
+        scalar_loaders = {"breast-cancer": (load_breast_cancer, BREAST_CANCER_TABLE),
+                          "diabetes": (load_diabetes, DIABETES_TABLE)}
+        if args.kind in scalar_loaders:
+            load, table = scalar_loaders[args.kind]
+            written = load(conn, table)
+            name = sql.Identifier(*table).as_string(conn)
+            print(f"loaded {written} {args.kind} rows into {name}" if written else
+                  f"{name} already holds rows; not loading the {args.kind} data")
+            return 0
         if args.kind == "synthetic" and args.table:
             schema, _, name = args.table.rpartition(".")
             table = (schema or "public", name)

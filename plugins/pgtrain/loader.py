@@ -1,8 +1,9 @@
 """Stream one rank's key range with ``COPY ... TO STDOUT (FORMAT BINARY)`` straight into numpy arrays.
 
 compute_shards cut each rank's range into batches of a few hundred rows; the COPY sends one row per batch,
-whose payload is the batch's rows packed back to back (features as sent by PostgreSQL, label, validation
-flag), so the client handles a few thousand COPY messages per million rows, not a million. Each payload is
+whose payload is the batch's rows packed back to back (features as sent by PostgreSQL: one array or bytea,
+or one float4/float8 per scalar column; the label or regression target; the validation flag), so the client
+handles a few thousand COPY messages per million rows, not a million. Each payload is
 viewed with one structured numpy dtype and copied into arrays allocated once at their final size: no
 per-row Python objects, and memory stays at the tensors plus one batch. The COPY reads only the rank's
 key range, only rows visible to the planning snapshot, and the rows counted must match the manifest.
@@ -23,15 +24,20 @@ from psycopg import sql
 from pgtrain.errors import PgtrainError, SourceError
 from pgtrain.runs import Shard
 from pgtrain.source import (
+    COLUMNS,
+    SCALAR_TYPES,
     PlannedRows,
     Source,
     bad_row,
+    feature_groups,
+    feature_payload,
     is_validation,
     key_range,
     planned_rows,
     prefer_index_order,
     read_xid_clock,
     snapshot_transaction,
+    target_payload,
 )
 
 if TYPE_CHECKING:
@@ -40,13 +46,14 @@ if TYPE_CHECKING:
 _SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
 _BATCH_HEADER = struct.Struct(">hiqi")  # field count, length of count (8), count, length of payload
 ELEMENT_TYPES = {"float4_array": (700, ">f4"), "float8_array": (701, ">f8")}  # array format: (type oid, dtype)
+SCALAR_DTYPES = {"f4": ">f4", "f8": ">f8"}  # float4send, float8send
 ROWS_ALIAS = "_pgtrain_rows"  # the source table in batch_query
 
 
 @dataclass
 class ShardData:
     features: np.ndarray  # (rows, dim) float32
-    labels: np.ndarray  # (rows,) int64
+    labels: np.ndarray  # classification: (rows,) int64; regression: (rows, output_dim) float32
     is_validation: np.ndarray  # (rows,) bool
     pinned: bool = False  # the arrays live in page-locked (CUDA pinned) memory
 
@@ -58,18 +65,36 @@ class ShardData:
                 torch.from_numpy(self.is_validation))
 
 
-def feature_fields(feature_format: str, dim: int) -> list[tuple[Any, ...]]:
+def feature_fields(feature_format: str, dim: int, prefix: str = "") -> list[tuple[Any, ...]]:
     """numpy fields of one features value in PostgreSQL's binary form (array_send, or the raw bytea)."""
     if feature_format == "bytea":
-        return [("x", "<f4", (dim,))]
+        return [(prefix + "x", "<f4", (dim,))]
     _, element = ELEMENT_TYPES[feature_format]
-    return [("ndim", ">i4"), ("hasnull", ">i4"), ("elemtype", ">u4"), ("dim", ">i4"), ("lbound", ">i4"),
-            ("x", [("elen", ">i4"), ("v", element)], (dim,))]
+    return [(prefix + name, ">i4") for name in ("ndim", "hasnull")] + [(prefix + "elemtype", ">u4")] + [
+        (prefix + name, ">i4") for name in ("dim", "lbound")] + [
+        (prefix + "x", [("elen", ">i4"), ("v", element)], (dim,))]
 
 
-def record_dtype(feature_format: str, dim: int) -> np.dtype:
-    """One row of a batch payload: features, label::int4, is_validation."""
-    return np.dtype([*feature_fields(feature_format, dim), ("label", ">i4"), ("val", "u1")])
+def source_feature_fields(source: Source, dim: int) -> list[tuple[Any, ...]]:
+    """numpy fields of a row's features as ``source.feature_payload`` sends them."""
+    if source.feature_format != COLUMNS:
+        return feature_fields(source.feature_format, dim)
+    return [(f"x_{wire}", SCALAR_DTYPES[wire], (len(positions),))
+            for wire, positions in feature_groups(source).items()]
+
+
+def target_fields(source: Source, output_dim: int | None) -> list[tuple[Any, ...]]:
+    """numpy fields of a row's target as ``source.target_payload`` sends it."""
+    if source.target_format == "label":
+        return [("label", ">i4")]
+    if source.target_format == "scalar":
+        return [("y", SCALAR_DTYPES[SCALAR_TYPES[source.label_type]])]
+    return feature_fields(source.target_format, output_dim, prefix="t_")
+
+
+def record_dtype(source: Source, dim: int, output_dim: int | None = None) -> np.dtype:
+    """One row of a batch payload: features, label::int4 or the regression target, is_validation."""
+    return np.dtype([*source_feature_fields(source, dim), *target_fields(source, output_dim), ("val", "u1")])
 
 
 def batch_query(source: Source, shard: Shard, visible: sql.Composable, validation_fraction: float,
@@ -81,11 +106,9 @@ def batch_query(source: Source, shard: Shard, visible: sql.Composable, validatio
     rows are concatenated in key order: nothing the size of the shard is ever sorted or materialized.
     """
     plan = _plan(source)
-    features = source.features if source.feature_format == "bytea" else sql.SQL("array_send({})").format(
-        source.features)
     filters = [visible]
     if plan.exclude_bad_rows:
-        filters.append(sql.SQL("NOT {}").format(bad_row(source, plan.input_dim, plan.num_classes)))
+        filters.append(sql.SQL("NOT {}").format(bad_row(source, plan.input_dim, plan.num_classes, plan.output_dim)))
     # The source table is aliased too: its name, whatever it is, can never hide _pgtrain_batch.
     return sql.SQL(
         """SELECT _pgtrain_packed.n, _pgtrain_packed.payload
@@ -94,11 +117,12 @@ def batch_query(source: Source, shard: Shard, visible: sql.Composable, validatio
                  WHERE s.run_id = {run} AND s.rank = {rank} ORDER BY b.i) AS _pgtrain_batch
            CROSS JOIN LATERAL (
              SELECT count(*) AS n,
-                    string_agg({features} || int4send({label}::int4) || boolsend({is_val}), ''::bytea
+                    string_agg({features} || {target} || boolsend({is_val}), ''::bytea
                                ORDER BY {key}) AS payload
              FROM {rel} AS {rows} WHERE {in_batch} AND {filters}) AS _pgtrain_packed
            ORDER BY _pgtrain_batch.i"""
-    ).format(run=sql.Literal(plan.run_id), rank=sql.Literal(shard.rank), features=features, label=source.label,
+    ).format(run=sql.Literal(plan.run_id), rank=sql.Literal(shard.rank), features=feature_payload(source),
+             target=target_payload(source),
              is_val=is_validation(source, validation_fraction, seed), key=source.key, rel=source.relation,
              rows=sql.Identifier(ROWS_ALIAS),
              in_batch=key_range(source, sql.SQL("_pgtrain_batch.lo"), sql.SQL("_pgtrain_batch.hi")),
@@ -133,15 +157,17 @@ def load_shard(conn: psycopg.Connection, source: Source, shard: Shard, dim: int,
     if dim != plan.input_dim:
         raise PgtrainError(f"rank {shard.rank} was asked for {dim} features but run {plan.run_id} planned "
                            f"{plan.input_dim}; pass run.input_dim")
-    layout = record_dtype(source.feature_format, dim)
-    out = _allocate(shard.row_count, dim, _cuda_available() if pin_memory is None else pin_memory)
+    layout = record_dtype(source, dim, plan.output_dim)
+    targets = None if source.target_format == "label" else plan.output_dim
+    out = _allocate(shard.row_count, dim, _cuda_available() if pin_memory is None else pin_memory, targets)
+    groups = [(f"x_{wire}", _positions(positions, dim)) for wire, positions in feature_groups(source).items()]
     filled = 0
     with shard_copy(conn, source, shard, validation_fraction, seed) as copy:
         first = True
         for block in copy:
             if first:  # the stream's header arrives with the first row
                 block, first = _skip_signature(block), False
-            filled = _store(block, layout, out, filled, shard)
+            filled = _store(block, layout, out, filled, shard, groups)
     if filled != shard.row_count:
         raise SourceError(
             f"rank {shard.rank} read {filled} rows in its key range but the manifest planned {shard.row_count}: "
@@ -150,8 +176,17 @@ def load_shard(conn: psycopg.Connection, source: Source, shard: Shard, dim: int,
     return out
 
 
-def _store(block: memoryview, layout: np.dtype, out: ShardData, filled: int, shard: Shard) -> int:
-    """Copy one COPY row (a batch) into ``out`` from row ``filled``; returns the new fill level."""
+def _positions(positions: list[int], dim: int) -> slice | list[int]:
+    """Where a group of scalar feature columns goes in a features row: a slice when they are all of them."""
+    return slice(None) if positions == list(range(dim)) else positions
+
+
+def _store(block: memoryview, layout: np.dtype, out: ShardData, filled: int, shard: Shard,
+           groups: list[tuple[str, slice | list[int]]]) -> int:
+    """Copy one COPY row (a batch) into ``out`` from row ``filled``; returns the new fill level.
+
+    ``groups``: for scalar feature columns, (record field, positions in the features row) per wire type.
+    """
     if len(block) == 2:  # the COPY trailer
         return filled
     fields, count_len, count, payload_len = _BATCH_HEADER.unpack_from(block)
@@ -172,16 +207,30 @@ def _store(block: memoryview, layout: np.dtype, out: ShardData, filled: int, sha
         )
     records = np.frombuffer(block, layout, count, _BATCH_HEADER.size)
     span = slice(filled, filled + count)
-    if "ndim" in layout.names:
-        if ((records["ndim"] != 1) | (records["hasnull"] != 0) | (records["dim"] != out.features.shape[1])).any():
-            raise SourceError(f"rank {shard.rank}: a feature array changed shape or gained NULLs after "
-                              "compute_shards; re-run compute_shards")
+    if groups:
+        for name, positions in groups:
+            out.features[span][:, positions] = records[name]
+    elif "ndim" in layout.names:
+        _check_arrays(records, "", out.features.shape[1], shard, "feature")
         out.features[span] = records["x"]["v"]
     else:
         out.features[span] = records["x"]
-    out.labels[span] = records["label"]
+    if "label" in layout.names:
+        out.labels[span] = records["label"]
+    elif "y" in layout.names:
+        out.labels[span, 0] = records["y"]
+    else:
+        _check_arrays(records, "t_", out.labels.shape[1], shard, "target")
+        out.labels[span] = records["t_x"]["v"]
     out.is_validation[span] = records["val"]
     return filled + count
+
+
+def _check_arrays(records: np.ndarray, prefix: str, width: int, shard: Shard, what: str) -> None:
+    if ((records[prefix + "ndim"] != 1) | (records[prefix + "hasnull"] != 0) | (records[prefix + "dim"] != width)
+            ).any():
+        raise SourceError(f"rank {shard.rank}: a {what} array changed shape or gained NULLs after "
+                          "compute_shards; re-run compute_shards")
 
 
 def _skip_signature(block: memoryview) -> memoryview:
@@ -200,13 +249,18 @@ def _plan(source: Source) -> PlannedRows:
     return source.plan
 
 
-def _allocate(rows: int, dim: int, pinned: bool) -> ShardData:
+def _allocate(rows: int, dim: int, pinned: bool, targets: int | None = None) -> ShardData:
+    """Arrays for ``rows`` rows; ``targets``: the regression target's width (None: int64 class labels)."""
+    label_shape, label_dtype = ((rows,), np.int64) if targets is None else ((rows, targets), np.float32)
     if not pinned:
-        return ShardData(np.empty((rows, dim), np.float32), np.empty(rows, np.int64), np.empty(rows, bool))
+        return ShardData(np.empty((rows, dim), np.float32), np.empty(label_shape, label_dtype),
+                         np.empty(rows, bool))
     import torch
 
     tensors = [torch.empty(shape, dtype=dtype, pin_memory=True)
-               for shape, dtype in (((rows, dim), torch.float32), (rows, torch.int64), (rows, torch.bool))]
+               for shape, dtype in (((rows, dim), torch.float32),
+                                    (label_shape, torch.int64 if targets is None else torch.float32),
+                                    (rows, torch.bool))]
     return ShardData(*(t.numpy() for t in tensors), pinned=True)
 
 

@@ -22,22 +22,27 @@ from psycopg.types.json import Jsonb
 from pgtrain import runs
 from pgtrain.config import TrainingConfig
 from pgtrain.errors import SourceError
+from pgtrain.loader import record_dtype
 from pgtrain.runs import Shard
 from pgtrain.source import (
     BAD_ROW_KINDS,
+    COLUMN_KINDS,
+    COLUMNS,
     PlannedRows,
     Source,
     XidClock,
     bad_row,
+    column_checks,
     feature_length,
     is_validation,
     prefer_index_order,
     read_xid_clock,
     recent_xmin_age,
-    resolve_source,
     row_checks,
     seen_xmins,
     snapshot_transaction,
+    source_from_config,
+    target_length,
 )
 
 # Rows the loader receives per COPY row: about this many bytes, within these bounds.
@@ -58,16 +63,18 @@ class BadRows:
 class Plan:
     shards: list[Shard]
     input_dim: int
-    num_classes: int
+    num_classes: int | None  # classification only
     total_rows: int  # rows in the manifest: what the ranks read
     excluded_rows: int = 0  # bad rows left out (bad_rows='exclude')
     bad_rows: dict[str, BadRows] = field(default_factory=dict)  # kind -> count, examples; only kinds found
     snapshot: str = ""
+    output_dim: int | None = None  # classes, or the regression target's width
+    bad_columns: tuple[str, ...] = ()  # scalar feature columns holding NULL, NaN, infinite or too large values
 
     def summary(self) -> dict[str, object]:
         """JSON-ready figures for the DAG's report."""
         return {"rows_per_rank": [s.row_count for s in self.shards], "input_dim": self.input_dim,
-                "num_classes": self.num_classes, "total_rows": self.total_rows,
+                "num_classes": self.num_classes, "output_dim": self.output_dim, "total_rows": self.total_rows,
                 "excluded_rows": self.excluded_rows, "bad_rows": bad_rows_report(self.bad_rows)}
 
 
@@ -83,41 +90,44 @@ class RowCheck:
     max_label: int | None
     kinds: dict[str, BadRows]
     recent_xmin_ages: list[int]
+    bad_columns: tuple[str, ...] = ()
 
 
 def source_for(conn: psycopg.Connection, run: runs.Run) -> Source:
     """The run's source table; once compute_shards has run, with what it planned (the loader needs it)."""
-    config = run.config
-    source = resolve_source(conn, config.source_table, config.key_column, config.features_column,
-                            config.label_column)
-    return replace(source, plan=read_plan(conn, run.run_id))
+    return replace(source_from_config(conn, run.config), plan=read_plan(conn, run.run_id))
 
 
 def plan_shards(conn: psycopg.Connection, run: runs.Run, *, input_dim: int | None = None) -> Plan:
     """Check the source rows, compute and write the manifest of ``run``; returns it.
 
-    ``input_dim`` (or a config ``input_dim``) fixes the feature length; by default it is the most common
-    length among the first rows in key order. Raises SourceError, before writing anything, when the source
-    is empty or has bad rows (unless ``bad_rows='exclude'``) or fewer rows than ranks.
+    ``input_dim`` (or a config ``input_dim``) fixes the feature length of array features; by default it is the
+    most common length among the first rows in key order (scalar feature columns: their number). An array
+    regression target's width is inferred the same way. Raises SourceError, before writing anything, when the
+    source is empty or has bad rows (unless ``bad_rows='exclude'``), fewer rows than ranks, or no training rows.
     """
     config = run.config
     given_dim = input_dim or config.input_dim
     with snapshot_transaction(conn):
-        source = resolve_source(conn, config.source_table, config.key_column, config.features_column,
-                                config.label_column)
+        source = source_from_config(conn, config)
         clock = read_xid_clock(conn)
-        dim = given_dim or _inferred_length(conn, source)
-        check = check_rows(conn, source, dim, config.num_classes, clock)
-        rows = _usable_rows(source, check, dim, config, length_given=bool(given_dim))
-        num_classes = config.num_classes or _inferred_classes(source, check)
-        exclude = bad_row(source, dim, num_classes) if check.bad else None  # as the loader will apply it
-        batch_rows = batch_size(source, dim)
+        dim = _feature_width(conn, source, given_dim)
+        outputs = _target_width(conn, source)
+        check = check_rows(conn, source, dim, config.num_classes, clock, outputs)
+        rows = _usable_rows(source, check, dim, config, length_given=bool(given_dim), outputs=outputs)
+        num_classes = (config.num_classes or _inferred_classes(source, check)) if outputs is None else None
+        output_dim = outputs or num_classes
+        # as the loader will apply it
+        exclude = bad_row(source, dim, num_classes, output_dim) if check.bad else None
+        batch_rows = batch_size(source, dim, output_dim)
         shards, batches = cut_shards(conn, source, rows, config.world_size, config.validation_fraction,
                                      config.seed, batch_rows, exclude)
-        runs.write_manifest(conn, run.run_id, shards, dim, num_classes)
+        _check_training_rows(source, shards, config)
+        runs.write_manifest(conn, run.run_id, shards, dim, num_classes, output_dim)
         seen, horizon = seen_xmins(check.recent_xmin_ages, clock)
         _write_plan(conn, run, clock, seen, horizon, check, batch_rows, batches)
-    return Plan(shards, dim, num_classes, rows, check.bad, check.kinds, clock.snapshot)
+    return Plan(shards, dim, num_classes, rows, check.bad, check.kinds, clock.snapshot, output_dim,
+                check.bad_columns)
 
 
 def balanced_positions(total: int, world_size: int) -> list[tuple[int, int]]:
@@ -131,44 +141,63 @@ def balanced_positions(total: int, world_size: int) -> list[tuple[int, int]]:
     return positions
 
 
-def batch_size(source: Source, dim: int) -> int:
-    row_bytes = 4 * dim + 9 if source.feature_format == "bytea" else 29 + dim * (
-        8 if source.feature_format == "float4_array" else 12)
+def batch_size(source: Source, dim: int, output_dim: int | None = None) -> int:
+    row_bytes = record_dtype(source, dim, output_dim).itemsize + 4  # + string_agg's share per row
     return max(BATCH_ROWS[0], min(BATCH_ROWS[1], BATCH_BYTES // row_bytes))
 
 
-def sample_length(conn: psycopg.Connection, source: Source) -> int | None:
-    """The most common feature length among the first rows in key order (None if none is usable)."""
+def sample_length(conn: psycopg.Connection, source: Source, length: sql.Composable | None = None) -> int | None:
+    """The most common feature length (or ``length``, SQL) among the first rows in key order (None if none is
+    usable)."""
     row = conn.execute(
         sql.SQL("""SELECT length FROM (SELECT {length} AS length FROM {rel} ORDER BY {key} LIMIT {n}) sample
                    WHERE length > 0 GROUP BY length ORDER BY count(*) DESC, length LIMIT 1""").format(
-            length=feature_length(source), rel=source.relation, key=source.key, n=sql.Literal(LENGTH_SAMPLE))
+            length=length if length is not None else feature_length(source), rel=source.relation, key=source.key,
+            n=sql.Literal(LENGTH_SAMPLE))
     ).fetchone()
     return row[0] if row else None
 
 
 def check_rows(conn: psycopg.Connection, source: Source, dim: int, num_classes: int | None,
-               clock: XidClock) -> RowCheck:
-    """One scan of the table: row count, largest good label, each bad-row kind's count and example keys."""
-    checks = row_checks(source, dim, num_classes)
+               clock: XidClock, output_dim: int | None = None) -> RowCheck:
+    """One scan of the table: row count, largest good label, each bad-row kind's count and example keys, and
+    (scalar feature columns) which columns hold bad values."""
+    checks = row_checks(source, dim, num_classes, output_dim)
     flags = [sql.Identifier(f"is_{kind}") for kind in checks]
     any_bad = sql.SQL(" OR ").join(flags)
     per_kind = sql.SQL(", ").join(
         sql.SQL("count(*) FILTER (WHERE {f}), pgtrain.example_keys(key::text) FILTER (WHERE {f})").format(f=f)
         for f in flags)
+    feature_flags = [sql.Identifier(f"is_{kind}") for kind in COLUMN_KINDS if kind in checks]
+    values = sql.SQL("")
+    columns = sql.SQL("NULL::text")
+    if source.feature_format == COLUMNS and feature_flags:
+        # One bit per column, set when the column is bad in some row: computed for bad rows only.
+        names = [sql.Identifier(f"_pgtrain_c{i}") for i in range(len(source.feature_columns))]
+        values = sql.SQL(", ").join(sql.SQL("{} AS {}").format(sql.Identifier(c.name), name)
+                                    for c, name in zip(source.feature_columns, names, strict=True)) + sql.SQL(", ")
+        bits = sql.SQL(" || ").join(
+            sql.SQL("CASE WHEN coalesce({}, true) THEN B'1' ELSE B'0' END").format(
+                sql.SQL(" OR ").join(column_checks(column, name)))
+            for column, name in zip(source.feature_columns, names, strict=True))
+        columns = sql.SQL("bit_or(CASE WHEN {} THEN {} END)::text").format(sql.SQL(" OR ").join(feature_flags),
+                                                                          bits)
+    max_label = sql.SQL("max(label)") if source.target_format == "label" else sql.SQL("max(NULL::bigint)")
     query = sql.SQL(
-        """SELECT count(*), count(*) FILTER (WHERE {any_bad}), max(label) FILTER (WHERE NOT ({any_bad})),
-                  array_agg(DISTINCT xmin_age) FILTER (WHERE xmin_age IS NOT NULL), {per_kind}
-           FROM (SELECT {key} AS key, {label} AS label, {xmin_age} AS xmin_age, {checks}
+        """SELECT count(*), count(*) FILTER (WHERE {any_bad}), {max_label} FILTER (WHERE NOT ({any_bad})),
+                  array_agg(DISTINCT xmin_age) FILTER (WHERE xmin_age IS NOT NULL), {columns}, {per_kind}
+           FROM (SELECT {values}{key} AS key, {label} AS label, {xmin_age} AS xmin_age, {checks}
                  FROM {rel} OFFSET 0) checked"""  # OFFSET 0: compute each check once per row
     ).format(any_bad=any_bad, per_kind=per_kind, key=source.key, label=source.label, rel=source.relation,
-             xmin_age=recent_xmin_age(source, clock),
+             max_label=max_label, columns=columns, values=values, xmin_age=recent_xmin_age(source, clock),
              checks=sql.SQL(", ").join(sql.SQL("{} AS {}").format(c, f) for c, f in zip(checks.values(), flags,
                                                                                         strict=True)))
-    total, bad, max_label, ages, *found = conn.execute(query).fetchone()
+    total, bad, max_label, ages, column_bits, *found = conn.execute(query).fetchone()
     kinds = {kind: BadRows(count, list(examples))
              for kind, count, examples in zip(checks, found[::2], found[1::2], strict=True) if count}
-    return RowCheck(total, bad, max_label, kinds, ages or [])
+    bad_columns = tuple(c.name for c, bit in zip(source.feature_columns, column_bits or "", strict=False)
+                        if bit == "1")
+    return RowCheck(total, bad, max_label, kinds, ages or [], bad_columns)
 
 
 def cut_shards(conn: psycopg.Connection, source: Source, rows: int, world_size: int, validation_fraction: float,
@@ -218,15 +247,15 @@ def boundary_query(source: Source, validation_fraction: float, seed: int, batch_
 def read_plan(conn: psycopg.Connection, run_id: str) -> PlannedRows | None:
     row = conn.execute(
         """SELECT p.snapshot::text, pg_snapshot_xmin(p.snapshot)::text::bigint, p.seen_xmins::text[], p.xid_horizon,
-                  r.input_dim, r.num_classes, p.excluded_rows > 0, p.batch_rows
+                  r.input_dim, r.num_classes, p.excluded_rows > 0, p.batch_rows, r.output_dim
            FROM pgtrain.shard_plans p JOIN pgtrain.training_runs r USING (run_id) WHERE p.run_id = %s""",
         (run_id,),
     ).fetchone()
     if row is None:
         return None
-    snapshot, xmin, seen, horizon, dim, classes, exclude, batch_rows = row
+    snapshot, xmin, seen, horizon, dim, classes, exclude, batch_rows, outputs = row
     return PlannedRows(run_id, snapshot, xmin, tuple(int(x) for x in seen), horizon, dim, classes, exclude,
-                       batch_rows)
+                       batch_rows, outputs)
 
 
 def _write_plan(conn: psycopg.Connection, run: runs.Run, clock: XidClock, seen: tuple[int, ...], horizon: int,
@@ -251,6 +280,42 @@ def _write_plan(conn: psycopg.Connection, run: runs.Run, clock: XidClock, seen: 
         )
 
 
+def _feature_width(conn: psycopg.Connection, source: Source, given: int | None) -> int:
+    if source.feature_format != COLUMNS:
+        return given or _inferred_length(conn, source)
+    if given and given != len(source.feature_columns):
+        raise SourceError(f"input_dim is {given} but feature_columns names {len(source.feature_columns)} columns; "
+                          "leave input_dim empty with feature_columns (it is their number)")
+    return len(source.feature_columns)
+
+
+def _target_width(conn: psycopg.Connection, source: Source) -> int | None:
+    """Regression: the target's width (1 for a scalar column, else the most common array length among the first
+    rows); None for classification."""
+    if source.target_format == "label":
+        return None
+    if source.target_format == "scalar":
+        return 1
+    width = sample_length(conn, source, target_length(source))
+    if width is not None:
+        return width
+    if conn.execute(sql.SQL("SELECT EXISTS (SELECT FROM {})").format(source.relation)).fetchone()[0]:
+        raise SourceError(
+            f"the first {LENGTH_SAMPLE} rows of {source.qualified_name} (in key order) have no usable target array "
+            f"in {source.label_column!r} (NULL, empty or not a flat array); fix them")
+    raise _empty(source)
+
+
+def _check_training_rows(source: Source, shards: list[Shard], config: TrainingConfig) -> None:
+    """A rank may hold only validation rows (it then trains on none), but the run as a whole needs some."""
+    rows = sum(s.row_count for s in shards)
+    if rows and not sum(s.train_count for s in shards):
+        raise SourceError(
+            f"validation_fraction {config.validation_fraction} holds out all {rows} usable rows of "
+            f"{source.qualified_name} for validation (rows are chosen by a hash of the key and the seed): nothing "
+            "is left to train on; lower validation_fraction, change the seed, or load more rows")
+
+
 def _inferred_length(conn: psycopg.Connection, source: Source) -> int:
     dim = sample_length(conn, source)
     if dim is not None:
@@ -264,12 +329,13 @@ def _inferred_length(conn: psycopg.Connection, source: Source) -> int:
     raise _empty(source)
 
 
-def _usable_rows(source: Source, check: RowCheck, dim: int, config: TrainingConfig, length_given: bool) -> int:
+def _usable_rows(source: Source, check: RowCheck, dim: int, config: TrainingConfig, length_given: bool,
+                 outputs: int | None = None) -> int:
     """The rows the manifest will hold; raises SourceError when they cannot be trained on as configured."""
     if check.total == 0:
         raise _empty(source)
     if check.kinds and config.bad_rows != "exclude":
-        raise SourceError(_bad_rows_message(source, check, dim, config.num_classes))
+        raise SourceError(_bad_rows_message(source, check, dim, config.num_classes, outputs=outputs))
     wrong_length = check.kinds.get("wrong_length")
     if wrong_length and not length_given and 2 * wrong_length.count > check.total:
         raise SourceError(
@@ -279,7 +345,8 @@ def _usable_rows(source: Source, check: RowCheck, dim: int, config: TrainingConf
     rows = check.total - check.bad
     if rows == 0:
         raise SourceError(f"all {check.total} rows of {source.qualified_name} are bad, nothing is left to train "
-                          "on:\n" + _bad_rows_message(source, check, dim, config.num_classes, details=True))
+                          "on:\n" + _bad_rows_message(source, check, dim, config.num_classes, details=True,
+                                                       outputs=outputs))
     if config.world_size > rows:
         left = f" left after excluding {check.bad} bad rows" if check.bad else ""
         raise SourceError(
@@ -309,13 +376,18 @@ def _empty(source: Source) -> SourceError:
 
 
 def _bad_rows_message(source: Source, check: RowCheck, dim: int, num_classes: int | None,
-                      details: bool = False) -> str:
-    """The bad-row report: a headline (unless only ``details``), then one line per kind with example keys."""
+                      details: bool = False, outputs: int | None = None) -> str:
+    """The bad-row report: a headline (unless only ``details``), then one line per kind with example keys, and
+    the scalar feature columns that hold the bad values."""
     classes = num_classes if num_classes else "max label + 1"
     lines = [] if details else [f"{source.qualified_name} has {check.bad} bad rows of {check.total}; fix or "
                                 "delete them, or set bad_rows='exclude' to train without them:"]
+    meanings = BAD_ROW_KINDS | (COLUMN_KINDS if source.feature_format == COLUMNS else {})
     for kind, bad in check.kinds.items():
-        meaning = BAD_ROW_KINDS[kind].format(dim=dim, num_classes=classes)
+        meaning = meanings[kind].format(dim=dim, num_classes=classes, outputs=outputs)
         lines.append(f"  {kind}: {bad.count} rows ({meaning}), e.g. keys " + ", ".join(
             "NULL" if k is None else k for k in bad.example_keys[:EXAMPLE_KEYS]))
+    if check.bad_columns:
+        lines.append("  feature columns with NULL, NaN, infinite or out-of-range values: "
+                     + ", ".join(map(repr, check.bad_columns)))
     return "\n".join(lines)

@@ -5,9 +5,15 @@ row-selection fragments here are shared by the planner (``compute_shards``) and 
 loader, so both sides agree on which rows a run trains on:
 
 - ``is_validation``: the deterministic train/validation split (a hash of the key);
-- ``row_checks`` / ``bad_row``: what makes a row unusable (NULLs, NaN/Inf, wrong length, bad label);
+- ``row_checks`` / ``bad_row``: what makes a row unusable (NULLs, NaN/Inf, values beyond float32, wrong
+  length, bad label or target);
+- ``feature_payload`` / ``target_payload``: the binary form of a row's features and target the loader reads;
 - ``planned_rows``: the row was visible to the snapshot the manifest was cut in. Rows inserted
   (or updated) after planning have a newer ``xmin`` and are left out; see ``PlannedRows``.
+
+Features come from one array/bytea column (``features_column``) or from scalar numeric columns
+(``feature_columns``, feature_format ``"columns"``); the target is an integer class label
+(classification) or a numeric column or array (regression).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import psycopg
 from psycopg import sql
@@ -22,15 +29,32 @@ from psycopg.pq import TransactionStatus
 
 from pgtrain.errors import PgtrainError, SourceError
 
+if TYPE_CHECKING:
+    from pgtrain.config import TrainingConfig
+
 FEATURE_FORMATS = {"real[]": "float4_array", "double precision[]": "float8_array", "bytea": "bytea"}
 ARRAY_ELEMENTS = {"float4_array": "real", "float8_array": "double precision"}
+COLUMNS = "columns"  # the feature_format of scalar feature columns
 LABEL_TYPES = {"smallint", "integer", "bigint"}
+# Scalar column types, and how each travels to the loader: as float4 or as float8 (cast to float32 there).
+# Measured with 100 columns: float8send(c) beats a guarded float4send(c::real) for double precision (the cast
+# to real must dodge PostgreSQL's underflow error), and float4send(c) is the fastest for real.
+SCALAR_TYPES = {"real": "f4", "smallint": "f4", "integer": "f4", "boolean": "f4",
+                "double precision": "f8", "bigint": "f8", "numeric": "f8"}
+TARGET_ARRAY_TYPES = {"real[]": "float4_array", "double precision[]": "float8_array"}
+TASKS = ("classification", "regression")
+_FLOATING = {"real", "double precision", "numeric"}  # may hold NaN and infinities
+_WIDER_THAN_FLOAT32 = {"double precision", "numeric"}  # may hold finite values float32 cannot
+# float32's largest finite value, exactly, for each type that can exceed it.
+_FLOAT32_MAX = {"double precision": "3.4028234663852886e38", "numeric": "340282346638528859811704183484516925440"}
 # Resolution of the hash-based validation split: fraction is applied in millionths.
 _SPLIT_BUCKETS = 1_000_000
 # A packed little-endian float32 is NaN or infinite when its 8 exponent bits are all set: the high bit of its
 # third byte and the low 7 bits of its fourth. In hex, 8 characters per value: the 5th is 8-f, the 7th 7 or f,
 # the 8th f.
 _BYTEA_NON_FINITE = r"^(?:.{8})*.{4}[89a-f].[7f]f"
+_RELKINDS = {"r": "table", "p": "partitioned table", "m": "materialized view", "v": "view", "f": "foreign table",
+             "i": "index", "I": "partitioned index", "S": "sequence", "c": "composite type", "t": "TOAST table"}
 
 # Bad-row kinds, cheapest check first (bad_row ORs them in this order), and what each means.
 BAD_ROW_KINDS: dict[str, str] = {
@@ -39,9 +63,17 @@ BAD_ROW_KINDS: dict[str, str] = {
     "wrong_length": "the feature vector does not hold {dim} values",
     "null_label": "the label is NULL",
     "label_out_of_range": "the label is outside [0, {num_classes})",
+    "target_wrong_length": "the target array does not hold {outputs} values",
     "null_elements": "the feature array has NULL elements",
     "non_finite": "a feature is NaN or infinite",
+    "out_of_range": "a feature is beyond float32's range (|x| > 3.4028235e38)",
+    "target_null_elements": "the target array has NULL elements",
+    "target_non_finite": "the target is NaN or infinite",
+    "target_out_of_range": "the target is beyond float32's range (|x| > 3.4028235e38)",
 }
+# What a kind means when the features are scalar columns.
+COLUMN_KINDS = {"null_features": "a feature column is NULL", "non_finite": "a feature column is NaN or infinite",
+                "out_of_range": "a feature column is beyond float32's range (|x| > 3.4028235e38)"}
 
 
 @dataclass(frozen=True)
@@ -62,9 +94,23 @@ class PlannedRows:
     seen_xmins: tuple[int, ...]
     xid_horizon: int  # 64-bit
     input_dim: int
-    num_classes: int
+    num_classes: int | None  # classification only
     exclude_bad_rows: bool
     batch_rows: int
+    output_dim: int | None = None  # classes, or the regression target's width
+
+
+@dataclass(frozen=True)
+class Column:
+    """A scalar feature column: its name and its type (format_type without modifiers)."""
+
+    name: str
+    type: str
+
+    @property
+    def wire(self) -> str:
+        """How its values travel to the loader: 'f4' or 'f8' (big-endian)."""
+        return SCALAR_TYPES[self.type]
 
 
 @dataclass(frozen=True)
@@ -72,11 +118,14 @@ class Source:
     schema: str
     table: str
     key_column: str
-    features_column: str
+    features_column: str | None  # None when the features are scalar columns
     label_column: str
-    key_type: str
-    feature_format: str
+    key_type: str  # with its modifiers: character(8), numeric(12,2), ...
+    feature_format: str  # float4_array, float8_array, bytea, or columns
     plan: PlannedRows | None = None  # set by manifest.source_for once compute_shards has run
+    feature_columns: tuple[Column, ...] = ()
+    task: str = "classification"
+    label_type: str = "integer"
 
     @property
     def relation(self) -> sql.Identifier:
@@ -88,6 +137,8 @@ class Source:
 
     @property
     def features(self) -> sql.Identifier:
+        if self.features_column is None:
+            raise PgtrainError(f"{self.qualified_name}: the features are the columns {self.column_names}")
         return sql.Identifier(self.features_column)
 
     @property
@@ -98,12 +149,105 @@ class Source:
     def qualified_name(self) -> str:
         return f"{self.schema}.{self.table}"
 
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.feature_columns)
 
-def resolve_source(conn: psycopg.Connection, table: str, key: str, features: str, label: str) -> Source:
-    """Look the table and columns up in the catalog; raise SourceError saying what is missing."""
+    @property
+    def target_format(self) -> str:
+        """'label' (classification), 'scalar', or the array format of a regression target."""
+        if self.task == "classification":
+            return "label"
+        return TARGET_ARRAY_TYPES.get(self.label_type, "scalar")
+
+
+def source_from_config(conn: psycopg.Connection, config: TrainingConfig) -> Source:
+    """resolve_source with the source params of a TrainingConfig."""
+    columns = config.feature_columns
+    return resolve_source(conn, config.source_table, config.key_column, config.features_column,
+                          config.label_column, feature_columns=tuple(columns) if columns is not None else None,
+                          task=config.task)
+
+
+def resolve_source(conn: psycopg.Connection, table: str, key: str, features: str | None, label: str, *,
+                   feature_columns: tuple[str, ...] | None = None, task: str = "classification") -> Source:
+    """Look the table and columns up in the catalog; raise SourceError saying what is missing and what to do."""
+    _check_feature_params(features, feature_columns)
+    if task not in TASKS:
+        raise SourceError(f"task {task!r} is not one of {', '.join(TASKS)}")
+    oid, schema, relname, relkind = _relation(conn, table)
+    name = sql.Identifier(schema, relname).as_string(conn)
+    if relkind not in ("r", "p", "m"):
+        raise SourceError(_not_a_table(name, relkind, key))
+    columns = {attname: (base, full) for attname, base, full in conn.execute(
+        """SELECT attname, format_type(atttypid, NULL), format_type(atttypid, atttypmod) FROM pg_attribute
+           WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped""",
+        (oid,),
+    ).fetchall()}
+    roles = [("key_column", key), ("label_column", label)]
+    roles += [("features_column", features)] if features is not None else [
+        ("feature_columns", column) for column in feature_columns]
+    for role, column in roles:
+        if column not in columns:
+            raise SourceError(_missing_column(role, column, f"{schema}.{relname}", columns))
+    types = {column: base for column, (base, _) in columns.items()}
+    if features is not None and types[features] not in FEATURE_FORMATS:
+        raise SourceError(f"features_column {features!r} has type {types[features]}; use one of "
+                          + ", ".join(FEATURE_FORMATS) + ", or scalar columns in feature_columns")
+    for column in feature_columns or ():
+        if types[column] not in SCALAR_TYPES:
+            raise SourceError(f"feature column {column!r} has type {types[column]}; feature columns must be one "
+                              "of " + ", ".join(SCALAR_TYPES) + " (cast it in a view materialized into a table)")
+    if label in (feature_columns or ()):
+        raise SourceError(f"label_column {label!r} is also in feature_columns: the model would see its own target; "
+                          "remove it from feature_columns")
+    _check_label_type(label, types[label], task)
+    unique = conn.execute(
+        """SELECT 1 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+           WHERE i.indrelid = %s AND i.indisunique AND i.indisvalid AND i.indnkeyatts = 1 AND i.indpred IS NULL
+             AND a.attname = %s""",
+        (oid, key),
+    ).fetchone()
+    if unique is None:
+        raise SourceError(_no_unique_index(conn, name, relkind, key))
+    feature_format = COLUMNS if features is None else FEATURE_FORMATS[types[features]]
+    return Source(schema, relname, key, features, label, columns[key][1], feature_format,
+                  feature_columns=tuple(Column(c, types[c]) for c in feature_columns or ()), task=task,
+                  label_type=types[label])
+
+
+def _check_feature_params(features: str | None, feature_columns: tuple[str, ...] | None) -> None:
+    if features is not None and feature_columns is not None:
+        raise SourceError(
+            f"both features_column ({features!r}) and feature_columns ({list(feature_columns)}) are set, but the "
+            "features come from one or the other: set features_column to null to train on the scalar columns, or "
+            "feature_columns to null to train on the array column")
+    if features is None and not feature_columns:
+        raise SourceError(
+            "no features: set feature_columns to the scalar feature columns (in input order), or features_column "
+            "to one real[], double precision[] or bytea column (and feature_columns to null)")
+    duplicates = sorted({c for c in feature_columns or () if feature_columns.count(c) > 1})
+    if duplicates:
+        raise SourceError(f"feature_columns names {', '.join(map(repr, duplicates))} more than once; "
+                          "list each column once")
+
+
+def _check_label_type(label: str, label_type: str, task: str) -> None:
+    if task == "classification" and label_type not in LABEL_TYPES:
+        hint = " (for a numeric target, set task='regression')" if label_type in {
+            *SCALAR_TYPES, *TARGET_ARRAY_TYPES} - {"boolean"} else ""
+        raise SourceError(f"label_column {label!r} has type {label_type}; classification needs an integer class "
+                          f"label{hint}")
+    if task == "regression" and label_type not in ({*SCALAR_TYPES, *TARGET_ARRAY_TYPES} - {"boolean"}):
+        raise SourceError(
+            f"label_column {label!r} has type {label_type}; a regression target is one of "
+            + ", ".join(sorted((set(SCALAR_TYPES) - {"boolean"}) | set(TARGET_ARRAY_TYPES))))
+
+
+def _relation(conn: psycopg.Connection, table: str) -> tuple[int, str, str, str]:
     try:
         row = conn.execute(
-            """SELECT c.oid, n.nspname, c.relname FROM pg_class c
+            """SELECT c.oid, n.nspname, c.relname, c.relkind::text FROM pg_class c
                JOIN pg_namespace n ON n.oid = c.relnamespace
                WHERE c.oid = to_regclass(%s)""",
             (table,),
@@ -114,41 +258,62 @@ def resolve_source(conn: psycopg.Connection, table: str, key: str, features: str
     if row is None:
         raise SourceError(
             f"source_table {table!r} does not exist (or is not visible to this user); "
-            "give an existing table, schema-qualified if it is not on the search_path"
-        )
-    oid, schema, relname = row
-    columns = dict(
-        conn.execute(
-            """SELECT attname, format_type(atttypid, NULL) FROM pg_attribute
-               WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped""",
-            (oid,),
-        ).fetchall()
-    )
-    for role, name in (("key_column", key), ("features_column", features), ("label_column", label)):
-        if name not in columns:
-            raise SourceError(
-                f"{role} {name!r} is not a column of {schema}.{relname}; its columns are: "
-                + ", ".join(sorted(columns))
-            )
-    if columns[features] not in FEATURE_FORMATS:
-        raise SourceError(
-            f"features_column {features!r} has type {columns[features]}; use one of "
-            + ", ".join(FEATURE_FORMATS)
-        )
-    if columns[label] not in LABEL_TYPES:
-        raise SourceError(f"label_column {label!r} has type {columns[label]}; use an integer type")
-    unique = conn.execute(
-        """SELECT 1 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
-           WHERE i.indrelid = %s AND i.indisunique AND i.indnkeyatts = 1 AND i.indpred IS NULL
-             AND a.attname = %s""",
-        (oid, key),
-    ).fetchone()
-    if unique is None:
-        raise SourceError(
-            f"key_column {key!r} of {schema}.{relname} has no unique index; keyset sharding needs a unique, "
-            f"orderable key (for example: ALTER TABLE {schema}.{relname} ADD PRIMARY KEY ({key}))"
-        )
-    return Source(schema, relname, key, features, label, columns[key], FEATURE_FORMATS[columns[features]])
+            "give an existing table, schema-qualified if it is not on the search_path" + _quoting_hint(conn, table))
+    return row
+
+
+def _quoting_hint(conn: psycopg.Connection, table: str) -> str:
+    """For a name that would resolve with other case or quoting: the quoted name to give instead."""
+    parts = [part.strip().strip('"') for part in table.split(".")]
+    if len(parts) > 2 or not all(parts):
+        return ""
+    schema, relname = parts if len(parts) == 2 else (None, parts[0])
+    found = conn.execute(
+        """SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+           WHERE lower(c.relname) = lower(%(rel)s) AND lower(n.nspname) = lower(coalesce(%(schema)s, n.nspname))
+             AND c.relkind IN ('r', 'p', 'm', 'v', 'f')
+           ORDER BY pg_table_is_visible(c.oid) DESC, n.nspname, c.relname LIMIT 3""",
+        {"rel": relname, "schema": schema},
+    ).fetchall()
+    if not found:
+        return ""
+    names = " or ".join(sql.Identifier(*row).as_string(conn) for row in found)
+    return (f"; did you mean {names}? Unquoted names are folded to lower case, as in SQL: give mixed-case names "
+            "(or names with spaces) in double quotes, for example source_table='" + sql.Identifier(
+                *found[0]).as_string(conn) + "'")
+
+
+def _missing_column(role: str, column: str, table: str, columns: dict[str, object]) -> str:
+    message = f"{role} {column!r} is not a column of {table}; its columns are: " + ", ".join(
+        repr(c) for c in sorted(columns))
+    close = [c for c in columns if c.lower() == column.lower()]
+    if close:
+        message += f" (did you mean {close[0]!r}? column names are matched exactly, case included)"
+    return message
+
+
+def _not_a_table(name: str, relkind: str, key: str) -> str:
+    kind = _RELKINDS.get(relkind, f"relation of kind {relkind!r}")
+    if relkind == "v":
+        return (f"{name} is a view; training reads a snapshot of a table's rows by key ranges and row versions, "
+                "and a view has neither a unique index nor row versions (it cannot get a primary key). Train from "
+                f"a table (CREATE TABLE ... AS SELECT ...; ALTER TABLE ... ADD PRIMARY KEY ({key})) or a materialized "
+                f"view with a unique index on the key (CREATE MATERIALIZED VIEW ... AS SELECT ...; CREATE UNIQUE "
+                f"INDEX ON ... ({key}); REFRESH it before each run)")
+    if relkind == "f":
+        return (f"{name} is a foreign table, which has no unique index or row versions to shard by; copy its rows "
+                f"into a table with a primary key on {key!r} and train from that")
+    return f"{name} is a {kind}, not a table; give a table or materialized view as source_table"
+
+
+def _no_unique_index(conn: psycopg.Connection, name: str, relkind: str, key: str) -> str:
+    column = sql.Identifier(key).as_string(conn)
+    if relkind == "m":
+        fix = f"CREATE UNIQUE INDEX ON {name} ({column})"
+    else:
+        fix = f"ALTER TABLE {name} ADD PRIMARY KEY ({column}), or CREATE UNIQUE INDEX ON {name} ({column})"
+    return (f"key_column {key!r} of {name} has no unique index; keyset sharding needs a unique, orderable key "
+            f"backed by one (for example: {fix})")
 
 
 @contextmanager
@@ -171,14 +336,26 @@ def prefer_index_order(conn: psycopg.Connection) -> None:
     conn.execute("SET LOCAL enable_sort = off")
 
 
+def array_length(value: sql.Composable, bytea: bool = False) -> sql.Composable:
+    """SQL for the number of values in an array (or packed float32 bytea): NULL for NULL, -1 when it is no flat
+    vector."""
+    if bytea:
+        return sql.SQL("CASE WHEN {f} IS NULL THEN NULL WHEN mod(octet_length({f}), 4) = 0 "
+                       "THEN octet_length({f}) / 4 ELSE -1 END").format(f=value)
+    return sql.SQL("CASE WHEN {f} IS NULL THEN NULL WHEN array_ndims({f}) = 1 THEN cardinality({f}) "
+                   "ELSE -1 END").format(f=value)
+
+
 def feature_length(source: Source) -> sql.Composable:
     """SQL for the number of features in a row: NULL for NULL features, -1 when they are no flat vector."""
-    f = source.features
-    if source.feature_format == "bytea":
-        return sql.SQL("CASE WHEN {f} IS NULL THEN NULL WHEN mod(octet_length({f}), 4) = 0 "
-                       "THEN octet_length({f}) / 4 ELSE -1 END").format(f=f)
-    return sql.SQL("CASE WHEN {f} IS NULL THEN NULL WHEN array_ndims({f}) = 1 THEN cardinality({f}) "
-                   "ELSE -1 END").format(f=f)
+    if source.feature_format == COLUMNS:
+        return sql.Literal(len(source.feature_columns))
+    return array_length(source.features, source.feature_format == "bytea")
+
+
+def target_length(source: Source) -> sql.Composable:
+    """SQL for the width of an array target (as feature_length)."""
+    return array_length(source.label)
 
 
 def is_validation(source: Source, fraction: float, seed: int) -> sql.Composable:
@@ -198,39 +375,152 @@ def key_range(source: Source, lo: str | sql.Composable, hi: str | sql.Composable
     )
 
 
-def row_checks(source: Source, dim: int, num_classes: int | None) -> dict[str, sql.Composable]:
+# --- values: checks and binary form ---------------------------------------------------------------------------
+
+def _scalar_non_finite(value: sql.Composable, type_: str) -> sql.Composable | None:
+    if type_ not in _FLOATING:
+        return None
+    # NaN sorts above +Infinity in PostgreSQL (numeric too), so one comparison finds both.
+    return sql.SQL("({v} >= CAST('Infinity' AS {t}) OR {v} = CAST('-Infinity' AS {t}))").format(
+        v=value, t=sql.SQL(type_))
+
+
+def _scalar_out_of_range(value: sql.Composable, type_: str) -> sql.Composable | None:
+    if type_ not in _WIDER_THAN_FLOAT32:
+        return None
+    return sql.SQL("(abs({v}) > CAST({m} AS {t}) AND abs({v}) < CAST('Infinity' AS {t}))").format(
+        v=value, m=sql.Literal(_FLOAT32_MAX[type_]), t=sql.SQL(type_))
+
+
+def _array_checks(value: sql.Composable, element: str) -> dict[str, sql.Composable]:
+    """null_elements, non_finite and (double precision) out_of_range of a flat array; never NULL."""
+    t = sql.SQL(element)
+    non_finite = sql.SQL("(CAST('Infinity' AS {t}) <= ANY({f}) OR CAST('-Infinity' AS {t}) = ANY({f}))").format(
+        f=value, t=t)
+    checks = {
+        "null_elements": sql.SQL(
+            "CASE WHEN array_ndims({f}) = 1 THEN array_position({f}, NULL) IS NOT NULL ELSE false END").format(
+            f=value),
+        "non_finite": sql.SQL("coalesce({}, false)").format(non_finite),
+    }
+    if element in _WIDER_THAN_FLOAT32:
+        # Only rows with a value past float32's largest are looked at twice; infinities count as non_finite.
+        checks["out_of_range"] = sql.SQL(
+            "coalesce((CAST({m} AS {t}) < ANY({f}) OR CAST({n} AS {t}) > ANY({f})) AND NOT {nf}, false)").format(
+            m=sql.Literal(_FLOAT32_MAX[element]), n=sql.Literal("-" + _FLOAT32_MAX[element]), t=t, f=value,
+            nf=non_finite)
+    return checks
+
+
+def _any_of(parts: list[sql.Composable]) -> sql.Composable | None:
+    if not parts:
+        return None
+    return sql.SQL("coalesce({}, false)").format(sql.SQL(" OR ").join(parts))
+
+
+def column_checks(column: Column, value: sql.Composable | None = None) -> list[sql.Composable]:
+    """SQL booleans (NULL when the value is NULL) of what makes one scalar feature value bad; ``value``: SQL for
+    the column's value (default: the column)."""
+    value = value if value is not None else sql.Identifier(column.name)
+    return [sql.SQL("{} IS NULL").format(value)] + [c for c in (
+        _scalar_non_finite(value, column.type), _scalar_out_of_range(value, column.type)) if c is not None]
+
+
+def row_checks(source: Source, dim: int, num_classes: int | None,
+               output_dim: int | None = None) -> dict[str, sql.Composable]:
     """SQL booleans (never NULL), one per bad-row kind of BAD_ROW_KINDS that applies to this source.
 
-    ``num_classes=None`` (inferred as max(label) + 1) only rules out negative labels.
+    ``num_classes=None`` (inferred as max(label) + 1) only rules out negative labels. ``output_dim``: the width
+    of an array regression target.
     """
-    f, label = source.features, source.label
-    upper = sql.SQL(" OR {} >= {}").format(label, sql.Literal(num_classes)) if num_classes else sql.SQL("")
-    checks = {
-        "null_key": sql.SQL("({} IS NULL)").format(source.key),
-        "null_features": sql.SQL("({} IS NULL)").format(f),
-        "wrong_length": sql.SQL("({} IS NOT NULL AND {} IS DISTINCT FROM {})").format(
-            f, feature_length(source), sql.Literal(dim)),
-        "null_label": sql.SQL("({} IS NULL)").format(label),
-        "label_out_of_range": sql.SQL("coalesce({} < 0{}, false)").format(label, upper),
-    }
-    if source.feature_format == "bytea":
-        checks["non_finite"] = sql.SQL("coalesce(encode({}, 'hex') ~ {}, false)").format(
-            f, sql.Literal(_BYTEA_NON_FINITE))
+    label = source.label
+    checks = {"null_key": sql.SQL("({} IS NULL)").format(source.key)}
+    if source.feature_format == COLUMNS:
+        columns = [(sql.Identifier(c.name), c.type) for c in source.feature_columns]
+        checks["null_features"] = sql.SQL("({})").format(sql.SQL(" OR ").join(
+            sql.SQL("{} IS NULL").format(v) for v, _ in columns))
+        for kind, check in (("non_finite", _scalar_non_finite), ("out_of_range", _scalar_out_of_range)):
+            found = _any_of([c for c in (check(v, t) for v, t in columns) if c is not None])
+            if found is not None:
+                checks[kind] = found
     else:
-        element = sql.SQL(ARRAY_ELEMENTS[source.feature_format])
-        checks["null_elements"] = sql.SQL(
-            "CASE WHEN array_ndims({f}) = 1 THEN array_position({f}, NULL) IS NOT NULL ELSE false END"
-        ).format(f=f)
-        # NaN sorts above +Infinity in PostgreSQL, so one comparison finds both.
-        checks["non_finite"] = sql.SQL(
-            "coalesce(CAST('Infinity' AS {t}) <= ANY({f}) OR CAST('-Infinity' AS {t}) = ANY({f}), false)"
-        ).format(f=f, t=element)
+        f = source.features
+        checks["null_features"] = sql.SQL("({} IS NULL)").format(f)
+        checks["wrong_length"] = sql.SQL("({} IS NOT NULL AND {} IS DISTINCT FROM {})").format(
+            f, feature_length(source), sql.Literal(dim))
+        if source.feature_format == "bytea":
+            checks["non_finite"] = sql.SQL("coalesce(encode({}, 'hex') ~ {}, false)").format(
+                f, sql.Literal(_BYTEA_NON_FINITE))
+        else:
+            checks |= _array_checks(f, ARRAY_ELEMENTS[source.feature_format])
+    checks["null_label"] = sql.SQL("({} IS NULL)").format(label)
+    target = source.target_format
+    if target == "label":
+        upper = sql.SQL(" OR {} >= {}").format(label, sql.Literal(num_classes)) if num_classes else sql.SQL("")
+        checks["label_out_of_range"] = sql.SQL("coalesce({} < 0{}, false)").format(label, upper)
+    elif target == "scalar":
+        for kind, check in (("target_non_finite", _scalar_non_finite),
+                            ("target_out_of_range", _scalar_out_of_range)):
+            found = check(label, source.label_type)
+            if found is not None:
+                checks[kind] = sql.SQL("coalesce({}, false)").format(found)
+    else:
+        checks["target_wrong_length"] = sql.SQL("({} IS NOT NULL AND {} IS DISTINCT FROM {})").format(
+            label, target_length(source), sql.Literal(output_dim))
+        checks |= {f"target_{kind}": check
+                   for kind, check in _array_checks(label, ARRAY_ELEMENTS[target]).items()}
     return {kind: checks[kind] for kind in BAD_ROW_KINDS if kind in checks}
 
 
-def bad_row(source: Source, dim: int, num_classes: int | None) -> sql.Composable:
+def bad_row(source: Source, dim: int, num_classes: int | None, output_dim: int | None = None) -> sql.Composable:
     """SQL boolean: the row has any of the problems of ``row_checks`` (the bad_rows='exclude' filter)."""
-    return sql.SQL("({})").format(sql.SQL(" OR ").join(row_checks(source, dim, num_classes).values()))
+    return sql.SQL("({})").format(sql.SQL(" OR ").join(row_checks(source, dim, num_classes, output_dim).values()))
+
+
+def _scalar_send(value: sql.Composable, type_: str) -> sql.Composable:
+    """SQL bytea: one scalar as float4send or float8send (SCALAR_TYPES says which), never raising for a value
+    the checks let through."""
+    if type_ == "real":
+        return sql.SQL("float4send({})").format(value)
+    if type_ == "double precision":
+        return sql.SQL("float8send({})").format(value)
+    if type_ == "numeric":  # a numeric too small for float8 would raise: it is 0 in float32 anyway
+        return sql.SQL("float8send(CAST(CASE WHEN abs({v}) < 1e-300 THEN 0 ELSE {v} END AS double precision))"
+                       ).format(v=value)
+    if type_ == "boolean":
+        return sql.SQL("float4send(CAST(CAST({} AS integer) AS real))").format(value)
+    return sql.SQL("float{n}send(CAST({v} AS {t}))").format(
+        n=sql.SQL(SCALAR_TYPES[type_][1]), v=value,
+        t=sql.SQL("real" if SCALAR_TYPES[type_] == "f4" else "double precision"))
+
+
+def feature_groups(source: Source) -> dict[str, list[int]]:
+    """Scalar feature columns: wire ('f4', 'f8') -> positions in feature order; the payload holds the f4
+    group first, then the f8 group, each in feature order."""
+    groups: dict[str, list[int]] = {"f4": [], "f8": []}
+    for i, column in enumerate(source.feature_columns):
+        groups[column.wire].append(i)
+    return {wire: positions for wire, positions in groups.items() if positions}
+
+
+def feature_payload(source: Source) -> sql.Composable:
+    """SQL bytea: a row's features as the loader reads them."""
+    if source.feature_format == "bytea":
+        return source.features
+    if source.feature_format != COLUMNS:
+        return sql.SQL("array_send({})").format(source.features)
+    order = [source.feature_columns[i] for positions in feature_groups(source).values() for i in positions]
+    return sql.SQL(" || ").join(_scalar_send(sql.Identifier(c.name), c.type) for c in order)
+
+
+def target_payload(source: Source) -> sql.Composable:
+    """SQL bytea: a row's label (int4) or regression target (scalar or array) as the loader reads it."""
+    target = source.target_format
+    if target == "label":
+        return sql.SQL("int4send(CAST({} AS integer))").format(source.label)
+    if target == "scalar":
+        return _scalar_send(source.label, source.label_type)
+    return sql.SQL("array_send({})").format(source.label)
 
 
 # --- rows as of the planning snapshot -------------------------------------------------------------------------

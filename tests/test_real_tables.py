@@ -1,0 +1,102 @@
+"""Tables shaped the way users have them, through the whole DAG (`airflow dags test`, 2 real Horovod ranks):
+30 scalar columns with spaces in a mixed-case schema, a smallint label; a regression target. The committed
+version must be as good as scikit-learn on the very same train/validation rows."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import numpy as np
+import psycopg
+import pytest
+from psycopg import sql
+
+from pgtrain import examples, manifest, runs
+from tests.conftest import REPO
+
+pytestmark = [pytest.mark.airflow, pytest.mark.horovod]
+
+
+@pytest.fixture
+def settings_file(tmp_path) -> str:
+    """The author allows the example schemas (the default allows only public)."""
+    path = tmp_path / "pgtrain.yaml"
+    path.write_text('allowed_sources: [public, \'"Clinic"\']\nallowed_models: [mlp]\n')
+    return str(path)
+
+
+def dags_test(airflow_env: dict[str, str], db_url: str, settings: str, conf: dict) -> str:
+    env = {**airflow_env, "AIRFLOW_CONN_PGTRAIN_DB": db_url, "PGTRAIN_SETTINGS": settings}
+    result = subprocess.run([str(REPO / ".venv/bin/airflow"), "dags", "test", "pgtrain_training", "-c",
+                             json.dumps(conf)], env=env, capture_output=True, text=True, timeout=900)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    return output
+
+
+def split_rows(conn: psycopg.Connection, model_name: str, columns: list[str], target: str
+               ) -> tuple[dict[str, float], tuple[np.ndarray, ...]]:
+    """The committed version's metrics, and the run's own train/validation rows (by pgtrain's split)."""
+    run_id, metrics = conn.execute(
+        "SELECT run_id, metrics FROM pgtrain.model_versions WHERE model_name = %s", (model_name,)).fetchone()
+    run = runs.get_run(conn, run_id)
+    source = manifest.source_for(conn, run)
+    from pgtrain.source import is_validation
+
+    query = sql.SQL("SELECT {cols}, {target}, {is_val} FROM {rel} ORDER BY {key}").format(
+        cols=sql.SQL(", ").join(map(sql.Identifier, columns)), target=sql.Identifier(target),
+        is_val=is_validation(source, run.config.validation_fraction, run.config.seed), rel=source.relation,
+        key=source.key)
+    rows = conn.execute(query).fetchall()
+    x = np.array([r[:-2] for r in rows], dtype=np.float64)
+    y = np.array([r[-2] for r in rows], dtype=np.float64)
+    val = np.array([r[-1] for r in rows], dtype=bool)
+    return metrics, (x[~val], y[~val], x[val], y[val])
+
+
+def test_breast_cancer_scalar_columns_match_logistic_regression(airflow_env, db_url, settings_file):
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        examples.load_breast_cancer(conn)
+        names = examples.breast_cancer()[0]
+    conf = {"source_table": '"Clinic"."Biopsies"', "features_column": None, "feature_columns": names,
+            "label_column": "diagnosis", "model_name": "biopsies", "world_size": 2, "epochs": 30,
+            "batch_size": 16, "learning_rate": 0.01, "hidden_sizes": [16], "validation_fraction": 0.3}
+    dags_test(airflow_env, db_url, settings_file, conf)
+
+    with psycopg.connect(db_url) as conn:
+        metrics, (x_train, y_train, x_val, y_val) = split_rows(conn, "biopsies", names, "diagnosis")
+        recorded = conn.execute("SELECT spec FROM pgtrain.model_versions WHERE model_name = 'biopsies'").fetchone()[0]
+    assert recorded["feature_columns"] == names  # which column is which input, in order
+    baseline = make_pipeline(StandardScaler(), LogisticRegression(max_iter=5000)).fit(x_train, y_train)
+    sklearn_accuracy = baseline.score(x_val, y_val)
+    assert len(y_val) > 100 and sklearn_accuracy > 0.9
+    assert metrics["val_accuracy"] == pytest.approx(sklearn_accuracy, abs=0.02), (metrics, sklearn_accuracy)
+
+
+def test_diabetes_regression_matches_ridge(airflow_env, db_url, settings_file):
+    from sklearn.linear_model import Ridge
+    from sklearn.metrics import r2_score
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        examples.load_diabetes(conn)
+        names = examples.diabetes()[0]
+    conf = {"source_table": "public.diabetes", "features_column": None, "feature_columns": names,
+            "label_column": "progression", "task": "regression", "model_name": "diabetes", "world_size": 2,
+            "epochs": 40, "batch_size": 16, "learning_rate": 0.005, "hidden_sizes": [8],
+            "validation_fraction": 0.3}
+    dags_test(airflow_env, db_url, settings_file, conf)
+
+    with psycopg.connect(db_url) as conn:
+        metrics, (x_train, y_train, x_val, y_val) = split_rows(conn, "diabetes", names, "progression")
+    ridge = make_pipeline(StandardScaler(), Ridge(alpha=1.0)).fit(x_train, y_train)
+    ridge_r2 = r2_score(y_val, ridge.predict(x_val))
+    assert ridge_r2 > 0.3
+    assert metrics["val_r2"] == pytest.approx(ridge_r2, abs=0.05), (metrics, ridge_r2)
+    assert metrics["val_rmse"] > 0 and "val_accuracy" not in metrics
