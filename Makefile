@@ -36,7 +36,8 @@ bench: install  # full size: 1M-row loader, 10M-row manifest (about 5 GB of RAM,
 	$(PY) benchmarks/run_all.py
 
 bench-quick: install  # the same benchmarks on small tables, to check they run
-	PGTRAIN_BENCH_ROWS=20000 PGTRAIN_BENCH_MANIFEST_ROWS=100000 PGTRAIN_BENCH_RESULTS=benchmarks/out/results.json \
+	PGTRAIN_BENCH_ROWS=20000 PGTRAIN_BENCH_MANIFEST_ROWS=100000 PGTRAIN_BENCH_STORE_MB=64 \
+		PGTRAIN_BENCH_RESULTS=benchmarks/out/results.json \
 		$(PY) benchmarks/run_all.py
 
 load-digits: install

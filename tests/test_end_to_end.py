@@ -10,9 +10,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pgtrain import examples, tensors
+from pgtrain import examples
 from pgtrain.model_spec import ModelSpec
-from pgtrain.model_store import commit_run
+from pgtrain.model_store import commit_run, load_tensors
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.airflow
@@ -51,9 +51,7 @@ def test_dag_trains_the_digits_and_commits_a_version(airflow_env, make_database)
         assert conn.execute("SELECT version FROM pgtrain.model_heads WHERE model_name = 'digits-mlp'").fetchone() == (
             version,
         )
-        parameters = tensors.from_rows(conn.execute(
-            "SELECT name, shape, dtype, data FROM pgtrain.model_tensors WHERE model_name = 'digits-mlp' "
-            "AND version = %s", (version,)).fetchall())
+        parameters = load_tensors(conn, "digits-mlp", version)[1]
         assert {n: a.shape for n, a in parameters.items()} == ModelSpec(64, (50,), 10).parameter_shapes()
         assert all(np.isfinite(a).all() for a in parameters.values())
         val_accuracy = conn.execute(

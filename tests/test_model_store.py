@@ -23,7 +23,7 @@ from pgtrain.model_store import (
     load_tensors,
     promote,
 )
-from pgtrain.runs import plan_run, record_epoch
+from pgtrain.runs import plan_run, record_epoch, set_model_layout
 from pgtrain.tensors import write_staged
 from pgtrain.trainer_command import DATABASE_URL_ENV
 
@@ -42,8 +42,9 @@ def prepare_run(url: str, dag_run_id: str, *, fill: float = 1.0, val_accuracy: f
     config = TrainingConfig(model_name=MODEL, hidden_sizes=SPEC.hidden_sizes, max_accuracy_drop=max_accuracy_drop)
     with psycopg.connect(url, autocommit=True) as conn:
         run = plan_run(conn, "pgtrain_training", dag_run_id, config)
-        conn.execute("UPDATE pgtrain.training_runs SET input_dim = %s, num_classes = %s, status = 'trained' "
-                     "WHERE run_id = %s", (SPEC.input_dim, SPEC.num_classes, run.run_id))
+        conn.execute("UPDATE pgtrain.training_runs SET input_dim = %s, num_classes = %s, output_dim = %s, "
+                     "status = 'trained' WHERE run_id = %s",
+                     (SPEC.input_dim, SPEC.num_classes, SPEC.num_classes, run.run_id))
         write_staged(conn, run.run_id, parameters(fill) if arrays is None else arrays)
         for epoch in (1, 2):
             record_epoch(conn, run.run_id, epoch, {"train_loss": 1.0 / epoch, "train_accuracy": 0.5 + epoch / 10,
@@ -86,20 +87,20 @@ def test_commit_creates_version_moves_head_and_is_idempotent(db_url, aconn):
 def _bad(kind: str) -> dict[str, np.ndarray]:
     arrays = parameters(1.0)
     if kind == "missing":
-        del arrays["layers.2.bias"]
+        del arrays["net.2.bias"]
     elif kind == "nan":
-        arrays["layers.0.weight"][1, 2] = np.nan
+        arrays["net.0.weight"][1, 2] = np.nan
     elif kind == "inf":
         arrays["normalizer.std"][0] = np.inf
     elif kind == "shape":
-        arrays["layers.0.weight"] = np.ones((5, 7), dtype=np.float32)
+        arrays["net.0.weight"] = np.ones((5, 7), dtype=np.float32)
     elif kind == "dtype":
-        arrays["layers.0.bias"] = np.ones(5, dtype=np.float64)
+        arrays["net.0.bias"] = np.ones(5, dtype=np.float64)
     return arrays
 
 
-@pytest.mark.parametrize(("kind", "words"), [("missing", "missing tensor layers.2.bias"),
-                                             ("nan", "layers.0.weight has 1 non-finite"),
+@pytest.mark.parametrize(("kind", "words"), [("missing", "missing tensor net.2.bias"),
+                                             ("nan", "net.0.weight has 1 non-finite"),
                                              ("inf", "normalizer.std has 1 non-finite"),
                                              ("shape", "shape [5, 7], the model needs [5, 6]"),
                                              ("dtype", "dtype float64")])
@@ -239,7 +240,7 @@ def test_promote_rolls_back_and_forward_under_the_lock(db_url, aconn):
 
     back = promote(aconn, MODEL, 1, owner={"user": "ops"})
     assert (back.version, back.previous_version) == (1, 2) and back.fencing_token > second.fencing_token
-    assert head_version(aconn, MODEL) == 1 and load_tensors(aconn, MODEL)[1]["layers.0.bias"][0] == 1.0
+    assert head_version(aconn, MODEL) == 1 and load_tensors(aconn, MODEL)[1]["net.0.bias"][0] == 1.0
     with pytest.raises(PgtrainError, match=r"has no version 7; it has versions \[1, 2\]"):
         promote(aconn, MODEL, 7)
     assert head_version(aconn, MODEL) == 1
@@ -300,7 +301,7 @@ def test_models_cli_lists_shows_promotes_rolls_back_and_exports(db_url, aconn, t
     assert len(listing) == 3 and "*     2" in listing[2] and "0.9300" in listing[2]
     assert main(["show", MODEL, "1"]) == 0
     shown = capsys.readouterr().out
-    assert "version 1" in shown and "pgtrain_training/one" in shown and "layers.0.weight" in shown
+    assert "version 1" in shown and "pgtrain_training/one" in shown and "net.0.weight" in shown
     assert main(["rollback", MODEL]) == 0
     assert "head 2 -> 1" in capsys.readouterr().out and head_version(aconn, MODEL) == 1
     assert main(["promote", MODEL, "2"]) == 0 and head_version(aconn, MODEL) == 2
@@ -326,4 +327,202 @@ def test_models_cli_runs_as_a_module_and_exports_a_loadable_state_dict(db_url, a
 
     assert proc.returncode == 0, proc.stderr
     state = torch.load(out)
-    assert set(state) == set(SPEC.parameter_shapes()) and float(state["layers.0.bias"][0]) == 0.25
+    assert set(state) == set(SPEC.parameter_shapes()) and float(state["net.0.bias"][0]) == 0.25
+
+
+# -- chunked versions, layouts, tasks, architectures (issue 9 / 10) ----------------------------------------
+def prepare_any(url: str, dag_run_id: str, arrays: dict[str, np.ndarray], *, input_dim: int = 6,
+                output_dim: int = 3, metrics: dict | None = None, layout: dict | None = None, **config) -> str:
+    """A trained run of any model: its recorded model_layout (default: that of ``arrays``) and last metrics."""
+    config = TrainingConfig(model_name=MODEL, **config)
+    with psycopg.connect(url, autocommit=True) as conn:
+        run = plan_run(conn, "pgtrain_training", dag_run_id, config)
+        conn.execute("UPDATE pgtrain.training_runs SET input_dim = %s, output_dim = %s, num_classes = %s, "
+                     "status = 'trained' WHERE run_id = %s",
+                     (input_dim, output_dim, output_dim if config.task == "classification" else None, run.run_id))
+        set_model_layout(conn, run.run_id, layout if layout is not None else
+                         {n: {"shape": list(a.shape), "dtype": a.dtype.name} for n, a in arrays.items()})
+        write_staged(conn, run.run_id, arrays)
+        record_epoch(conn, run.run_id, 1, {"train_loss": 0.5, "val_loss": 0.5, "seconds": 0.1, **(metrics or {})})
+    return run.run_id
+
+
+def custom(seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"normalizer.mean": np.zeros(6, np.float32), "normalizer.std": np.ones(6, np.float32),
+            "net.encoder.weight": rng.standard_normal((4, 6)).astype(np.float32),
+            "net.steps": np.array(7, dtype=np.int64), "net.mask": rng.random(4) > 0.5,
+            "target.mean": np.zeros(3, np.float32), "target.std": np.ones(3, np.float32)}
+
+
+def test_commit_copies_staged_chunks_into_the_version_and_forgets_the_run_s_tensors(db_url, aconn, monkeypatch):
+    from pgtrain import tensors
+
+    monkeypatch.setattr(tensors, "CHUNK_BYTES", 32)
+    arrays = custom()
+    run_id = prepare_any(db_url, "r1", arrays, metrics={"val_accuracy": 0.5})
+    tensors.write_checkpoint(aconn, run_id, 1, {"w": np.ones(3, np.float32)}, {"epoch": 1})
+    staged_chunks = aconn.execute("SELECT name, seq, md5(data) FROM pgtrain.staged_chunks ORDER BY 1, 2").fetchall()
+
+    result = commit_run(aconn, run_id, owner=OWNER)
+
+    version, loaded = load_tensors(aconn, MODEL)
+    assert result.version == version == 1 and result.head_moved
+    assert set(loaded) == set(arrays)
+    for name, array in arrays.items():
+        assert loaded[name].dtype == array.dtype and loaded[name].tobytes() == array.tobytes(), name
+    assert aconn.execute("SELECT name, seq, md5(data) FROM pgtrain.model_chunks ORDER BY 1, 2").fetchall() \
+        == staged_chunks and len(staged_chunks) > len(arrays), "the same chunks, several per tensor"
+    for table in ("staged_parameters", "staged_chunks", "checkpoints", "checkpoint_chunks"):
+        assert aconn.execute(f"SELECT count(*) FROM pgtrain.{table}").fetchone() == (0,), table  # noqa: S608
+    assert result.metrics["parameter_count"] == sum(a.size for a in arrays.values())
+
+
+def test_commit_checks_staged_tensors_against_the_recorded_model_layout(db_url, aconn):
+    arrays = custom()
+    layout = {n: {"shape": list(a.shape), "dtype": a.dtype.name} for n, a in arrays.items()}
+    layout["net.encoder.weight"]["shape"] = [5, 6]
+    layout["net.head.bias"] = {"shape": [3], "dtype": "float32"}
+    layout["net.steps"]["dtype"] = "int32"
+    run_id = prepare_any(db_url, "r1", arrays, layout=layout)
+
+    with pytest.raises(CommitRejected) as rejected:
+        commit_run(aconn, run_id, owner=OWNER)
+
+    for words in ("missing tensor net.head.bias [3]", "net.encoder.weight has shape [4, 6], the model needs [5, 6]",
+                  "net.steps has dtype int64, the model needs int32"):
+        assert words in str(rejected.value)
+    assert run_status(db_url, run_id)[0] == "rejected" and head_version(aconn, MODEL) is None
+    assert aconn.execute("SELECT count(*) FROM pgtrain.staged_chunks").fetchone() == (0,)
+    with pytest.raises(CommitRejected, match="net.head.bias"):  # committing again repeats the verdict
+        commit_run(aconn, run_id, owner=OWNER)
+
+
+def test_non_finite_values_staged_before_they_were_counted_are_found_by_the_commit(db_url, aconn):
+    arrays = custom()
+    arrays["net.encoder.weight"][0, :2] = np.nan
+    run_id = prepare_any(db_url, "r1", arrays)
+    aconn.execute("UPDATE pgtrain.staged_parameters SET nonfinite = NULL")  # as migrated 001 rows are
+
+    with pytest.raises(CommitRejected, match="net.encoder.weight has 2 non-finite values"):
+        commit_run(aconn, run_id, owner=OWNER)
+
+
+@pytest.mark.parametrize(("config", "metrics", "words"), [
+    ({"max_rmse_rise": 0.1}, {"val_rmse": 1.25}, "validation rmse 1.2500 is more than max_rmse_rise=0.1 above "
+                                                 "head version 1 (1.0000)"),
+    ({"max_rmse_rise": 0.3}, {"val_rmse": 1.25}, None),
+    ({"max_val_rmse": 0.9}, {"val_rmse": 0.95}, "validation rmse 0.9500 is above max_val_rmse=0.9"),
+    ({"max_rmse_rise": 0.1}, {}, "the run has no validation rmse to compare with head version 1"),
+])
+def test_regression_gate_compares_val_rmse_with_the_head_and_a_ceiling(db_url, aconn, config, metrics, words):
+    regression = {"task": "regression", "model": "mlp", "hidden_sizes": (4,)}
+    arrays = {n: np.full(s, 0.5, np.float32) for n, s in ModelSpec(6, (4,), 2).parameter_shapes().items()}
+    commit_run(aconn, prepare_any(db_url, "base", arrays, output_dim=2, metrics={"val_rmse": 1.0}, **regression),
+               owner=OWNER)
+    run_id = prepare_any(db_url, "next", arrays, output_dim=2, metrics=metrics, **regression, **config)
+
+    if words is None:
+        assert commit_run(aconn, run_id, owner=OWNER).version == 2 and head_version(aconn, MODEL) == 2
+    else:
+        with pytest.raises(CommitRejected, match=re.escape(words)):
+            commit_run(aconn, run_id, owner=OWNER)
+        assert run_status(db_url, run_id)[0] == "rejected" and head_version(aconn, MODEL) == 1
+
+
+def test_classification_floor_rejects_even_without_a_head(db_url, aconn):
+    run_id = prepare_any(db_url, "r1", custom(), metrics={"val_accuracy": 0.6}, min_val_accuracy=0.7)
+    with pytest.raises(CommitRejected, match=r"validation accuracy 0\.6000 is below min_val_accuracy=0\.7"):
+        commit_run(aconn, run_id, owner=OWNER)
+    assert list_versions(aconn, MODEL) == []
+
+
+def test_a_new_architecture_is_committed_but_does_not_move_the_head(db_url, aconn):
+    first = commit_run(aconn, prepare_any(db_url, "r1", custom(), metrics={"val_accuracy": 0.9}), owner=OWNER)
+    wider = custom(1)
+    wider["target.mean"], wider["target.std"] = np.zeros(4, np.float32), np.ones(4, np.float32)
+    # a worse accuracy would fail the gate against the head, but a new architecture is not compared with it
+    run_id = prepare_any(db_url, "r2", wider, output_dim=4, metrics={"val_accuracy": 0.5}, max_accuracy_drop=0.01)
+
+    second = commit_run(aconn, run_id, owner=OWNER)
+
+    assert (first.version, second.version, second.head_moved) == (1, 2, False)
+    assert head_version(aconn, MODEL) == 1
+    status, reason = run_status(db_url, run_id)
+    assert status == "committed"
+    assert "output_dim 3 -> 4" in reason and f"pgtrain-models promote {MODEL} 2" in reason
+    again = commit_run(aconn, run_id, owner=OWNER)
+    assert (again.created, again.head_moved) == (False, False)
+    assert run_status(db_url, run_id) == (status, reason), "a repeated commit keeps the reason"
+    promote(aconn, MODEL, 2)
+    assert head_version(aconn, MODEL) == 2
+
+
+def test_the_version_records_what_rebuilding_it_takes(db_url, aconn):
+    run_id = prepare_any(db_url, "r1", custom(), feature_columns=("a", "b"), features_column=None,
+                         label_column="y", task="classification", source_table='"Clinic"."Biopsies"')
+    aconn.execute("UPDATE pgtrain.training_runs SET init_version = 7 WHERE run_id = %s", (run_id,))
+    commit_run(aconn, run_id, owner=OWNER)
+
+    spec = get_version(aconn, MODEL)["spec"]
+    assert spec == {"model": "mlp", "model_options": {"hidden_sizes": [50]}, "input_dim": 6, "output_dim": 3,
+                    "feature_columns": ["a", "b"], "target_column": "y", "task": "classification",
+                    "standardize_target": True, "parent_version": 7, "source_table": '"Clinic"."Biopsies"',
+                    "key_column": "id", "watermark": {"snapshot": None, "max_key": None}}
+
+
+def test_gc_keeps_the_newest_the_head_and_the_head_s_history_unless_forced(db_url, aconn, capsys, monkeypatch):
+    from pgtrain.models_cli import main
+
+    for i in range(1, 7):
+        commit_run(aconn, prepare_run(db_url, f"r{i}", fill=float(i)), owner=OWNER)
+    promote(aconn, MODEL, 2)  # head history: 1..6, then 2
+    # as if 3 and 4 had never been heads (5 remains one: the head before 6)
+    aconn.execute("DELETE FROM pgtrain.model_head_history WHERE version IN (3, 4) OR previous_version IN (3, 4)")
+    monkeypatch.setenv(DATABASE_URL_ENV, db_url)
+
+    assert main(["gc", MODEL, "--keep", "1"]) == 0
+    assert "deleted versions [3, 4]" in capsys.readouterr().out
+    assert [v["version"] for v in list_versions(aconn, MODEL)] == [1, 2, 5, 6]
+
+    assert main(["gc", MODEL, "--keep", "1", "--force"]) == 0
+    assert [v["version"] for v in list_versions(aconn, MODEL)] == [2, 6], "head 2 and newest 6 stay"
+    assert aconn.execute("SELECT DISTINCT version FROM pgtrain.model_tensors ORDER BY 1").fetchall() == [(2,), (6,)]
+    assert aconn.execute("SELECT DISTINCT version FROM pgtrain.model_chunks ORDER BY 1").fetchall() == [(2,), (6,)]
+    assert load_tensors(aconn, MODEL)[1]["net.0.bias"][0] == 2.0
+
+    assert main(["gc", MODEL, "--keep", "0", "--force"]) == 0
+    assert [v["version"] for v in list_versions(aconn, MODEL)] == [2], "never the head"
+    assert main(["gc", MODEL, "--keep", "-1"]) == 1
+
+
+def test_a_commit_that_outlasts_its_lease_keeps_the_lock(db_url, aconn):
+    """The commit's copy is held up (a table lock) for longer than the lease's ttl: nobody can take the
+    model's lock meanwhile, and the commit lands."""
+    import threading
+
+    from pgtrain.errors import LockTimeout
+    from pgtrain.locks import LockManager
+
+    run_id = prepare_run(db_url, "slow")
+    blocker = psycopg.connect(db_url)
+    blocker.execute("LOCK TABLE pgtrain.model_chunks IN ACCESS EXCLUSIVE MODE")
+    outcome: list = []
+    committer = threading.Thread(target=lambda: outcome.append(
+        commit_run(psycopg.connect(db_url, autocommit=True), run_id, owner=OWNER, ttl=0.6)))
+    committer.start()
+    try:
+        waiting = ("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                   "AND query LIKE 'INSERT INTO pgtrain.model_chunks%'")
+        while aconn.execute(waiting).fetchone()[0] == 0 and committer.is_alive():
+            aconn.execute("SELECT pg_sleep(0.05)")
+        # wait until the lease, renewed or not, would have ended without the commit holding the lock row
+        aconn.execute("SELECT pg_sleep(1.5)")
+        with LockManager(db_url) as other, pytest.raises(LockTimeout, match="HELD|held by"):
+            other.acquire_lock(f"model:{MODEL}", timeout=0.5)
+    finally:
+        blocker.rollback()
+        blocker.close()
+        committer.join(timeout=60)
+    assert outcome and outcome[0].created and outcome[0].version == 1
+    assert head_version(aconn, MODEL) == 1

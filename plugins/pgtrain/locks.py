@@ -28,6 +28,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from pgtrain.db import connect
 from pgtrain.errors import LockTimeout, PgtrainError, StaleLockToken
 
 log = logging.getLogger(__name__)
@@ -130,7 +131,7 @@ def describe_owner(owner: Mapping[str, Any] | None) -> str:
 def _connect_like(conn_or_url: psycopg.Connection | str) -> psycopg.Connection:
     """A new autocommit connection to the same database (lock traffic never joins a caller's transaction)."""
     if isinstance(conn_or_url, str):
-        return psycopg.connect(conn_or_url, autocommit=True, application_name="pgtrain-locks")
+        return connect(conn_or_url, application_name="pgtrain-locks")  # errors never quote the password
     kwargs: dict[str, Any] = {"autocommit": True, "application_name": "pgtrain-locks"}
     if conn_or_url.info.password:
         kwargs["password"] = conn_or_url.info.password

@@ -15,17 +15,26 @@ from typing import Any
 
 import numpy as np
 import psycopg
+from psycopg import sql
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from pgtrain import tensors
+from pgtrain.commit_checks import (
+    architecture_change,
+    expected_layout,
+    layout_problems,
+    nonfinite_problems,
+    quality_gate,
+    run_record,
+    version_spec,
+)
 from pgtrain.errors import CommitRejected, PgtrainError, StaleLockToken
 from pgtrain.locks import DEFAULT_TTL, Lease, LockManager, fenced
-from pgtrain.model_spec import ModelSpec
-from pgtrain.runs import Run, epoch_metrics, get_run, set_status
-from pgtrain.tensors import from_rows, read_staged, to_rows
+from pgtrain.runs import epoch_metrics, get_run, set_status
 
-MODEL_DTYPE = "float32"
+_MODEL_CHUNKS = sql.Identifier("pgtrain", "model_chunks")
 
 
 @dataclass(frozen=True)
@@ -35,6 +44,7 @@ class CommitResult:
     created: bool  # False: the run had already been committed, this is its version
     fencing_token: int
     metrics: dict[str, Any] = field(default_factory=dict)
+    head_moved: bool = True  # False: a different architecture than the head's; promote it explicitly
 
 
 @dataclass(frozen=True)
@@ -49,110 +59,92 @@ def model_lock_name(model_name: str) -> str:
     return f"model:{model_name}"
 
 
-def model_spec_for(run: Run) -> ModelSpec:
-    if run.input_dim is None or run.num_classes is None:
-        raise CommitRejected(f"run {run.run_id!r} has no input_dim/num_classes: compute_shards has not run for it")
-    return ModelSpec(run.input_dim, tuple(run.config.hidden_sizes), run.num_classes)
-
-
-def check_parameters(arrays: Mapping[str, np.ndarray], spec: ModelSpec) -> list[str]:
-    """Everything wrong with ``arrays`` as parameters of ``spec``: missing, extra, shape, dtype, non-finite."""
-    expected = spec.parameter_shapes()
-    problems = [f"missing tensor {name} {list(shape)}" for name, shape in expected.items() if name not in arrays]
-    problems += [f"unexpected tensor {name}" for name in arrays if name not in expected]
-    for name, array in arrays.items():
-        if name not in expected:
-            continue
-        if tuple(array.shape) != expected[name]:
-            problems.append(f"{name} has shape {list(array.shape)}, the model needs {list(expected[name])}")
-        if array.dtype.name != MODEL_DTYPE:
-            problems.append(f"{name} has dtype {array.dtype.name}, the model needs {MODEL_DTYPE}")
-        elif not np.isfinite(array).all():
-            problems.append(f"{name} has {int((~np.isfinite(array)).sum())} non-finite values")
-    return problems
-
-
 def commit_run(conn: psycopg.Connection, run_id: str, owner: Mapping[str, Any] | None = None,
                lock_timeout: float = 60.0, ttl: float = DEFAULT_TTL) -> CommitResult:
     """Make the run's staged parameters the next version of its model and move the head to it.
 
-    Idempotent: a run already committed returns its version with ``created=False``. Incomplete,
-    non-finite or wrongly shaped parameters, or a failed quality gate, mark the run 'rejected'
-    (with the reason) and raise CommitRejected; the head is left alone. Raises LockTimeout when the
-    model's lock cannot be taken within ``lock_timeout`` seconds.
+    Idempotent: a run already committed returns its version with ``created=False``. Staged tensors that
+    do not match the run's model layout (missing, extra, shape, dtype) or hold NaN/Inf, or a failed
+    quality gate, mark the run 'rejected' (with the reason) and raise CommitRejected; the head is left
+    alone. A version whose model, task or widths differ from the head's is committed but does not move
+    the head (the run's status_reason says to promote it). The staged tensors are copied to the version
+    inside the database, and the run's staged tensors and checkpoint are deleted once it is committed
+    or rejected. Raises LockTimeout when the model's lock cannot be taken within ``lock_timeout`` seconds;
+    the lock's lease is renewed in the background for as long as the commit works.
     """
     _require_no_transaction(conn, "commit_run")
     with conn.transaction():
         run = get_run(conn, run_id)
+        record = run_record(conn, run_id)
         existing = _version_of_run(conn, run_id)
     if existing is not None:
-        set_status(conn, run_id, "committed")
+        if run.status != "committed":
+            set_status(conn, run_id, "committed", None)
         return existing
 
     try:
-        spec = model_spec_for(run)
         with conn.transaction():
-            arrays = read_staged(conn, run_id)
+            infos = tensors.staged_layout(conn, run_id)
             epochs = epoch_metrics(conn, run_id)
-        if not arrays:
+        if not infos:
+            if run.status == "rejected" and record.get("status_reason"):
+                raise CommitRejected(record["status_reason"])  # rejected before; its tensors are gone
             raise CommitRejected(f"run {run_id!r} has no staged parameters: the train task did not write them")
-        problems = check_parameters(arrays, spec)
+        problems = layout_problems(infos, expected_layout(run, record))
+        if not problems:
+            uncounted = [i for i in infos if i.nonfinite is None]  # staged before writers counted them
+            problems = nonfinite_problems(infos, tensors.count_staged_nonfinite(conn, run_id, uncounted))
         if problems:
-            raise CommitRejected(f"staged parameters of run {run_id!r} do not fit the model "
-                                 f"{spec.layer_dims()}: " + "; ".join(problems))
+            raise CommitRejected(f"staged parameters of run {run_id!r} do not fit the run's model: "
+                                 + "; ".join(problems))
+        with conn.transaction():
+            spec = version_spec(conn, run, record)
     except CommitRejected as rejected:
-        set_status(conn, run_id, "rejected", str(rejected))
+        with conn.transaction():
+            set_status(conn, run_id, "rejected", str(rejected))
+            _discard_run_tensors(conn, run_id)
         raise
-    metrics = version_metrics(epochs, arrays)
+    metrics = version_metrics(epochs, infos)
 
     rejection: str | None = None
-    with LockManager(conn, ttl=ttl, owner=owner) as locks, \
+    # heartbeat=True: the lease is renewed every ttl/3 while the commit works, however long the copy takes.
+    with LockManager(conn, ttl=ttl, owner=owner, heartbeat=True) as locks, \
             locks.lock(model_lock_name(run.model_name), timeout=lock_timeout) as lease, fenced(conn, lease):
         existing = _version_of_run(conn, run_id)  # a concurrent commit of this same run got here first
         if existing is not None:
             set_status(conn, run_id, "committed", None)
             return existing
         head = _head_for_update(conn, run.model_name)
-        rejection = quality_gate(run.config.max_accuracy_drop, metrics, head)
+        changed = architecture_change(spec, head)
+        rejection = quality_gate(run.config, spec["task"], metrics, None if changed else head)
         if rejection is not None:
             set_status(conn, run_id, "rejected", rejection)
         else:
-            version = _write_version(conn, run.model_name, run_id, lease, metrics, arrays)
-            _move_head(conn, run.model_name, version, head, lease, "commit")
-            set_status(conn, run_id, "committed", None)
+            version = _write_version(conn, run.model_name, run_id, lease, metrics, spec)
+            reason = None
+            if changed is None:
+                _move_head(conn, run.model_name, version, head, lease, "commit")
+            else:
+                reason = (f"committed as version {version} without moving the head (version {head['version']}): "
+                          f"the architecture changed ({changed}); run `pgtrain-models promote {run.model_name} "
+                          f"{version}` to make it the head")
+            set_status(conn, run_id, "committed", reason)
+        _discard_run_tensors(conn, run_id)
     if rejection is not None:
         raise CommitRejected(rejection)
-    return CommitResult(run.model_name, version, True, lease.token, metrics)
+    return CommitResult(run.model_name, version, True, lease.token, metrics, head_moved=changed is None)
 
 
-def version_metrics(epochs: list[dict[str, Any]], arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
+def version_metrics(epochs: list[dict[str, Any]], infos: list[tensors.TensorInfo]) -> dict[str, Any]:
     """The last epoch's figures, plus epochs, total training seconds and parameter count."""
     metrics: dict[str, Any] = {}
     if epochs:
         last = epochs[-1]
         metrics.update({k: _finite_or_none(v) for k, v in last.items() if k != "seconds"})
         metrics["epochs"] = len(epochs)
-        metrics["training_seconds"] = _finite_or_none(sum(e["seconds"] for e in epochs))
-    metrics["parameter_count"] = int(sum(a.size for a in arrays.values()))
+        metrics["training_seconds"] = _finite_or_none(sum(e.get("seconds") or 0.0 for e in epochs))
+    metrics["parameter_count"] = int(sum(math.prod(i.shape) for i in infos))
     return metrics
-
-
-def quality_gate(max_drop: float | None, metrics: Mapping[str, Any], head: dict[str, Any] | None) -> str | None:
-    """None when the run may become the head, else the reason it may not."""
-    if max_drop is None or head is None:
-        return None
-    head_accuracy = head["metrics"].get("val_accuracy")
-    if head_accuracy is None:
-        return None
-    accuracy = metrics.get("val_accuracy")
-    if accuracy is None:
-        return (f"quality gate: the run has no validation accuracy to compare with head version "
-                f"{head['version']} ({head_accuracy:.4f}); train with validation_fraction > 0")
-    if accuracy < head_accuracy - max_drop - 1e-12:
-        return (f"quality gate: validation accuracy {accuracy:.4f} is more than max_accuracy_drop={max_drop:g} "
-                f"below head version {head['version']} ({head_accuracy:.4f}); the head stays at version "
-                f"{head['version']}")
-    return None
 
 
 # -- reading the store ----------------------------------------------------------------------------------
@@ -182,7 +174,7 @@ def get_version(conn: psycopg.Connection, model_name: str, version: int | None =
         if version is None:
             version = head_version(conn, model_name)
         row = cur.execute(
-            """SELECT v.model_name, v.version, v.run_id, v.fencing_token, v.metrics, v.created_at,
+            """SELECT v.model_name, v.version, v.run_id, v.fencing_token, v.metrics, v.spec, v.created_at,
                       h.version IS NOT NULL AS is_head, r.dag_id, r.dag_run_id, r.input_dim, r.num_classes,
                       r.config -> 'hidden_sizes' AS hidden_sizes
                FROM pgtrain.model_versions v
@@ -194,36 +186,48 @@ def get_version(conn: psycopg.Connection, model_name: str, version: int | None =
         if row is None:
             raise PgtrainError(_no_version(conn, model_name, version))
         row["tensors"] = cur.execute(
-            """SELECT name, shape, dtype FROM pgtrain.model_tensors
+            """SELECT name, shape, dtype, nbytes FROM pgtrain.model_tensors
                WHERE model_name = %s AND version = %s ORDER BY name""",
             (model_name, row["version"]),
         ).fetchall()
     return row
 
 
-def load_tensors(conn: psycopg.Connection, model_name: str, version: int | None = None
-                 ) -> tuple[int, dict[str, np.ndarray]]:
-    """(version, name -> array) of a version, the head when ``version`` is None, read in one snapshot."""
+def version_layout(conn: psycopg.Connection, model_name: str, version: int | None = None
+                   ) -> tuple[int, dict[str, Any], list[tensors.TensorInfo]]:
+    """(version, spec, tensor layout) of a version, the head when ``version`` is None."""
     with conn.transaction():
         if version is None:
             version = head_version(conn, model_name)
-        rows = conn.execute(
-            """SELECT t.version, t.name, t.shape, t.dtype, t.data FROM pgtrain.model_tensors t
-               WHERE t.model_name = %s AND t.version = %s ORDER BY t.name""",
-            (model_name, version),
-        ).fetchall()
-        if not rows:
+        row = conn.execute("SELECT spec FROM pgtrain.model_versions WHERE model_name = %s AND version = %s",
+                           (model_name, version)).fetchone()
+        if row is None:
             raise PgtrainError(_no_version(conn, model_name, version))
-    return rows[0][0], from_rows(row[1:] for row in rows)
+        infos = [tensors.TensorInfo(n, tuple(s), d, b) for n, s, d, b in conn.execute(
+            """SELECT name, shape, dtype, nbytes FROM pgtrain.model_tensors
+               WHERE model_name = %s AND version = %s ORDER BY name""", (model_name, version))]
+    return version, row[0] or {}, infos
+
+
+def load_tensors(conn: psycopg.Connection, model_name: str, version: int | None = None
+                 ) -> tuple[int, dict[str, np.ndarray]]:
+    """(version, name -> array) of a version, the head when ``version`` is None.
+
+    Each array is allocated once (writable, little-endian) and filled chunk by chunk from one COPY.
+    """
+    with conn.transaction():
+        version, _, infos = version_layout(conn, model_name, version)
+        arrays = tensors.read_chunks(conn, _MODEL_CHUNKS, {"model_name": model_name, "version": version}, infos)
+    return version, arrays
 
 
 def export_state_dict(conn: psycopg.Connection, model_name: str, version: int | None, path: Path | str) -> int:
-    """``torch.save`` the version's state dict (loads into ``trainer.model.MLP``); returns the version."""
+    """``torch.save`` the version's state dict (loads into ``trainer.model.build_model(...)`` of its spec);
+    returns the version. The tensors share the arrays' memory: one copy of the model in memory."""
     import torch  # only exporting needs torch
 
     version, arrays = load_tensors(conn, model_name, version)
-    # from_rows gives read-only little-endian views; torch wants writable, native-order arrays.
-    state = {name: torch.from_numpy(np.array(array, dtype=array.dtype.newbyteorder("=")))
+    state = {name: torch.from_numpy(np.asarray(array, dtype=array.dtype.newbyteorder("=")))
              for name, array in arrays.items()}
     torch.save(state, Path(path))
     return version
@@ -243,6 +247,36 @@ def promote(conn: psycopg.Connection, model_name: str, version: int, owner: Mapp
         head = _head_for_update(conn, model_name)
         _move_head(conn, model_name, version, head, lease, "promote")
     return HeadMove(model_name, version, head["version"] if head else None, lease.token)
+
+
+def collect_garbage(conn: psycopg.Connection, model_name: str, keep: int, force: bool = False,
+                    owner: Mapping[str, Any] | None = None, lock_timeout: float = 60.0,
+                    ttl: float = DEFAULT_TTL) -> list[int]:
+    """Delete the model's versions (rows and tensors) except the ``keep`` newest, the head, and (unless
+    ``force``) every version the head has ever pointed at; returns the versions deleted. Under the lock."""
+    if keep < 0:
+        raise PgtrainError(f"keep must be 0 or more versions, got {keep}")
+    _require_no_transaction(conn, "collect_garbage")
+    with LockManager(conn, ttl=ttl, owner=owner, heartbeat=True) as locks, \
+            locks.lock(model_lock_name(model_name), timeout=lock_timeout) as lease, fenced(conn, lease):
+        versions = [r[0] for r in conn.execute(
+            "SELECT version FROM pgtrain.model_versions WHERE model_name = %s ORDER BY version DESC", (model_name,))]
+        if not versions:
+            raise PgtrainError(_no_version(conn, model_name, None))
+        head = _head_for_update(conn, model_name)
+        kept = set(versions[:keep]) | ({head["version"]} if head else set())
+        if not force:
+            kept |= {v for row in conn.execute(
+                """SELECT version, previous_version FROM pgtrain.model_head_history
+                   WHERE model_name = %s""", (model_name,)) for v in row if v is not None}
+        doomed = sorted(set(versions) - kept)
+        if doomed:
+            # model_chunks go with their model_tensors rows (ON DELETE CASCADE)
+            conn.execute("DELETE FROM pgtrain.model_tensors WHERE model_name = %s AND version = ANY(%s)",
+                         (model_name, doomed))
+            conn.execute("DELETE FROM pgtrain.model_versions WHERE model_name = %s AND version = ANY(%s)",
+                         (model_name, doomed))
+    return doomed
 
 
 def head_history(conn: psycopg.Connection, model_name: str) -> list[dict[str, Any]]:
@@ -316,16 +350,19 @@ def _require_no_transaction(conn: psycopg.Connection, what: str) -> None:
 
 def _version_of_run(conn: psycopg.Connection, run_id: str) -> CommitResult | None:
     row = conn.execute(
-        "SELECT model_name, version, fencing_token, metrics FROM pgtrain.model_versions WHERE run_id = %s",
+        """SELECT v.model_name, v.version, v.fencing_token, v.metrics,
+                  EXISTS (SELECT FROM pgtrain.model_head_history h WHERE h.model_name = v.model_name
+                          AND h.version = v.version AND h.action = 'commit')
+           FROM pgtrain.model_versions v WHERE v.run_id = %s""",
         (run_id,),
     ).fetchone()
-    return None if row is None else CommitResult(row[0], row[1], False, row[2], row[3])
+    return None if row is None else CommitResult(row[0], row[1], False, row[2], row[3], head_moved=row[4])
 
 
 def _head_for_update(conn: psycopg.Connection, model_name: str) -> dict[str, Any] | None:
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(
-            """SELECT h.version, h.fencing_token, v.metrics FROM pgtrain.model_heads h
+            """SELECT h.version, h.fencing_token, v.metrics, v.spec FROM pgtrain.model_heads h
                JOIN pgtrain.model_versions v USING (model_name, version)
                WHERE h.model_name = %s FOR UPDATE OF h""",
             (model_name,),
@@ -333,7 +370,8 @@ def _head_for_update(conn: psycopg.Connection, model_name: str) -> dict[str, Any
 
 
 def _write_version(conn: psycopg.Connection, model_name: str, run_id: str, lease: Lease,
-                   metrics: dict[str, Any], arrays: Mapping[str, np.ndarray]) -> int:
+                   metrics: dict[str, Any], spec: dict[str, Any]) -> int:
+    """The next version of the model: its row, and the run's staged tensors copied inside the database."""
     newest_version, newest_token = conn.execute(
         """SELECT coalesce(max(version), 0), coalesce(max(fencing_token), 0)
            FROM pgtrain.model_versions WHERE model_name = %s""",
@@ -344,17 +382,27 @@ def _write_version(conn: psycopg.Connection, model_name: str, run_id: str, lease
                              f"with token {newest_token}, newer than yours ({lease.token})")
     version = newest_version + 1
     conn.execute(
-        """INSERT INTO pgtrain.model_versions (model_name, version, run_id, fencing_token, metrics)
-           VALUES (%s, %s, %s, %s, %s)""",
-        (model_name, version, run_id, lease.token, Jsonb(metrics)),
+        """INSERT INTO pgtrain.model_versions (model_name, version, run_id, fencing_token, metrics, spec)
+           VALUES (%s, %s, %s, %s, %s, %s)""",
+        (model_name, version, run_id, lease.token, Jsonb(metrics), Jsonb(spec)),
     )
-    with conn.cursor() as cur:
-        cur.executemany(
-            """INSERT INTO pgtrain.model_tensors (model_name, version, name, shape, dtype, data)
-               VALUES (%s, %s, %s, %s, %s, %s)""",
-            [(model_name, version, *row) for row in to_rows(arrays)],
-        )
+    conn.execute(
+        """INSERT INTO pgtrain.model_tensors (model_name, version, name, shape, dtype, nbytes)
+           SELECT %s, %s, name, shape, dtype, nbytes FROM pgtrain.staged_parameters WHERE run_id = %s""",
+        (model_name, version, run_id),
+    )
+    conn.execute(
+        """INSERT INTO pgtrain.model_chunks (model_name, version, name, seq, data)
+           SELECT %s, %s, name, seq, data FROM pgtrain.staged_chunks WHERE run_id = %s""",
+        (model_name, version, run_id),
+    )
     return version
+
+
+def _discard_run_tensors(conn: psycopg.Connection, run_id: str) -> None:
+    """A committed or rejected run needs neither its staged tensors nor its checkpoint any more."""
+    tensors.delete_staged(conn, run_id)
+    tensors.delete_checkpoints(conn, run_id)
 
 
 def _move_head(conn: psycopg.Connection, model_name: str, version: int, head: dict[str, Any] | None,

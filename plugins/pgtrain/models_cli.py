@@ -4,7 +4,10 @@
     pgtrain-models show MODEL [VERSION]          metrics, run, time, tensors (default: the head)
     pgtrain-models promote MODEL VERSION         point the head at VERSION, under the model's lock
     pgtrain-models rollback MODEL [VERSION]      same; default: the newest version older than the head
-    pgtrain-models export MODEL [VERSION] -o F   torch.save state dict, loads into trainer.model.MLP
+    pgtrain-models export MODEL [VERSION] -o F   torch.save state dict (loads into the version's model)
+    pgtrain-models predict --model M [--version N] --source T --key-column K [--feature-columns C ...] --into T
+                                                 score a table's rows, write (key, prediction) into a table
+    pgtrain-models gc MODEL --keep N [--force]   delete old versions (never the head; --force: also earlier heads)
     pgtrain-models history MODEL                 every move of the head
     pgtrain-models locks                         lock holders, tokens, leases
 
@@ -71,13 +74,38 @@ def cmd_show(conn, args) -> int:
     print(f"model     {info['model_name']} version {info['version']}{'  (head)' if info['is_head'] else ''}")
     print(f"created   {_when(info['created_at'])} with fencing token {info['fencing_token']}")
     print(f"run       {info['run_id']} (dag {info['dag_id']}, dag run {info['dag_run_id']})")
-    print(f"shape     {info['input_dim']} -> {info['hidden_sizes']} -> {info['num_classes']}")
+    spec = info.get("spec") or {}
+    if spec:
+        print(f"model     {spec.get('model')} {json.dumps(spec.get('model_options') or {}, sort_keys=True)}: "
+              f"{spec.get('input_dim')} -> {spec.get('output_dim')} ({spec.get('task')}), parent version "
+              f"{_fmt(spec.get('parent_version'))}")
+        print(f"data      {spec.get('source_table')} features {', '.join(spec.get('feature_columns') or [])} "
+              f"target {spec.get('target_column')}")
+    else:
+        print(f"shape     {info['input_dim']} -> {info['hidden_sizes']} -> {info['num_classes']}")
     print("metrics")
     for key, value in sorted(info["metrics"].items()):
         print(f"  {key:<18} {_fmt(value)}")
     print("tensors")
     for t in info["tensors"]:
         print(f"  {t['name']:<24} {t['dtype']:<8} {t['shape']}")
+    return 0
+
+
+def cmd_predict(conn, args) -> int:
+    from pgtrain.inference import predict  # torch only for this command
+
+    done = predict(conn, args.model, args.version, args.source, args.key_column, args.into,
+                   feature_columns=args.feature_columns, batch_rows=args.batch_rows)
+    print(f"wrote {done.rows} predictions of {done.model_name} version {done.version} into {done.into}")
+    return 0
+
+
+def cmd_gc(conn, args) -> int:
+    deleted = model_store.collect_garbage(conn, args.model, args.keep, force=args.force,
+                                          owner={"tool": "pgtrain-models", "action": "gc"},
+                                          lock_timeout=args.lock_timeout)
+    print(f"{args.model}: deleted versions {deleted}" if deleted else f"{args.model}: nothing to delete")
     return 0
 
 
@@ -98,7 +126,8 @@ def cmd_promote(conn, args) -> int:
 
 def cmd_export(conn, args) -> int:
     version = model_store.export_state_dict(conn, args.model, args.version, args.output)
-    print(f"wrote {args.output}: {args.model} version {version} (torch state dict for trainer.model.MLP)")
+    print(f"wrote {args.output}: {args.model} version {version} (torch state dict; pgtrain.load_model rebuilds "
+          "the module)")
     return 0
 
 
@@ -161,6 +190,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("version", nargs="?", type=int)
     p.add_argument("-o", "--output", required=True, help="file to write (e.g. model.pt)")
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("predict", help="score a table with a version, write (key, prediction) into a table")
+    p.add_argument("--model", required=True)
+    p.add_argument("--version", default="head", help="a version number (default: the head)")
+    p.add_argument("--source", required=True, help="table to score, schema-qualified and quoted as in SQL")
+    p.add_argument("--key-column", required=True, help="unique key column, copied to the output")
+    p.add_argument("--feature-columns", nargs="+", help="default: the columns the version was trained on")
+    p.add_argument("--into", required=True, help="table to write; created when missing")
+    p.add_argument("--batch-rows", type=int, default=10_000, help="rows read and scored at a time")
+    p.set_defaults(func=cmd_predict)
+
+    p = sub.add_parser("gc", help="delete old versions and their tensors")
+    p.add_argument("model")
+    p.add_argument("--keep", type=int, required=True, help="newest versions to keep (besides the head)")
+    p.add_argument("--force", action="store_true", help="also delete versions that were the head before")
+    p.add_argument("--lock-timeout", type=float, default=60.0, help="seconds to wait for the lock")
+    p.set_defaults(func=cmd_gc)
 
     p = sub.add_parser("history", help="every move of a model's head")
     p.add_argument("model")
