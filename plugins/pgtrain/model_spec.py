@@ -1,11 +1,15 @@
-"""What a model's parameters must look like, without torch: the commit step checks staged tensors against it.
+"""What the built-in model's tensors look like, without torch (the name of the built-in model, too).
 
-The trainer's ``trainer.model.MLP`` builds exactly these names and shapes (a test holds them together).
+The trainer's ``trainer.model.MLP`` (a ``PgtrainModel`` around the built-in MLP) builds exactly these
+names and shapes (a test holds them together). Any model's full layout is recorded per run in
+``training_runs.model_layout`` by the trainer.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+BUILTIN_MLP = "mlp"
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,9 @@ class ModelSpec:
         dims = self.layer_dims()
         for index, (fan_in, fan_out) in enumerate(zip(dims, dims[1:], strict=False)):
             # Linear layers sit at even indices of the Sequential, activations between them.
-            shapes[f"layers.{2 * index}.weight"] = (fan_out, fan_in)
-            shapes[f"layers.{2 * index}.bias"] = (fan_out,)
+            shapes[f"net.{2 * index}.weight"] = (fan_out, fan_in)
+            shapes[f"net.{2 * index}.bias"] = (fan_out,)
+        shapes["target.mean"] = (self.num_classes,)
+        shapes["target.std"] = (self.num_classes,)
         return shapes
+

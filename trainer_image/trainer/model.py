@@ -1,11 +1,28 @@
-"""The MLP trained by pgtrain: input standardization, then Linear/ReLU layers (default 64 -> 50 -> 10)."""
+"""The model a pgtrain run trains: input standardization, a network, and the target's scale.
+
+``build_model(model_ref, input_dim, output_dim, options, seed)`` returns a :class:`PgtrainModel`:
+
+- ``normalizer``: (x - mean) / std with the training rows' statistics (buffers),
+- ``net``: the built-in MLP (``model_ref="mlp"``, options ``{"hidden_sizes": [...]}``) or the module a
+  user's factory returns (``model_ref="package.module:factory"``, called as
+  ``factory(input_dim=..., output_dim=..., **options)``),
+- ``target``: z * std + mean (buffers) so that ``forward`` predicts in the target's units; identity
+  (mean 0, std 1) for classification, whose outputs are logits.
+
+Every tensor a version needs lives in the state dict, so a version is usable alone.
+"""
 
 from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
-from pgtrain.model_spec import ModelSpec
+from pgtrain.errors import ConfigError
+from pgtrain.model_spec import BUILTIN_MLP, ModelSpec
 
 
 class Standardize(nn.Module):
@@ -20,21 +37,136 @@ class Standardize(nn.Module):
         return (x - self.mean) / self.std
 
 
-class MLP(nn.Module):
-    def __init__(self, spec: ModelSpec) -> None:
+class Unstandardize(nn.Module):
+    """z * std + mean: from the network's standardized output back to the target's units."""
+
+    def __init__(self, dim: int) -> None:
         super().__init__()
-        self.spec = spec
-        self.normalizer = Standardize(spec.input_dim)
-        layers: list[nn.Module] = []
-        dims = spec.layer_dims()
-        for fan_in, fan_out in zip(dims, dims[1:], strict=False):
-            layers += [nn.Linear(fan_in, fan_out), nn.ReLU()]
-        self.layers = nn.Sequential(*layers[:-1])  # no activation after the output layer
+        self.register_buffer("mean", torch.zeros(dim))
+        self.register_buffer("std", torch.ones(dim))
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return z * self.std + self.mean
+
+    def scale(self, y: torch.Tensor) -> torch.Tensor:
+        """The inverse: a target in its units -> the standardized scale the network is trained on."""
+        return (y - self.mean) / self.std
+
+
+class PgtrainModel(nn.Module):
+    def __init__(self, net: nn.Module, input_dim: int, output_dim: int) -> None:
+        super().__init__()
+        self.input_dim = input_dim
+        self.output_dim = output_dim
+        self.normalizer = Standardize(input_dim)
+        self.net = net
+        self.target = Unstandardize(output_dim)
+
+    def standardized(self, x: torch.Tensor) -> torch.Tensor:
+        """The network's output before ``target``: what the loss is computed on."""
+        return self.net(self.normalizer(x))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.layers(self.normalizer(x))
+        return self.target(self.standardized(x))
 
 
-def build_model(spec: ModelSpec, seed: int) -> MLP:
+def mlp(input_dim: int, output_dim: int, hidden_sizes: Sequence[int] = (50,)) -> nn.Sequential:
+    """Linear/ReLU layers, no activation after the output layer."""
+    dims = [input_dim, *hidden_sizes, output_dim]
+    layers: list[nn.Module] = []
+    for fan_in, fan_out in zip(dims, dims[1:], strict=False):
+        layers += [nn.Linear(fan_in, fan_out), nn.ReLU()]
+    return nn.Sequential(*layers[:-1])
+
+
+class MLP(PgtrainModel):
+    """The built-in model of a ModelSpec (classification): what ``pgtrain-models export`` loads into."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__(mlp(spec.input_dim, spec.num_classes, spec.hidden_sizes), spec.input_dim, spec.num_classes)
+        self.spec = spec
+
+
+def resolve_factory(model_ref: str) -> Callable[..., nn.Module]:
+    """``"mlp"`` or ``"package.module:factory"`` -> the callable; ConfigError naming the path if it cannot be had."""
+    if model_ref == BUILTIN_MLP:
+        return mlp
+    module_name, colon, attribute = model_ref.partition(":")
+    if not colon or not module_name or not attribute:
+        raise ConfigError(f"model {model_ref!r} should be 'mlp' or 'package.module:factory'")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:  # ImportError, or whatever the module raises while importing
+        raise ConfigError(f"model {model_ref!r}: cannot import {module_name!r} ({type(error).__name__}: {error}); "
+                          "install it in the trainer image or fix the model param") from error
+    factory = module
+    for part in attribute.split("."):
+        factory = getattr(factory, part, None)
+        if factory is None:
+            raise ConfigError(f"model {model_ref!r}: module {module_name!r} has no attribute {attribute!r}")
+    if not callable(factory):
+        raise ConfigError(f"model {model_ref!r}: {attribute!r} is not callable")
+    return factory
+
+
+def build_model(model_ref: str, input_dim: int, output_dim: int, options: Mapping[str, Any] | None,
+                seed: int) -> PgtrainModel:
+    """The model of a run or version, initialized from ``seed``; ConfigError if the factory does not deliver.
+
+    The factory's module is probed with a forward pass on a batch of 2 zero rows: it must return
+    ``(2, output_dim)``.
+    """
+    factory = resolve_factory(model_ref)
     torch.manual_seed(seed)
-    return MLP(spec)
+    try:
+        net = factory(input_dim=input_dim, output_dim=output_dim, **dict(options or {}))
+    except Exception as error:
+        raise ConfigError(f"model {model_ref!r}: the factory raised {type(error).__name__}: {error} "
+                          f"(called with input_dim={input_dim}, output_dim={output_dim}, options "
+                          f"{dict(options or {})})") from error
+    if not isinstance(net, nn.Module):
+        raise ConfigError(f"model {model_ref!r}: the factory returned {type(net).__name__}, not a torch.nn.Module")
+    model = PgtrainModel(net, input_dim, output_dim)
+    _probe(model, model_ref)
+    return model
+
+
+def _probe(model: PgtrainModel, model_ref: str) -> None:
+    # eval mode: a probe must not move BatchNorm running statistics or draw dropout masks.
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model.standardized(torch.zeros(2, model.input_dim))
+    except Exception as error:
+        raise ConfigError(f"model {model_ref!r}: a forward pass on a (2, {model.input_dim}) batch raised "
+                          f"{type(error).__name__}: {error}") from error
+    finally:
+        model.train()
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, model.output_dim):
+        got = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ConfigError(f"model {model_ref!r}: a (2, {model.input_dim}) batch gives output {got}, the run "
+                          f"needs [2, {model.output_dim}] (output_dim={model.output_dim})")
+    if out.dtype != torch.float32:
+        raise ConfigError(f"model {model_ref!r}: the output is {out.dtype}, the run needs torch.float32")
+
+
+def state_layout(model: nn.Module) -> dict[str, dict[str, Any]]:
+    """name -> {"shape": [...], "dtype": "float32"} of the whole state dict (runs.set_model_layout)."""
+    return {name: {"shape": list(t.shape), "dtype": _dtype_name(t)}
+            for name, t in model.state_dict().items()}
+
+
+def layout_problems(model: nn.Module, arrays: Mapping[str, Any]) -> list[str]:
+    """What keeps ``arrays`` (name -> array) from loading into ``model``: missing, unexpected, wrong shape."""
+    state = model.state_dict()
+    problems = [f"missing {name} {list(t.shape)}" for name, t in state.items() if name not in arrays]
+    problems += [f"unexpected {name}" for name in arrays if name not in state]
+    problems += [f"{name} has shape {list(arrays[name].shape)}, the model has {list(t.shape)}"
+                 for name, t in state.items() if name in arrays and tuple(arrays[name].shape) != tuple(t.shape)]
+    problems += [f"{name} is {arrays[name].dtype}, the model has {_dtype_name(t)}"
+                 for name, t in state.items() if name in arrays and str(arrays[name].dtype) != _dtype_name(t)]
+    return problems
+
+
+def _dtype_name(tensor: torch.Tensor) -> str:
+    return str(tensor.dtype).removeprefix("torch.")

@@ -1,35 +1,46 @@
 """python -m trainer --run-id RUN: one Horovod rank of a pgtrain run.
 
-Reads its manifest row, streams its key range from PostgreSQL, trains the MLP with Horovod's
-DistributedOptimizer, and (rank 0) records per-epoch metrics and stages the final parameters.
-The database URL comes from $PGTRAIN_DATABASE_URL.
+Builds the run's model (the MLP or a ``package.module:factory``), resumes from the run's latest
+checkpoint or warm-starts from a committed version (``init_from``), reads its manifest row, streams its
+key range from PostgreSQL, trains with Horovod's DistributedOptimizer, and (rank 0) records per-epoch
+metrics, checkpoints and the final staged parameters. The database URL comes from $PGTRAIN_DATABASE_URL.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import math
 import os
 import sys
 import time
+from dataclasses import dataclass, field
+from typing import Any
 
 import horovod.torch as hvd
 import numpy as np
+import psycopg
 import torch
 import torch.nn.functional as F
 
-from pgtrain import loader, manifest, runs, tensors
+from pgtrain import loader, manifest, model_store, runs, tensors
 from pgtrain.db import connect
-from pgtrain.errors import INPUT_ERROR_MARK, PgtrainError
-from pgtrain.model_spec import ModelSpec
-from trainer.model import MLP, build_model
+from pgtrain.errors import ConfigError, PgtrainError
+from pgtrain.lifetime import die_with_parent
+from trainer.model import PgtrainModel, build_model, layout_problems, state_layout
 
 MOMENTUM = 0.9
+# Checkpoint tensor names: the model's state dict and SGD's momentum buffers, one array each.
+MODEL_PREFIX = "model."
+MOMENTUM_PREFIX = "momentum."
+CHECKPOINT_FORMAT = 1
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.splitlines()[0])
     parser.add_argument("--run-id", required=True, help="the training run (pgtrain.training_runs.run_id)")
+    parser.add_argument("--attempt", type=int, default=None,
+                        help="the train attempt (pgtrain.runs.begin_attempt); writes of a stale attempt are refused")
     return parser.parse_args(argv)
 
 
@@ -38,17 +49,34 @@ def steps_per_epoch(manifest_rows: list[runs.Shard], batch_size: int) -> int:
     return max(1, math.ceil(max(s.train_count for s in manifest_rows) / batch_size))
 
 
+def epoch_order(train_count: int, seed: int, epoch: int, rank: int) -> np.ndarray:
+    """This rank's shuffled positions among its training rows for ``epoch``: seeded, so a resumed run repeats it."""
+    return np.random.default_rng([seed, epoch, rank]).permutation(train_count)
+
+
+def batch_bounds(rows: int, steps: int) -> list[int]:
+    """Start offsets of ``steps`` consecutive batches (plus the end), sizes differing by at most one."""
+    size, larger = divmod(rows, steps)
+    return [step * size + min(step, larger) for step in range(steps + 1)]
+
+
 def epoch_batches(train_rows: np.ndarray, steps: int, seed: int, epoch: int, rank: int) -> list[np.ndarray]:
-    """This rank's shuffled training rows in ``steps`` batches (sizes differ by at most one)."""
-    order = np.random.default_rng([seed, epoch, rank]).permutation(train_rows)
-    return np.array_split(order, steps)
+    """This rank's shuffled training rows in ``steps`` batches: what the training loop steps on."""
+    order = train_rows[epoch_order(len(train_rows), seed, epoch, rank)]
+    bounds = batch_bounds(len(order), steps)
+    return [order[lo:hi] for lo, hi in zip(bounds, bounds[1:], strict=False)]
 
 
-def feature_statistics(features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean and std of the training features over all ranks (constant features get std 1)."""
-    x = features.double()
-    sums = hvd.allreduce(torch.stack([x.sum(0), (x * x).sum(0)]), op=hvd.Sum, name="feature_sums")
-    count = hvd.allreduce(torch.tensor(float(len(x)), dtype=torch.float64), op=hvd.Sum, name="feature_count")
+def global_statistics(values: torch.Tensor, rows: torch.Tensor, name: str,
+                      chunk_rows: int = 65536) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and std per column of ``values[rows]`` over all ranks (float64 sums; constant columns get std 1)."""
+    sums = torch.zeros(2, values.shape[1], dtype=torch.float64)
+    for start in range(0, len(rows), chunk_rows):
+        x = values[rows[start:start + chunk_rows]].double()
+        sums[0] += x.sum(0)
+        sums[1] += (x * x).sum(0)
+    sums = hvd.allreduce(sums, op=hvd.Sum, name=f"{name}_sums")
+    count = hvd.allreduce(torch.tensor(float(len(rows)), dtype=torch.float64), op=hvd.Sum, name=f"{name}_count")
     mean = sums[0] / count
     std = (sums[1] / count - mean * mean).clamp(min=0).sqrt()
     std[std < 1e-6] = 1.0
@@ -63,52 +91,266 @@ def pick_device() -> torch.device:
     return torch.device("cpu")
 
 
-def train_step(model: MLP, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> tuple[float, int]:
-    """One SGD step on this rank's batch; returns (summed loss, correct predictions) of the batch."""
-    optimizer.zero_grad()
-    if len(y) == 0:  # still take part in the gradient allreduce, contributing nothing
-        (model(x.new_zeros(1, model.spec.input_dim)).sum() * 0).backward()
-        optimizer.step()
-        return 0.0, 0
-    logits = model(x)
-    loss = F.cross_entropy(logits, y)
-    loss.backward()
-    optimizer.step()
-    return loss.item() * len(y), int((logits.argmax(1) == y).sum())
+# -- where the weights start: a checkpoint of this run, a committed version, or scratch ----------------
+@dataclass
+class Start:
+    epoch: int = 0  # the last epoch already trained (from a checkpoint)
+    init_version: int | None = None
+    from_state: bool = False  # the model's buffers come from a checkpoint or version: no new statistics
+    momentum: dict[str, np.ndarray] = field(default_factory=dict)  # rank 0 only
+    history: list[dict[str, Any]] = field(default_factory=list)  # metrics of the epochs already trained
+    note: str | None = None
+    error: str | None = None
 
 
-@torch.no_grad()
-def evaluate(model: MLP, features: torch.Tensor, labels: torch.Tensor, chunk_rows: int = 65536) -> tuple[float, int]:
-    """(summed loss, correct predictions) over the rows, a chunk at a time."""
-    loss_sum, correct = 0.0, 0
-    for start in range(0, len(labels), chunk_rows):
-        logits = model(features[start:start + chunk_rows])
-        y = labels[start:start + chunk_rows]
-        loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
-        correct += int((logits.argmax(1) == y).sum())
-    return loss_sum, correct
+def plan_fingerprint(shards: list[runs.Shard]) -> str:
+    """Identifies the manifest a checkpoint was trained on: a re-planned run must not resume from it."""
+    text = "|".join(f"{s.rank}:{s.key_lo}:{s.key_hi}:{s.row_count}:{s.train_count}" for s in shards)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def global_means(name: str, loss_sum: float, correct: int, count: int) -> tuple[float | None, float | None]:
-    totals = hvd.allreduce(torch.tensor([loss_sum, correct, count], dtype=torch.float64), op=hvd.Sum, name=name)
-    if totals[2] == 0:
-        return None, None
-    return float(totals[0] / totals[2]), float(totals[1] / totals[2])
-
-
-def main(argv: list[str] | None = None) -> int:
+def resolve_start(conn: psycopg.Connection, run: runs.Run, model: PgtrainModel, fingerprint: str) -> Start:
+    """Rank 0: load the weights the run starts from into ``model``; PgtrainError when they do not fit."""
+    found = tensors.read_checkpoint(conn, run.run_id)
+    if found is not None:
+        epoch, arrays, meta = found
+        if meta.get("plan") == fingerprint and meta.get("format") == CHECKPOINT_FORMAT:
+            state = {k.removeprefix(MODEL_PREFIX): v for k, v in arrays.items() if k.startswith(MODEL_PREFIX)}
+            problems = layout_problems(model, state)
+            if problems:
+                raise PgtrainError(f"the checkpoint of run {run.run_id} at epoch {epoch} does not fit the run's "
+                                   f"model: {'; '.join(problems)}; delete it (tensors.delete_checkpoints) to "
+                                   "train from scratch")
+            load_arrays(model, state)
+            return Start(epoch, meta.get("init_version"), True,
+                         {k.removeprefix(MOMENTUM_PREFIX): v for k, v in arrays.items()
+                          if k.startswith(MOMENTUM_PREFIX)},
+                         list(meta.get("metrics", [])), f"resuming from the checkpoint of epoch {epoch}")
+        note = f"ignoring the checkpoint of epoch {epoch}: it was trained on another shard plan"
+    else:
+        note = None
+    version = init_version(conn, run)
+    if version is None:
+        return Start(note=note)
     try:
-        return train(parse_args(argv))
-    except PgtrainError as error:  # bad input, not a crash: one clear line, no traceback
-        print(f"{INPUT_ERROR_MARK} {error}", file=sys.stderr, flush=True)
+        _, arrays = model_store.load_tensors(conn, run.model_name, version)
+    except PgtrainError as error:
+        raise ConfigError(f"init_from={run.config.init_from!r}: {error}") from error
+    problems = layout_problems(model, arrays)
+    if problems:
+        raise ConfigError(
+            f"init_from={run.config.init_from!r}: version {version} of model {run.model_name!r} does not fit this "
+            f"run's model {run.config.model!r} (input_dim {run.input_dim}, output_dim {model.output_dim}): "
+            f"{'; '.join(problems)}; use the same model and options as that version, or init_from=scratch")
+    # The warm model keeps its parent's normalizer and target scale (no new statistics): it starts out
+    # computing exactly the parent's function, and fine-tuning moves it from there. Statistics of the new
+    # rows would silently change what every parent weight means.
+    load_arrays(model, arrays)
+    return Start(init_version=version, from_state=True,
+                 note=f"warm start from version {version} of model {run.model_name!r} (init_from="
+                      f"{run.config.init_from!r})")
+
+
+def init_version(conn: psycopg.Connection, run: runs.Run) -> int | None:
+    """The committed version ``init_from`` names now ("head" with no head yet: None, i.e. scratch)."""
+    init_from = run.config.init_from
+    if init_from == "scratch":
+        return None
+    if init_from == "head":
+        head = model_store.head_version(conn, run.model_name)
+        if head is None:
+            print(f"init_from=head: model {run.model_name!r} has no head yet; training from scratch", flush=True)
+        return head
+    return int(init_from)
+
+
+def load_arrays(model: torch.nn.Module, arrays: dict[str, np.ndarray]) -> None:
+    # Stored arrays are read-only little-endian views; torch wants writable native-order memory.
+    model.load_state_dict({name: torch.from_numpy(np.array(a, dtype=a.dtype.newbyteorder("=")))
+                           for name, a in arrays.items()}, strict=True)
+
+
+def agree_on_start(conn: psycopg.Connection, run: runs.Run, model: PgtrainModel, rank: int,
+                   fingerprint: str) -> Start:
+    """Rank 0 decides; every rank learns the outcome, so a refusal stops all ranks with the same line."""
+    start = Start()
+    if rank == 0:
+        try:
+            start = resolve_start(conn, run, model, fingerprint)
+        except PgtrainError as error:
+            start = Start(error=str(error))
+    shared = hvd.broadcast_object({"epoch": start.epoch, "init_version": start.init_version,
+                                   "from_state": start.from_state, "error": start.error}, 0, name="start")
+    if shared["error"] is not None:
+        raise ConfigError(shared["error"])
+    if rank != 0:
+        start = Start(shared["epoch"], shared["init_version"], shared["from_state"])
+    elif start.note:
+        print(start.note, flush=True)
+    return start
+
+
+def set_momentum(optimizer: torch.optim.Optimizer, model: PgtrainModel, momentum: dict[str, np.ndarray]) -> None:
+    """Rank 0 of a resumed run: SGD's momentum buffers from the checkpoint (zero where it had none, which
+    SGD treats the same as no buffer yet), so that every trainable parameter has state to broadcast."""
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        saved = momentum.get(name)
+        buffer = torch.zeros_like(param) if saved is None else torch.from_numpy(
+            np.array(saved, dtype=saved.dtype.newbyteorder("="))).to(param.device)
+        optimizer.state[param]["momentum_buffer"] = buffer
+
+
+def write_checkpoint(conn: psycopg.Connection, run: runs.Run, epoch: int, model: PgtrainModel,
+                     optimizer: torch.optim.Optimizer, start: Start, history: list[dict[str, Any]],
+                     fingerprint: str) -> None:
+    arrays = {MODEL_PREFIX + name: t.detach().cpu().numpy() for name, t in model.state_dict().items()}
+    for name, param in model.named_parameters():
+        buffer = optimizer.state.get(param, {}).get("momentum_buffer")
+        if buffer is not None:
+            arrays[MOMENTUM_PREFIX + name] = buffer.detach().cpu().numpy()
+    meta = {"format": CHECKPOINT_FORMAT, "epoch": epoch, "init_version": start.init_version, "plan": fingerprint,
+            "metrics": [_json_safe(m) for m in history]}
+    tensors.write_checkpoint(conn, run.run_id, epoch, arrays, meta)
+
+
+def _json_safe(metrics: dict[str, Any]) -> dict[str, Any]:
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in metrics.items()}
+
+
+# -- one epoch -------------------------------------------------------------------------------------------
+class Task:
+    """The loss, and the per-epoch sums every rank contributes to one allreduce, of a classification or regression."""
+
+    def __init__(self, regression: bool, output_dim: int, device: torch.device) -> None:
+        self.regression = regression
+        self.output_dim = output_dim
+        self.device = device
+
+    def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.mse_loss(out, y) if self.regression else F.cross_entropy(out, y)
+
+    def train_sums(self) -> torch.Tensor:
+        """[loss summed over rows, correct predictions] accumulated on the device, read once per epoch."""
+        return torch.zeros(2, dtype=torch.float64, device=self.device)
+
+    def add_train(self, sums: torch.Tensor, loss: torch.Tensor, out: torch.Tensor, y: torch.Tensor) -> None:
+        sums[0].add_(loss.detach(), alpha=len(y))
+        if not self.regression:
+            sums[1].add_((out.detach().argmax(1) == y).sum())
+
+    @torch.no_grad()
+    def validation_sums(self, model: PgtrainModel, x: torch.Tensor, y: torch.Tensor, y_scaled: torch.Tensor,
+                        chunk_rows: int = 65536) -> torch.Tensor:
+        """Classification: [loss, correct]. Regression: [loss (standardized), squared error, absolute error
+        (target units), target sum per column, target sum of squares per column]."""
+        d = self.output_dim
+        sums = torch.zeros(2 if not self.regression else 3 + 2 * d, dtype=torch.float64, device=self.device)
+        for start in range(0, len(x), chunk_rows):
+            out = model.standardized(x[start:start + chunk_rows])
+            target = y_scaled[start:start + chunk_rows]
+            if not self.regression:
+                sums[0] += F.cross_entropy(out, target, reduction="sum").double()
+                sums[1] += (out.argmax(1) == target).sum()
+                continue
+            sums[0] += F.mse_loss(out, target, reduction="sum").double() / d
+            error = (model.target(out) - y[start:start + chunk_rows]).double()
+            sums[1] += (error * error).sum()
+            sums[2] += error.abs().sum()
+            values = y[start:start + chunk_rows].double()
+            sums[3:3 + d] += values.sum(0)
+            sums[3 + d:] += (values * values).sum(0)
+        return sums
+
+    def metrics(self, totals: torch.Tensor) -> dict[str, float | None]:
+        """The epoch's figures from the allreduced [train sums, train rows, validation sums, validation rows]."""
+        t = totals.tolist()
+        train_rows, val_rows = t[2], t[-1]
+        val = t[3:-1]
+        figures: dict[str, float | None] = {"train_loss": t[0] / train_rows if train_rows else math.nan}
+        if not self.regression:
+            figures["train_accuracy"] = t[1] / train_rows if train_rows else None
+            figures["val_loss"] = val[0] / val_rows if val_rows else None
+            figures["val_accuracy"] = val[1] / val_rows if val_rows else None
+            return figures
+        d = self.output_dim
+        elements = val_rows * d
+        figures["val_loss"] = val[0] / val_rows if val_rows else None
+        figures["val_rmse"] = math.sqrt(val[1] / elements) if val_rows else None
+        figures["val_mae"] = val[2] / elements if val_rows else None
+        # Pooled over the target's columns: 1 - SSE / sum of each column's squares about its own mean.
+        sums, squares = val[3:3 + d], val[3 + d:3 + 2 * d]
+        total = sum(sq - s * s / val_rows for s, sq in zip(sums, squares, strict=True)) if val_rows else 0.0
+        figures["val_r2"] = 1.0 - val[1] / total if total > 0 else None
+        return figures
+
+
+def train_epoch(model: PgtrainModel, optimizer: torch.optim.Optimizer, task: Task, x_train: torch.Tensor,
+                y_train: torch.Tensor, order: torch.Tensor, bounds: list[int], x_batch: torch.Tensor,
+                y_batch: torch.Tensor) -> torch.Tensor:
+    """One pass over this rank's shuffled rows; returns [loss sum, correct] on the device (no sync per step)."""
+    sums = task.train_sums()
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
+        optimizer.zero_grad()
+        if hi == lo:  # still take part in the gradient allreduce, contributing nothing
+            (model.standardized(x_train.new_zeros(2, model.input_dim)).sum() * 0).backward()
+            optimizer.step()
+            continue
+        # Gathered into buffers allocated once: the step allocates nothing for its batch.
+        x = torch.index_select(x_train, 0, order[lo:hi], out=x_batch[:hi - lo])
+        y = torch.index_select(y_train, 0, order[lo:hi], out=y_batch[:hi - lo])
+        out = model.standardized(x)
+        loss = task.loss(out, y)
+        loss.backward()
+        optimizer.step()
+        task.add_train(sums, loss, out, y)
+    return sums
+
+
+def epoch_line(epoch: int, epochs: int, m: dict[str, Any], steps: int, regression: bool) -> str:
+    def show(key: str) -> str:
+        return "n/a" if m.get(key) is None else f"{m[key]:.4f}"
+
+    if regression:
+        quality = f"train loss {m['train_loss']:.4f}, val rmse {show('val_rmse')} mae {show('val_mae')} " \
+                  f"r2 {show('val_r2')}"
+    else:
+        quality = f"train loss {m['train_loss']:.4f} acc {show('train_accuracy')}, val acc {show('val_accuracy')}"
+    return (f"epoch {epoch}/{epochs}: {quality}, {steps} steps, {m['samples_per_second'] or 0:.0f} samples/s, "
+            f"{m['seconds']:.2f}s")
+
+
+# -- the rank ----------------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    die_with_parent()  # a rank whose launcher is gone must not train on
+    try:
+        return train(args)
+    except PgtrainError as error:  # bad input, not a crash: the run's verdict, one clear line, no traceback
+        print(f"run {args.run_id} refused its input: {error}", file=sys.stderr, flush=True)
+        record_verdict(args, "refused", str(error))
         return 2
+    except Exception as error:
+        record_verdict(args, "failed", f"{type(error).__name__}: {error}")
+        raise
+
+
+def record_verdict(args: argparse.Namespace, status: str, reason: str) -> None:
+    """Best effort: the launchers read the verdict from the run; one that cannot be written reads as a crash."""
+    try:
+        with connect(attempt=args.attempt) as conn:
+            runs.record_verdict(conn, args.run_id, status, reason)
+    except Exception as error:
+        print(f"could not record the verdict of run {args.run_id}: {error}", file=sys.stderr, flush=True)
 
 
 def train(args: argparse.Namespace) -> int:
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
-    conn = connect()
+    conn = connect(attempt=args.attempt)
+    runs.mark_training(conn, args.run_id)  # the first fenced write: a stale attempt stops here
     run = runs.get_run(conn, args.run_id)
     config = run.config
     shards = runs.get_manifest(conn, run.run_id)
@@ -117,6 +359,20 @@ def train(args: argparse.Namespace) -> int:
             f"run {run.run_id} was planned for {len(shards)} ranks but this Horovod job has {size}; "
             f"launch it with -np {len(shards)}"
         )
+    regression = config.task == "regression"
+    output_dim = run.output_dim if run.output_dim is not None else run.num_classes
+
+    # The model and its starting weights are settled before any data is read: a bad model reference,
+    # factory or init_from costs no data load.
+    model = build_model(config.model, run.input_dim, output_dim, config.model_options_for_build, config.seed)
+    fingerprint = plan_fingerprint(shards)
+    start = agree_on_start(conn, run, model, rank, fingerprint)
+    if rank == 0:
+        runs.set_model_layout(conn, run.run_id, state_layout(model))
+        runs.set_init_version(conn, run.run_id, start.init_version)
+        for metrics in start.history:  # a retried task may have cleared them: the checkpoint keeps them
+            runs.record_epoch(conn, run.run_id, metrics["epoch"], {k: v for k, v in metrics.items() if k != "epoch"})
+
     data = loader.load_shard(conn, manifest.source_for(conn, run), shards[rank], run.input_dim,
                              config.validation_fraction, config.seed)
     if rank != 0:
@@ -126,50 +382,79 @@ def train(args: argparse.Namespace) -> int:
 
     device = pick_device()
     features, labels, _ = data.tensors()  # page-locked when CUDA is present (the loader allocates them so)
-    train_rows = np.flatnonzero(~data.is_validation)
-    val_rows = torch.from_numpy(np.flatnonzero(data.is_validation)).to(device)
-    spec = ModelSpec(run.input_dim, tuple(config.hidden_sizes), run.num_classes)
-    model = build_model(spec, config.seed)
-    mean, std = feature_statistics(features[train_rows])
-    # The whole shard goes to the GPU once (one fast copy from pinned memory); batches are cut there.
+    if regression:
+        labels = labels.float().reshape(len(labels), -1)
+    train_rows = torch.from_numpy(np.flatnonzero(~data.is_validation))
+    val_rows = torch.from_numpy(np.flatnonzero(data.is_validation))
+    if not start.from_state:
+        mean, std = global_statistics(features, train_rows, "feature")
+        model.normalizer.mean.copy_(mean)
+        model.normalizer.std.copy_(std)
+        if regression and config.standardize_target:
+            mean, std = global_statistics(labels, train_rows, "target")
+            model.target.mean.copy_(mean)
+            model.target.std.copy_(std)
+    # The whole shard goes to the device once (one fast copy from pinned memory), split there into the
+    # training and validation rows; batches are gathered from those.
     features, labels = features.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-    model.normalizer.mean.copy_(mean)
-    model.normalizer.std.copy_(std)
+    train_rows, val_rows = train_rows.to(device), val_rows.to(device)
+    x_train, y_train = features[train_rows], labels[train_rows]
+    x_val, y_val = features[val_rows], labels[val_rows]
+    del features, labels, data
     model.to(device)
 
     optimizer = torch.optim.SGD(model.parameters(), lr=config.learning_rate, momentum=MOMENTUM)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    if rank == 0 and start.epoch > 0:
+        set_momentum(optimizer, model, start.momentum)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
+    # Regression trains on the standardized target (identity without standardize_target); once, not per step.
+    y_train_fit = model.target.scale(y_train) if regression else y_train
+    y_val_fit = model.target.scale(y_val) if regression else y_val
+    task = Task(regression, output_dim, device)
     steps = steps_per_epoch(shards, config.batch_size)
-    for epoch in range(1, config.epochs + 1):
+    train_count = len(x_train)
+    largest = -(-train_count // steps)
+    x_batch = x_train.new_empty((largest, run.input_dim))
+    y_batch = y_train_fit.new_empty((largest, *y_train_fit.shape[1:]))
+    global_train_rows = sum(s.train_count for s in shards)
+    history = list(start.history)
+    for epoch in range(start.epoch + 1, config.epochs + 1):
         started = time.perf_counter()
+        # Randomness inside the model (dropout) is seeded per epoch and rank too, so a resumed run repeats it.
+        torch.manual_seed(int(np.random.SeedSequence([config.seed, epoch, rank]).generate_state(1)[0]))
         model.train()
-        loss_sum, correct = 0.0, 0
-        for batch in epoch_batches(train_rows, steps, config.seed, epoch, rank):
-            index = torch.from_numpy(batch).to(device)
-            batch_loss, batch_correct = train_step(model, optimizer, features[index], labels[index])
-            loss_sum += batch_loss
-            correct += batch_correct
-        train_loss, train_accuracy = global_means("train_totals", loss_sum, correct, len(train_rows))
+        order = torch.from_numpy(epoch_order(train_count, config.seed, epoch, rank)).to(device)
+        train_sums = train_epoch(model, optimizer, task, x_train, y_train_fit, order,
+                                 batch_bounds(train_count, steps), x_batch, y_batch)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        train_seconds = time.perf_counter() - started
         model.eval()
-        val_sums = evaluate(model, features[val_rows], labels[val_rows])
-        val_loss, val_accuracy = global_means("val_totals", *val_sums, len(val_rows))
-        seconds = time.perf_counter() - started
+        val_sums = task.validation_sums(model, x_val, y_val, y_val_fit)
+        rows = torch.tensor([len(x_train)], dtype=torch.float64, device=device)
+        val_count = torch.tensor([len(x_val)], dtype=torch.float64, device=device)
+        totals = hvd.allreduce(torch.cat([train_sums, rows, val_sums, val_count]).cpu(), op=hvd.Sum,
+                               name="epoch_totals")
+        metrics = task.metrics(totals)
+        metrics["seconds"] = time.perf_counter() - started
+        metrics["samples_per_second"] = global_train_rows / train_seconds if train_seconds > 0 else None
+        history.append({"epoch": epoch, **metrics})
         if rank == 0:
-            runs.record_epoch(conn, run.run_id, epoch, {
-                "train_loss": train_loss, "train_accuracy": train_accuracy, "val_loss": val_loss,
-                "val_accuracy": val_accuracy, "seconds": seconds,
-            })
-            val_text = "n/a" if val_accuracy is None else f"{val_accuracy:.4f}"
-            print(f"epoch {epoch}/{config.epochs}: train loss {train_loss:.4f} acc {train_accuracy:.4f}, "
-                  f"val acc {val_text}, {steps} steps, {seconds:.2f}s", flush=True)
+            runs.record_epoch(conn, run.run_id, epoch, metrics)
+            print(epoch_line(epoch, config.epochs, metrics, steps, regression), flush=True)
+            if config.checkpoint_every and epoch % config.checkpoint_every == 0 and epoch < config.epochs:
+                write_checkpoint(conn, run, epoch, model, optimizer, start, history, fingerprint)
 
     if rank == 0:
-        tensors.write_staged(conn, run.run_id, {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()})
+        state = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+        tensors.write_staged(conn, run.run_id, state)
         runs.set_status(conn, run.run_id, "trained")
+        # Staged parameters supersede the checkpoints; a retry after this point trains again from scratch.
+        tensors.delete_checkpoints(conn, run.run_id)
         conn.close()
-        print(f"staged {len(spec.parameter_shapes())} tensors for run {run.run_id}", flush=True)
+        print(f"staged {len(state)} tensors for run {run.run_id}", flush=True)
     hvd.shutdown()
     return 0

@@ -1,0 +1,147 @@
+"""Model building: the built-in MLP, factories named by import path, and the refusals of bad ones."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import psycopg
+import pytest
+import torch
+from torch import nn
+
+from pgtrain import launch_local, runs, tensors
+from pgtrain.errors import ConfigError, TrainingFailed
+from tests.support import planned_run, seed_samples
+from trainer.model import PgtrainModel, build_model, resolve_factory, state_layout
+from trainer.train import steps_per_epoch
+
+REPO = Path(__file__).resolve().parents[1]
+RESMLP = "trainer.examples.resmlp:residual_mlp"
+
+
+# Factories for the refusal tests: ranks import them by path, as they would a user's package.
+def wrong_width(input_dim: int, output_dim: int) -> nn.Module:
+    return nn.Linear(input_dim, output_dim + 1)
+
+
+def raising(input_dim: int, output_dim: int) -> nn.Module:
+    raise RuntimeError("no weights for you")
+
+
+NOT_A_FACTORY = 3
+
+
+def test_the_mlp_is_wrapped_with_normalizer_and_target_scale():
+    model = build_model("mlp", 4, 3, {"hidden_sizes": [5]}, seed=0)
+    assert isinstance(model, PgtrainModel) and isinstance(model.net, nn.Sequential)
+    assert state_layout(model) == {
+        "normalizer.mean": {"shape": [4], "dtype": "float32"}, "normalizer.std": {"shape": [4], "dtype": "float32"},
+        "net.0.weight": {"shape": [5, 4], "dtype": "float32"}, "net.0.bias": {"shape": [5], "dtype": "float32"},
+        "net.2.weight": {"shape": [3, 5], "dtype": "float32"}, "net.2.bias": {"shape": [3], "dtype": "float32"},
+        "target.mean": {"shape": [3], "dtype": "float32"}, "target.std": {"shape": [3], "dtype": "float32"}}
+    model.normalizer.mean.fill_(1.0)
+    model.normalizer.std.fill_(2.0)
+    model.target.mean.copy_(torch.tensor([10.0, 20.0, 30.0]))
+    model.target.std.fill_(4.0)
+    x = torch.randn(7, 4)
+    with torch.no_grad():
+        assert torch.allclose(model(x), model.net((x - 1.0) / 2.0) * 4.0 + torch.tensor([10.0, 20.0, 30.0]))
+    # Same seed, same weights: every rank builds the same model before the broadcast.
+    again = build_model("mlp", 4, 3, {"hidden_sizes": [5]}, seed=0)
+    assert torch.equal(again.net[0].weight, model.net[0].weight)
+
+
+def test_a_factory_gets_the_widths_and_its_options():
+    model = build_model(RESMLP, 6, 2, {"width": 8, "blocks": 3}, seed=1)
+    assert len(model.net.blocks) == 3 and model.net.stem.out_features == 8
+    assert model(torch.zeros(5, 6)).shape == (5, 2)
+    assert resolve_factory("mlp").__name__ == "mlp"
+
+
+@pytest.mark.parametrize(("ref", "options", "message"), [
+    ("no_such_package.models:net", {}, "model 'no_such_package.models:net': cannot import 'no_such_package.models'"),
+    ("trainer.examples.resmlp:nothing_here", {}, "has no attribute 'nothing_here'"),
+    ("trainer.examples.resmlp", {}, "should be 'mlp' or 'package.module:factory'"),
+    (f"{__name__}:NOT_A_FACTORY", {}, "'NOT_A_FACTORY' is not callable"),
+    (f"{__name__}:raising", {}, "the factory raised RuntimeError: no weights for you"),
+    (RESMLP, {"blocks": 0}, "the factory raised ValueError: width=64 and blocks=0 should both be >= 1"),
+    (RESMLP, {"depth": 2}, "the factory raised TypeError"),
+    (f"{__name__}:wrong_width", {}, "a (2, 4) batch gives output [2, 4], the run needs [2, 3] (output_dim=3)"),
+])
+def test_bad_models_are_refused_with_the_path(ref, options, message):
+    with pytest.raises(ConfigError) as refused:
+        build_model(ref, 4, 3, options, seed=0)
+    assert message in str(refused.value)
+    assert repr(ref) in str(refused.value)
+
+
+def test_steps_per_epoch_comes_from_the_largest_shard():
+    shards = [runs.Shard(0, 2, "1", "5", 10, 9, 1), runs.Shard(1, 2, "6", "9", 10, 7, 3)]
+    assert steps_per_epoch(shards, 4) == 3
+
+
+# -- real ranks -----------------------------------------------------------------------------------------
+@pytest.fixture
+def autocommit(db_url):
+    with psycopg.connect(db_url, autocommit=True) as connection:
+        yield connection
+
+
+def job_output(run: runs.Run, db_url: str) -> tuple[list[str], Exception | None]:
+    lines: list[str] = []
+    log = logging.getLogger(f"test.models.{run.run_id}")
+    log.setLevel(logging.INFO)
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    log.addHandler(handler)
+    try:
+        launch_local.run_local(run.run_id, run.config.world_size, db_url, log, timeout_seconds=300)
+        return lines, None
+    except TrainingFailed as failure:
+        return lines, failure
+    finally:
+        log.removeHandler(handler)
+
+
+@pytest.mark.horovod
+def test_a_factory_model_trains_end_to_end(autocommit, db_url):
+    seed_samples(autocommit, rows=240, dim=10, classes=3, seed=4)
+    options = {"width": 16, "blocks": 2}
+    run = planned_run(autocommit, world_size=2, epochs=3, batch_size=16, learning_rate=0.02, model=RESMLP,
+                      model_options=options)
+    lines, failure = job_output(run, db_url)
+    assert failure is None, lines[-20:]
+
+    metrics = runs.epoch_metrics(autocommit, run.run_id)
+    assert [m["epoch"] for m in metrics] == [1, 2, 3]
+    assert metrics[-1]["train_loss"] < metrics[0]["train_loss"]
+    assert metrics[-1]["val_accuracy"] > 0.6  # three separable clusters: far above chance (1/3)
+    staged = tensors.read_staged(autocommit, run.run_id)
+    expected = build_model(RESMLP, 10, 3, options, seed=0)
+    layout = autocommit.execute("SELECT model_layout FROM pgtrain.training_runs WHERE run_id = %s",
+                                (run.run_id,)).fetchone()[0]
+    assert layout == state_layout(expected)
+    assert "net.blocks.1.norm.weight" in staged
+    expected.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in staged.items()}, strict=True)
+
+
+@pytest.mark.horovod
+@pytest.mark.parametrize(("ref", "options", "says"), [
+    ("no_such_package.models:net", {}, "cannot import 'no_such_package.models'"),
+    (RESMLP, {"blocks": 0}, "the factory raised ValueError"),
+    ("tests.test_trainer_models:wrong_width", {}, "gives output [2, 9], the run needs [2, 8]"),
+])
+def test_a_bad_model_fails_the_run_before_any_data_is_read(autocommit, db_url, monkeypatch, ref, options, says):
+    monkeypatch.setenv("PYTHONPATH", str(REPO))  # ranks import this test module like a user's package
+    seed_samples(autocommit, rows=40, dim=4, classes=8)
+    run = planned_run(autocommit, world_size=1, epochs=1, model=ref, model_options=options)
+    lines, failure = job_output(run, db_url)
+
+    assert failure is not None
+    assert repr(ref) in str(failure) and says in str(failure)
+    refusals = {line for line in lines if repr(ref) in line}
+    assert len(refusals) == 1, refusals  # one line, no traceback around it
+    assert not any("<stderr>:Traceback" in line for line in lines)  # the rank's, not horovodrun's own
+    assert not any("rank 0/1:" in line for line in lines)  # the shard was never loaded
+    assert runs.epoch_metrics(autocommit, run.run_id) == []
