@@ -107,7 +107,8 @@ def test_failing_trainer_fails_the_task_with_reason_and_log_tail(k8s, namespace,
     with psycopg.connect(db_url) as conn:
         status, reason = conn.execute("SELECT status, status_reason FROM pgtrain.training_runs WHERE run_id = %s",
                                       (run_id,)).fetchone()
-    assert status == "failed" and reason == message.splitlines()[0]
+    assert status == "refused" and "has no shard manifest; compute_shards writes it" in reason  # the trainer's verdict
+    assert f"trainer verdict: refused: {reason}" in message
     (job,) = k8s.mpijobs(namespace)  # keep_pod: kept, and marked so a retry does not re-attach to it
     assert job["metadata"]["labels"]["already_checked"] == "True"
     assert context["ti"].xcoms == {"mpijob_name": job["metadata"]["name"], "mpijob_namespace": namespace}

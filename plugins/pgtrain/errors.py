@@ -14,15 +14,14 @@ class SourceError(PgtrainError):
 
 
 class TrainingFailed(PgtrainError):
-    """The Horovod job failed; the message carries the tail of its output."""
+    """The Horovod job failed; the message carries the trainer's verdict or the tail of its output."""
 
 
 class TrainingInputError(TrainingFailed):
-    """A rank refused its input (rows changed since planning, a wrong world size): a retry cannot fix it."""
+    """A rank refused its input (rows changed since planning, a wrong world size): a retry cannot fix it.
 
-
-# A rank that refuses its input prints this before the reason, so launchers can tell it from a crash.
-INPUT_ERROR_MARK = "pgtrain input error:"
+    Launchers raise it when the run's recorded verdict is ``refused`` (pgtrain.runs), never from log text.
+    """
 
 
 class CommitRejected(PgtrainError):

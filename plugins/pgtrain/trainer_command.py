@@ -10,5 +10,7 @@ from __future__ import annotations
 DATABASE_URL_ENV = "PGTRAIN_DATABASE_URL"
 
 
-def trainer_argv(run_id: str, python: str = "python") -> list[str]:
-    return [python, "-m", "trainer", "--run-id", run_id]
+def trainer_argv(run_id: str, python: str = "python", attempt: int | None = None) -> list[str]:
+    """``attempt``: the run's train attempt (pgtrain.runs.begin_attempt); its writes are fenced by it."""
+    argv = [python, "-m", "trainer", "--run-id", run_id]
+    return argv if attempt is None else [*argv, "--attempt", str(int(attempt))]

@@ -38,7 +38,7 @@ from kubernetes.client.exceptions import ApiException
 
 from pgtrain import mpijob
 from pgtrain.airflow.mpijob_trigger import MPIJobTrigger
-from pgtrain.errors import INPUT_ERROR_MARK, ConfigError, TrainingFailed, TrainingInputError
+from pgtrain.errors import ConfigError, TrainingFailed, TrainingInputError
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -126,6 +126,7 @@ class MPIJobOperator(KubernetesPodOperator):
         self.ttl_seconds_after_finished = ttl_seconds_after_finished
         self.log_tail_lines = log_tail_lines
         self.job_name: str | None = None
+        self.attempt: int | None = None  # the train attempt the trainer is told (set by before_submit)
         self.job_namespace: str | None = None
         self._deleted = False
         self._tail: collections.deque[str] = collections.deque(maxlen=log_tail_lines)
@@ -163,7 +164,7 @@ class MPIJobOperator(KubernetesPodOperator):
             worker_memory=self.worker_memory, launcher_cpu=self.launcher_cpu,
             launcher_memory=self.launcher_memory, backoff_limit=self.backoff_limit,
             active_deadline_seconds=self.job_active_deadline_seconds,
-            ttl_seconds_after_finished=self.ttl_seconds_after_finished,
+            ttl_seconds_after_finished=self.ttl_seconds_after_finished, attempt=self.attempt,
         )
         return mpijob.build_mpijob(settings, pod)
 
@@ -320,6 +321,7 @@ class MPIJobOperator(KubernetesPodOperator):
         job = self.find_mpijob(context)
         if job is None:
             self.before_submit(context)
+            manifest = self.build_mpijob(context)  # with what before_submit decided (the attempt)
             job = self.submit(context, manifest)
         store = context.get("task_state_store")
         if store is not None:
@@ -333,7 +335,7 @@ class MPIJobOperator(KubernetesPodOperator):
         state: mpijob.JobState | None = None
         try:
             state = self._wait(job)
-            self._raise_if_failed(state)
+            self._raise_if_failed(state, context)
         finally:
             self._cleanup(state)
 
@@ -403,7 +405,14 @@ class MPIJobOperator(KubernetesPodOperator):
             return self.log_formatter(container_name, message)
         return f"[launcher] {message}"
 
-    def _raise_if_failed(self, state: mpijob.JobState) -> None:
+    def trainer_verdict(self, context: Context) -> tuple[str, str] | None:
+        """(status, reason) the trainer recorded for its run when it stopped ('refused' or 'failed'), if known.
+
+        The trainer records it in its database; this operator cannot read it (HorovodTrainOperator does).
+        """
+        return None
+
+    def _raise_if_failed(self, state: mpijob.JobState, context: Context) -> None:
         if state.phase == "Succeeded":
             self.log.info("MPIJob %s/%s succeeded: %s", self.job_namespace, self.job_name, state.message)
             return
@@ -414,10 +423,12 @@ class MPIJobOperator(KubernetesPodOperator):
             if terminated is not None:
                 exit_status = f"\nlauncher container exited with code {terminated.exit_code} ({terminated.reason})"
         tail = "\n".join(self._tail) or "(no launcher output; set get_logs=True to capture it)"
-        refused = any(INPUT_ERROR_MARK in line for line in self._tail)
+        verdict = self.trainer_verdict(context)
+        refused = verdict is not None and verdict[0] == "refused"
+        said = f"\ntrainer verdict: {verdict[0]}: {verdict[1]}" if verdict else ""
         raise (MPIJobInputRefused if refused else MPIJobFailed)(
             f"MPIJob {self.job_namespace}/{self.job_name} failed: {state.reason.rstrip('/') or 'Failed'}: "
-            f"{state.message}{exit_status}\nlast {len(self._tail)} launcher log lines:\n{tail}")
+            f"{state.message}{said}{exit_status}\nlast {len(self._tail)} launcher log lines:\n{tail}")
 
     def _cleanup(self, state: mpijob.JobState | None) -> None:
         if self._killed or self._deleted or not self.job_name:
@@ -490,7 +501,7 @@ class MPIJobOperator(KubernetesPodOperator):
             launcher = self._launcher_pod()
             if self.get_logs and launcher is not None and _container_started(launcher):
                 self._stream_launcher_log(launcher, follow=False)
-            self._raise_if_failed(state)
+            self._raise_if_failed(state, context)
         finally:
             self._cleanup(state)
 

@@ -16,7 +16,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from pgtrain.airflow.connection import DEFAULT_CONN_ID, database_url
 from pgtrain.airflow.failures import RETRY_POLICY
 from pgtrain.airflow.mpijob_operator import MPIJobOperator
-from pgtrain.errors import TrainingFailed
+from pgtrain.errors import TrainingFailed, TrainingInputError
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -50,15 +50,17 @@ class HorovodTrainOperator(MPIJobOperator):
 
     @contextmanager
     def _failure_recorded(self, context: Context) -> Iterator[None]:
-        """A failed job marks the run 'failed' (with the first line of why) before the task fails."""
+        """A failed job marks the run 'failed' (with the first line of why) before the task fails, unless the
+        trainer recorded its own verdict (refused, or failed with its reason): that one stays."""
         from pgtrain import runs
         from pgtrain.db import connect
 
         try:
             yield
         except TrainingFailed as failure:
+            status = "refused" if isinstance(failure, TrainingInputError) else "failed"
             with connect(database_url(self.conn_id)) as conn:
-                runs.set_status(conn, self._training_run_id(context), "failed", str(failure).splitlines()[0])
+                runs.record_verdict(conn, self._training_run_id(context), status, str(failure).splitlines()[0])
             raise
 
     def _train(self, context: Context) -> None:
@@ -72,8 +74,7 @@ class HorovodTrainOperator(MPIJobOperator):
         launcher = self.launcher or run.config.launcher
         self.log.info("training run %s: world_size %d, launcher %s", run_id, run.config.world_size, launcher)
         self.world_size = run.config.world_size
-        if launcher == "local":
-            self._clear_earlier_output(url, run_id)
+        if launcher == "local":  # run_local starts a new attempt and clears the earlier one's output
             self._local_running = True
             try:
                 launch_local.run_local(run_id, run.config.world_size, url, self.log)
@@ -93,13 +94,24 @@ class HorovodTrainOperator(MPIJobOperator):
         super().on_kill()
 
     def before_submit(self, context: Context) -> None:
-        """A new job trains from scratch: forget metrics and staged parameters of an earlier attempt."""
-        self._clear_earlier_output(database_url(self.conn_id), self._training_run_id(context))
-
-    @staticmethod
-    def _clear_earlier_output(url: str, run_id: str) -> None:
+        """A new job is a new attempt (the earlier one's writes are refused from now on) and trains from
+        scratch: forget metrics and staged parameters of the earlier attempt."""
         from pgtrain import runs
         from pgtrain.db import connect
 
-        with connect(url) as conn:
+        run_id = self._training_run_id(context)
+        with connect(database_url(self.conn_id)) as conn:
+            self.attempt = runs.begin_attempt(conn, run_id)
             runs.clear_training_output(conn, run_id)
+        self.log.info("training run %s: attempt %d", run_id, self.attempt)
+
+    def trainer_verdict(self, context: Context) -> tuple[str, str] | None:
+        """What the trainer recorded when it stopped (begin_attempt cleared any earlier attempt's verdict)."""
+        from pgtrain import runs
+        from pgtrain.db import connect
+
+        with connect(database_url(self.conn_id)) as conn:
+            run = runs.get_run(conn, self._training_run_id(context))
+        if run.status in ("refused", "failed") and run.status_reason:
+            return run.status, run.status_reason
+        return None

@@ -1,0 +1,128 @@
+"""A killed launcher takes its ranks with it, and an older attempt can no longer write to its run."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import psutil
+import psycopg
+import pytest
+
+from pgtrain import runs, tensors
+from pgtrain.db import connect
+from tests.conftest import REPO
+from tests.support import planned_run, seed_samples
+
+# Stands in for the Airflow task: the local launcher in a process of its own, killed without warning.
+LAUNCHER = """
+import logging, sys
+from pgtrain.launch_local import run_local
+logging.basicConfig(level=logging.INFO)
+run_local(sys.argv[1], 2, sys.stdin.readline().strip(), logging.getLogger("launcher"))
+"""
+
+
+def wait_for(check, seconds: float, what: str):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        result = check()
+        if result:
+            return result
+        time.sleep(0.2)
+    raise AssertionError(f"gave up after {seconds:g} s waiting for {what}")
+
+
+def alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def epochs_recorded(db_url: str, run_id: str) -> int:
+    with psycopg.connect(db_url) as conn:
+        return conn.execute("SELECT count(*) FROM pgtrain.run_metrics WHERE run_id = %s", (run_id,)).fetchone()[0]
+
+
+def assert_refused(conn: psycopg.Connection, write, attempt: int, run_id: str) -> None:
+    with pytest.raises(psycopg.Error, match=f"stale train attempt {attempt} of run {run_id}") as refused:
+        write(conn)
+    assert refused.value.sqlstate == "PT409"
+
+
+@pytest.mark.horovod
+def test_a_killed_launcher_takes_its_ranks_with_it_and_its_attempt_is_fenced(db_url, tmp_path):
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        seed_samples(conn, rows=400, dim=8, classes=3)
+        run = planned_run(conn, world_size=2, epochs=5000, batch_size=16, hidden_sizes=[8])
+    with open(tmp_path / "launcher.log", "w") as output:
+        task = subprocess.Popen([sys.executable, "-c", LAUNCHER, run.run_id], cwd=REPO, stdin=subprocess.PIPE,
+                                stdout=output, stderr=subprocess.STDOUT, text=True)
+        task.stdin.write(db_url + "\n")
+        task.stdin.close()
+    try:
+        wait_for(lambda: epochs_recorded(db_url, run.run_id) >= 2 or task.poll() is not None, 180,
+                 "the ranks to train")
+        assert task.poll() is None, (tmp_path / "launcher.log").read_text()
+        descendants = psutil.Process(task.pid).children(recursive=True)
+        ranks = [p for p in descendants if p.cmdline()[1:3] == ["-m", "trainer"] and run.run_id in p.cmdline()]
+        assert len(ranks) == 2, [p.cmdline() for p in descendants]
+    finally:
+        task.send_signal(signal.SIGKILL)  # no on_kill, no finally: what an OOM kill or a lost worker does
+        task.wait()
+
+    # Generous: Horovod gives the ranks 5 s to stop after SIGTERM before it kills them.
+    wait_for(lambda: not any(alive(p) for p in descendants), 30, "the ranks and horovodrun to stop")
+    recorded = epochs_recorded(db_url, run.run_id)
+    time.sleep(1)
+    assert epochs_recorded(db_url, run.run_id) == recorded  # nobody trains on
+
+    with connect(db_url) as conn:
+        killed = runs.get_run(conn, run.run_id).attempt
+        assert killed == 1
+        assert runs.begin_attempt(conn, run.run_id) == 2  # the retry
+    with connect(db_url, attempt=killed) as stale:
+        assert_refused(stale, lambda c: runs.record_epoch(c, run.run_id, 99, {"train_loss": 1.0, "seconds": 1.0}),
+                       killed, run.run_id)
+        assert_refused(stale, lambda c: runs.record_verdict(c, run.run_id, "failed", "late"), killed, run.run_id)
+
+
+def test_writes_of_an_older_attempt_are_refused_and_others_pass(db_url):
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        seed_samples(conn, rows=40)
+        run = planned_run(conn, world_size=2, epochs=1)
+        assert runs.get_run(conn, run.run_id).attempt == 0
+        assert [runs.begin_attempt(conn, run.run_id) for _ in range(3)] == [1, 2, 3]
+    epoch = {"train_loss": 1.0, "train_accuracy": 0.5, "seconds": 1.0}
+    with connect(db_url, attempt=3) as current:
+        runs.record_epoch(current, run.run_id, 1, epoch)
+    with connect(db_url, attempt=2) as stale:
+        for write in (
+            lambda c: runs.record_epoch(c, run.run_id, 2, epoch),
+            lambda c: runs.mark_training(c, run.run_id),
+            lambda c: runs.set_status(c, run.run_id, "trained"),
+            lambda c: c.execute("DELETE FROM pgtrain.run_metrics WHERE run_id = %s", (run.run_id,)),
+            lambda c: tensors.write_staged(c, run.run_id, {"w": np.zeros(3, np.float32)}),
+            lambda c: tensors.write_checkpoint(c, run.run_id, 1, {"w": np.zeros(3, np.float32)}, {}),
+        ):
+            assert_refused(stale, write, 2, run.run_id)
+    with connect(db_url, attempt=3) as current:
+        tensors.write_checkpoint(current, run.run_id, 1, {"w": np.zeros(3, np.float32)}, {})
+        tensors.write_staged(current, run.run_id, {"w": np.zeros(3, np.float32)})
+        runs.set_status(current, run.run_id, "trained")
+    with connect(db_url) as airflow_side:  # no attempt: the launchers and commit are not fenced
+        runs.set_status(airflow_side, run.run_id, "committed")
+        assert [m["epoch"] for m in runs.epoch_metrics(airflow_side, run.run_id)] == [1]
+        assert runs.get_run(airflow_side, run.run_id).status == "committed"
+        runs.clear_training_output(airflow_side, run.run_id)
+
+
+def test_every_table_a_trainer_writes_is_fenced(conn):
+    fenced = {row[0] for row in conn.execute(
+        "SELECT tgrelid::regclass::text FROM pg_trigger WHERE tgname = 'refuse_stale_attempt'").fetchall()}
+    assert fenced == {f"pgtrain.{t}" for t in ("training_runs", "run_metrics", "staged_parameters", "staged_chunks",
+                                               "checkpoints", "checkpoint_chunks")}

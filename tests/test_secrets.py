@@ -1,0 +1,191 @@
+"""The database password never leaves the launcher: not in ``ps``, not in any environment, log, record or error."""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import threading
+import time
+import traceback
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from pgtrain import db, launch_local, runs
+from pgtrain.errors import ConfigError
+from tests.k8s_sim.fixtures import with_password
+from tests.support import planned_run, seed_samples
+
+SENTINEL = "sentinel-{}"
+
+
+@pytest.fixture
+def sentinel() -> str:
+    return SENTINEL.format(uuid.uuid4().hex)
+
+
+@pytest.mark.parametrize("template", [
+    "postgresql://u:{pw}@localhost:notaport/db",
+    "postgresql://u:{pw}@[bad/db",  # libpq quotes the whole URI in this one
+    "postgresql://u:{pw}%zz@localhost/db",
+    "host=localhost password={pw} port=abc",
+    "host=localhost password='{pw}' port=99999",
+    "postgresql://u@localhost/db?password={pw}&port=x",
+])
+def test_a_malformed_url_fails_without_its_password(template, sentinel):
+    url = template.format(pw=sentinel)
+    with pytest.raises(ConfigError) as failure:
+        db.connect(url)
+    shown = "".join(traceback.format_exception(failure.value))
+    assert "training database URL" in shown
+    assert sentinel not in shown and sentinel[:-4] not in shown
+
+
+def test_a_failed_connection_does_not_quote_the_password(sentinel, tmp_path):
+    url = f"postgresql://u:{sentinel}@/db?host={tmp_path}&port=1"  # no server listens there
+    with pytest.raises(psycopg.OperationalError) as failure:
+        db.connect(url)
+    assert sentinel not in "".join(traceback.format_exception(failure.value))
+
+
+def test_the_ranks_get_the_url_without_its_password(sentinel):
+    rank_url, password = db.split_password(f"postgresql://trainer:{sentinel}@db.example:5433/training?sslmode=require")
+    assert password == sentinel and sentinel not in rank_url
+    assert psycopg.conninfo.conninfo_to_dict(rank_url) == {
+        "user": "trainer", "host": "db.example", "port": "5433", "dbname": "training", "sslmode": "require"}
+    assert db.split_password("postgresql://trainer@db.example/training")[1] is None
+    with pytest.raises(ConfigError, match="sslpassword"):
+        db.split_password("host=h sslpassword=x")
+
+
+def test_the_ranks_environment_is_allow_listed(sentinel):
+    worker = {"PATH": "/usr/bin", "HOME": "/home/a", "LC_ALL": "C.UTF-8", "OMP_NUM_THREADS": "2",
+              "HOROVOD_LOG_LEVEL": "info", "PGHOST": "db", "PGPASSWORD": sentinel, "AWS_SECRET_ACCESS_KEY": sentinel,
+              "AIRFLOW_CONN_PGTRAIN_DB": f"postgresql://u:{sentinel}@db/x", "PGTRAIN_DATABASE_URL": sentinel}
+    env = launch_local.rank_environment(worker, "host=db user=u", "/tmp/x/pgpass")
+    assert sentinel not in repr(env)
+    assert env == {"PATH": "/usr/bin", "HOME": "/home/a", "LC_ALL": "C.UTF-8", "OMP_NUM_THREADS": "2",
+                   "HOROVOD_LOG_LEVEL": "info", "PGHOST": "db", "PGTRAIN_DATABASE_URL": "host=db user=u",
+                   "PYTHONUNBUFFERED": "1", "PGPASSFILE": "/tmp/x/pgpass"}
+
+
+def test_the_passfile_is_private_escaped_and_removed():
+    with launch_local.private_passfile("a:b\\c") as path:
+        file, directory = Path(path), Path(path).parent
+        assert stat.S_IMODE(file.stat().st_mode) == 0o600
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+        assert file.read_text() == "*:*:*:*:a\\:b\\\\c\n"
+    assert not file.exists() and not directory.exists()
+    with launch_local.private_passfile(None) as nothing:
+        assert nothing is None
+
+
+@contextmanager
+def password_role(admin_url: str, password: str):
+    """A superuser role whose password is ``password``; the embedded server (trust) is made to check it."""
+    role = f"pgtrain_secret_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN SUPERUSER PASSWORD {}").format(
+            sql.Identifier(role), sql.Literal(password)))
+        hba = Path(admin.execute("SHOW hba_file").fetchone()[0])
+        original = hba.read_text() if os.access(hba, os.W_OK) else None
+        if original is not None:  # our server: this role must authenticate with its password
+            hba.write_text(f"local all {role} scram-sha-256\nhost all {role} all scram-sha-256\n{original}")
+            admin.execute("SELECT pg_reload_conf()")
+        try:
+            yield role, original is not None
+        finally:
+            if original is not None:
+                hba.write_text(original)
+                admin.execute("SELECT pg_reload_conf()")
+            admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:  # gone, or not ours to read
+        return b""
+
+
+class ProcessWatch:
+    """Reads every process's command line and environment, over and over, looking for a secret."""
+
+    def __init__(self, secret: str, run_id: str) -> None:
+        self.secret = secret.encode()
+        self.run_id = run_id.encode()
+        self.leaks: list[str] = []
+        self.rank_scans = 0
+        self.gloo_command_lines = 0
+        self.passfiles: set[str] = set()
+
+    def scan(self) -> None:
+        for proc in Path("/proc").glob("[0-9]*"):
+            cmdline, environ = _read(proc / "cmdline"), _read(proc / "environ")
+            for what, text in (("command line", cmdline), ("environment", environ)):
+                if self.secret in text:
+                    shown = cmdline.replace(bytes(1), b" ")[:300]
+                    self.leaks.append(f"{what} of pid {proc.name}: {shown!r}")
+            if b"HOROVOD_RANK=" in cmdline and self.run_id in cmdline:  # Gloo's `sh -c env ...` line
+                self.gloo_command_lines += 1
+            if b"trainer" in cmdline and self.run_id in cmdline and b"horovodrun" not in cmdline:
+                variables = dict(v.split(b"=", 1) for v in environ.split(b"\0") if b"=" in v)
+                if b"PGPASSFILE" in variables:
+                    self.rank_scans += 1
+                    self.passfiles.add(variables[b"PGPASSFILE"].decode())
+                if b"PGPASSWORD" in variables:
+                    self.leaks.append(f"PGPASSWORD in the environment of rank process {proc.name}")
+
+
+@pytest.mark.horovod
+def test_the_password_is_nowhere_while_ranks_train(db_url, pg_admin_url, sentinel):
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        seed_samples(conn, rows=1200, dim=16, classes=4)
+        run = planned_run(conn, world_size=2, epochs=6, hidden_sizes=[16])
+    with password_role(pg_admin_url, sentinel) as (role, checked):
+        url = with_password(db_url, sentinel).replace("://postgres:", f"://{role}:", 1)
+        assert sentinel in url and role in url
+        assert checked or os.environ.get("TEST_DATABASE_URL")  # the embedded server can be made to check it
+        if checked:  # the server really wants this password: the ranks must get it from the passfile
+            with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+                psycopg.connect(url.replace(sentinel, "wrong")).close()
+        lines: list[str] = []
+        log = logging.getLogger(f"test.secrets.{uuid.uuid4().hex}")
+        log.setLevel(logging.INFO)
+        handler = logging.Handler()
+        handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+        log.addHandler(handler)
+        errors: list[BaseException] = []
+
+        def launch() -> None:
+            try:
+                launch_local.run_local(run.run_id, 2, url, log, timeout_seconds=300)
+            except BaseException as error:  # reported by the asserts below
+                errors.append(error)
+
+        watch = ProcessWatch(sentinel, run.run_id)
+        launcher = threading.Thread(target=launch)
+        launcher.start()
+        while launcher.is_alive():
+            watch.scan()
+            time.sleep(0.05)
+        launcher.join()
+
+    assert not errors, errors
+    assert not watch.leaks, watch.leaks
+    assert watch.rank_scans >= 2 and watch.gloo_command_lines >= 1  # the ranks ran while we looked
+    (passfile,) = watch.passfiles
+    assert not os.path.exists(passfile) and not os.path.exists(os.path.dirname(passfile))
+    assert not any(sentinel in line for line in lines) and any("rank 1/2" in line for line in lines)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        assert runs.get_run(conn, run.run_id).status == "trained"  # the ranks connected (scram when checked)
+        records = conn.execute(
+            "SELECT r::text || coalesce((SELECT string_agg(m::text, '') FROM pgtrain.run_metrics m "
+            "WHERE m.run_id = r.run_id), '') FROM pgtrain.training_runs r WHERE run_id = %s",
+            (run.run_id,)).fetchone()[0]
+    assert run.run_id in records and sentinel not in records
