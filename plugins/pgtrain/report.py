@@ -1,4 +1,4 @@
-"""The summary of a run: rows per rank, loss curve, accuracy, committed version, wall time.
+"""The summary of a run: rows per rank, loss curve, validation metrics, committed version, wall time.
 
     python -m pgtrain.report [RUN_ID]     # default: the most recent run
 """
@@ -22,9 +22,10 @@ def build_summary(conn: psycopg.Connection, run_id: str) -> dict[str, Any]:
         row = cur.execute(
             """SELECT r.run_id, r.model_name, r.status, r.status_reason, r.input_dim, r.num_classes,
                       extract(epoch FROM r.updated_at - r.created_at)::float8 AS wall_seconds,
-                      v.version, v.created_at, p.excluded_rows
+                      v.version, v.created_at, p.excluded_rows, h.version IS NOT NULL AS is_head
                FROM pgtrain.training_runs r
                LEFT JOIN pgtrain.model_versions v ON v.run_id = r.run_id
+               LEFT JOIN pgtrain.model_heads h ON h.model_name = v.model_name AND h.version = v.version
                LEFT JOIN pgtrain.shard_plans p ON p.run_id = r.run_id
                WHERE r.run_id = %s""",
             (run_id,),
@@ -37,6 +38,7 @@ def build_summary(conn: psycopg.Connection, run_id: str) -> dict[str, Any]:
     if row is None:
         raise PgtrainError(f"training run {run_id!r} does not exist; `python -m pgtrain.report` lists the latest")
     epochs = runs.epoch_metrics(conn, run_id)
+    last = epochs[-1] if epochs else {}
     return {
         "run_id": run_id,
         "model_name": row["model_name"],
@@ -46,21 +48,26 @@ def build_summary(conn: psycopg.Connection, run_id: str) -> dict[str, Any]:
         "train_rows_per_rank": [m["train_count"] for m in manifest],
         "excluded_rows": row["excluded_rows"] or 0,
         "loss_per_epoch": [round(e["train_loss"], 5) for e in epochs],
-        "val_accuracy": epochs[-1]["val_accuracy"] if epochs else None,
+        "val_accuracy": last.get("val_accuracy"),
+        "validation": {k: v for k, v in last.items() if k.startswith("val_") and v is not None},
+        "samples_per_second": last.get("samples_per_second"),
         "version": row["version"],
+        "is_head": bool(row["is_head"]),
         "wall_seconds": round(row["wall_seconds"], 1),
     }
 
 
 def format_summary(summary: dict[str, Any]) -> str:
-    accuracy = summary["val_accuracy"]
+    validation = summary.get("validation") or {}
+    head = "" if summary.get("is_head", True) else f" (not the head: {summary['status_reason']})"
     lines = [
         f"run               {summary['run_id']} ({summary['status']})",
         f"rows per rank     {summary['rows_per_rank']} (training: {summary['train_rows_per_rank']})"
         + (f", {summary['excluded_rows']} bad rows excluded" if summary["excluded_rows"] else ""),
         "loss per epoch    " + " ".join(f"{loss:.4f}" for loss in summary["loss_per_epoch"]),
-        f"val accuracy      {'n/a' if accuracy is None else f'{accuracy:.4f}'}",
-        f"committed version {summary['model_name']} v{summary['version']}" if summary["version"]
+        "validation        " + (", ".join(f"{k.removeprefix('val_')} {v:.4f}" for k, v in validation.items())
+                                 or "n/a"),
+        f"committed version {summary['model_name']} v{summary['version']}{head}" if summary["version"]
         else f"committed version none ({summary['status_reason'] or 'not committed'})",
         f"wall time         {summary['wall_seconds']} s",
     ]

@@ -77,7 +77,12 @@ def commit_parameters(training_run: str, conn_id: str = DEFAULT_CONN_ID, ti: Any
         result = commit_run(conn, training_run, owner=owner)
     log.info("model %s version %d (%s)", result.model_name, result.version,
              "new" if result.created else "already committed by an earlier try")
-    return {"model_name": result.model_name, "version": result.version, "created": result.created}
+    if not result.head_moved:
+        log.warning("the head of %s did not move to version %d: the model changed shape or kind; "
+                    "`pgtrain-models promote %s %d` makes it the head", result.model_name, result.version,
+                    result.model_name, result.version)
+    return {"model_name": result.model_name, "version": result.version, "created": result.created,
+            "head_moved": result.head_moved}
 
 
 @task
