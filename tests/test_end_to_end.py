@@ -83,7 +83,8 @@ def test_empty_source_fails_in_compute_shards_before_training(airflow_env, db_ur
 def test_world_size_above_row_count_fails_in_compute_shards(airflow_env, db_url):
     with psycopg.connect(db_url, autocommit=True) as conn:
         examples.insert_samples(conn, *examples.synthetic(3, 4, 2))
-    result = dags_test(airflow_env, db_url, {"world_size": 5})
+    # launcher=kubernetes: 5 local ranks on a 2-CPU worker would be refused earlier, in plan_run
+    result = dags_test(airflow_env, db_url, {"world_size": 5, "launcher": "kubernetes"})
     assert result.returncode != 0
     assert "world_size 5 is larger than the 3 rows" in result.stdout + result.stderr
     with psycopg.connect(db_url, autocommit=True) as conn:

@@ -217,7 +217,7 @@ def test_deferrable_mode_hands_the_wait_to_the_trigger(k8s, namespace, db_url, c
             return event
 
     event = asyncio.run(asyncio.wait_for(first_event(), 120)).payload
-    assert event["status"] == "success"
+    assert event["status"] == "succeeded", event  # the job's own message says why not
 
     capfd.readouterr()
     resumed = train_operator(namespace, training_run_id=run_id, deferrable=True)  # a fresh instance, as on resume
@@ -247,7 +247,7 @@ def test_deferred_startup_timeout_and_kill_delete_the_job(k8s, namespace, db_url
 
     context, trigger = defer("timeout")
     event = asyncio.run(asyncio.wait_for(first_event(trigger), 60))
-    assert event["status"] == "timeout" and "Insufficient nvidia.com/gpu" in event["message"]
+    assert event["status"] == "timeout" and "Insufficient nvidia.com/gpu" in event["message"], event
     with pytest.raises(MPIJobStartupTimeout, match="Insufficient nvidia.com/gpu.*The MPIJob was deleted"):
         MPIJobOperator(task_id="train", namespace=namespace, deferrable=True).execute_complete(context, event)
     assert k8s.history(namespace, verb="delete", name=trigger.name)[0]["propagationPolicy"] == "Foreground"
@@ -256,6 +256,27 @@ def test_deferred_startup_timeout_and_kill_delete_the_job(k8s, namespace, db_url
     asyncio.run(trigger.on_kill())  # Airflow 3.3's triggerer calls this when the deferred task is killed
     assert k8s.history(namespace, verb="delete", name=trigger.name)[0]["propagationPolicy"] == "Foreground"
     k8s.wait_for(lambda: not k8s.mpijobs(namespace), 10, "both jobs to be gone")
+
+
+def test_deferred_missing_secret_fails_fast_like_the_synchronous_path(k8s, db_url):
+    ns = k8s.new_namespace()  # no Secret created here
+    operator = MPIJobOperator(task_id="train", namespace=ns, image=IMAGE, training_run_id="x/y", world_size=2,
+                              startup_timeout_seconds=3600, poll_interval=0.3, deferrable=True)
+    context = task_context(DAG_ID, "deferred-no-secret")
+    with pytest.raises(TaskDeferred) as deferred:
+        operator.execute(context)
+
+    async def first_event():
+        async for event in deferred.value.trigger.run():
+            return event.payload
+
+    # Far below the hour of startup timeout: the trigger sees the container that can never start.
+    event = asyncio.run(asyncio.wait_for(first_event(), 120))
+    assert event["status"] == "cannot_start" and 'secret "pgtrain-db" not found' in event["message"], event
+    with pytest.raises(MPIJobStartupTimeout, match=r'CreateContainerConfigError: secret "pgtrain-db" not found.*'
+                                                   r"Create the Secret 'pgtrain-db'"):
+        MPIJobOperator(task_id="train", namespace=ns, deferrable=True).execute_complete(context, event)
+    k8s.wait_for(lambda: not k8s.mpijobs(ns), 10, "the job to be deleted")
 
 
 def test_local_launcher_runs_horovodrun_on_this_machine(namespace, db_url, capfd):

@@ -155,3 +155,43 @@ def test_render_command_prints_what_the_builder_builds():
 def test_render_command_explains_a_bad_layout(capsys):
     assert mpijob.main(["render", "--world-size", "6", "--gpus-per-worker", "4", "--run-id", "r"]) == 2
     assert "not a multiple of gpus_per_worker" in capsys.readouterr().err
+
+
+# --- watch_step: one look at a job and its pods, shared by the operator's loop and its trigger ---
+
+def _job(*conditions: tuple[str, str, str]) -> dict:
+    return {"status": {"conditions": [{"type": t, "status": "True", "reason": r, "message": m}
+                                      for t, r, m in conditions]}}
+
+
+def _pod(name: str, waiting: dict | None = None, unschedulable: str | None = None) -> dict:
+    status: dict = {"phase": "Pending"}
+    if waiting:
+        status["containerStatuses"] = [{"state": {"waiting": waiting}}]
+    if unschedulable:
+        status["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                 "message": unschedulable}]
+    return {"metadata": {"name": name}, "status": status}
+
+
+def test_watch_step_reads_finished_jobs_from_their_conditions():
+    done = mpijob.watch_step(_job(("Created", "", ""), ("Succeeded", "MPIJobSucceeded", "ok")), [], 0, 100)
+    failed = mpijob.watch_step(_job(("Failed", "BackoffLimitExceeded", "launcher failed")), [], 0, 100)
+    assert (done.outcome, done.done, failed.outcome, failed.reason) == (
+        "succeeded", True, "failed", "BackoffLimitExceeded")
+
+
+def test_watch_step_fails_fast_on_a_container_that_can_never_start():
+    pods = [_pod("job-launcher", {"reason": "CreateContainerConfigError", "message": 'secret "db" not found'})]
+    verdict = mpijob.watch_step(_job(("Created", "", "")), pods, now=0, startup_deadline=3600)
+    assert verdict.outcome == "cannot_start" and 'secret "db" not found' in verdict.message
+
+
+def test_watch_step_times_out_only_a_job_that_never_started():
+    pods = [_pod("job-worker-0", unschedulable="0/1 nodes are available: 1 Insufficient nvidia.com/gpu.")]
+    waiting = mpijob.watch_step(_job(), pods, now=10, startup_deadline=60)
+    timeout = mpijob.watch_step(_job(), pods, now=60, startup_deadline=60)
+    started = mpijob.watch_step(_job(), pods, now=600, startup_deadline=60, started=True)
+    assert (waiting.outcome, waiting.done) == ("waiting", False)
+    assert timeout.outcome == "timeout" and "Insufficient nvidia.com/gpu" in timeout.message
+    assert (started.outcome, started.done) == ("running", False)

@@ -29,7 +29,7 @@ from pgtrain import runs
 from pgtrain.db import connect, split_password
 from pgtrain.errors import ConfigError, TrainingFailed, TrainingInputError
 from pgtrain.lifetime import preexec_die_with_this_process
-from pgtrain.trainer_command import DATABASE_URL_ENV, trainer_argv
+from pgtrain.trainer_command import DATABASE_URL_ENV, horovodrun_options, trainer_argv
 
 TAIL_LINES = 40
 PASSFILE_ENV = "PGPASSFILE"
@@ -61,7 +61,7 @@ def horovodrun_path() -> str:
 def local_command(run_id: str, world_size: int, attempt: int | None = None) -> list[str]:
     return [
         horovodrun_path(), "--gloo", "-np", str(world_size), "-H", f"localhost:{world_size}",
-        *trainer_argv(run_id, python=sys.executable, attempt=attempt),
+        *horovodrun_options(), *trainer_argv(run_id, python=sys.executable, attempt=attempt),
     ]
 
 

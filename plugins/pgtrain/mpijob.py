@@ -24,7 +24,7 @@ from typing import Any
 
 from pgtrain import __version__
 from pgtrain.errors import ConfigError
-from pgtrain.trainer_command import DATABASE_URL_ENV, trainer_argv
+from pgtrain.trainer_command import DATABASE_URL_ENV, horovodrun_options, trainer_argv
 
 API_GROUP = "kubeflow.org"
 API_VERSION = "v2beta1"
@@ -141,7 +141,8 @@ def launcher_command(run_id: str, world_size: int, attempt: int | None = None) -
     horovodrun passes the launcher's environment to every rank by name (``mpirun -x NAME``), so the
     database URL travels from the Secret to the ranks without ever being written out.
     """
-    return ["horovodrun", "-np", str(world_size), "--hostfile", HOSTFILE, *trainer_argv(run_id, attempt=attempt)]
+    return ["horovodrun", "-np", str(world_size), "--hostfile", HOSTFILE, *horovodrun_options(),
+            *trainer_argv(run_id, attempt=attempt)]
 
 
 def database_env(secret: str, key: str) -> dict[str, Any]:

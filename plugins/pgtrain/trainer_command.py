@@ -9,6 +9,16 @@ from __future__ import annotations
 # The one environment variable that carries the training database URL to every pgtrain process.
 DATABASE_URL_ENV = "PGTRAIN_DATABASE_URL"
 
+# horovodrun's own timeouts default to 30 s: a rank importing torch on a busy machine, or rank 0 writing a
+# large checkpoint while the others wait in the next allreduce, takes longer than that and is not a failure.
+HOROVODRUN_TIMEOUT_SECONDS = 600
+
+
+def horovodrun_options() -> list[str]:
+    """Options both launchers pass to horovodrun (before the trainer's command)."""
+    seconds = str(HOROVODRUN_TIMEOUT_SECONDS)
+    return ["--start-timeout", seconds, "--gloo-timeout-seconds", seconds]
+
 
 def trainer_argv(run_id: str, python: str = "python", attempt: int | None = None) -> list[str]:
     """``attempt``: the run's train attempt (pgtrain.runs.begin_attempt); its writes are fenced by it."""

@@ -15,6 +15,10 @@ labels), ``pgtrain.mpijob`` turns it into the launcher and worker templates of o
   kept according to ``on_finish_action`` (KPO's values: delete_pod, delete_succeeded_pod, keep_pod,
   delete_active_pod);
 - ``deferrable=True``: a trigger polls the conditions, the worker slot is freed meanwhile.
+
+The API calls live in ``MPIJobClient``; what one look at the job and its pods means (running,
+succeeded, failed, cannot start, timed out) is ``pgtrain.mpijob.watch_step``, the same in the
+operator's loop and in the trigger.
 """
 
 from __future__ import annotations
@@ -26,17 +30,17 @@ from collections.abc import Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import generic_api_retry
 from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
 from airflow.providers.cncf.kubernetes.utils.pod_manager import OnFinishAction, OnKillAction
 from airflow.providers.common.compat.sdk import AirflowNotFoundException
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowFailException
-from kubernetes.client import CustomObjectsApi, V1DeleteOptions, V1Pod
+from kubernetes.client import V1Pod
 from kubernetes.client.exceptions import ApiException
 
 from pgtrain import mpijob
+from pgtrain.airflow.mpijob_client import MPIJobClient
 from pgtrain.airflow.mpijob_trigger import MPIJobTrigger
 from pgtrain.errors import ConfigError, TrainingFailed, TrainingInputError
 
@@ -181,62 +185,33 @@ class MPIJobOperator(KubernetesPodOperator):
         """Print the MPIJob this task would create (without the task-instance labels)."""
         print(mpijob.render_yaml(self.build_mpijob(dry_run=True)))
 
-    # --- Kubernetes access ---
+    # --- Kubernetes access (all of it through MPIJobClient) ---
 
     @cached_property
-    def custom_obj_api(self) -> CustomObjectsApi:
-        return self.hook.custom_object_client
-
-    def _job_call(self, method: str, *, retry: bool = True, **kwargs: Any) -> Any:
-        """A CustomObjectsApi call on this namespace's MPIJobs; transient API errors are retried."""
-
-        def call() -> Any:
-            return getattr(self.custom_obj_api, method)(
-                group=mpijob.API_GROUP, version=mpijob.API_VERSION, plural=mpijob.PLURAL,
-                namespace=self.job_namespace, **kwargs)
-
-        return generic_api_retry(call)() if retry else call()
+    def jobs(self) -> MPIJobClient:
+        return MPIJobClient(self.hook, self.job_namespace)
 
     def read_mpijob(self) -> dict[str, Any]:
-        try:
-            return self._job_call("get_namespaced_custom_object", name=self.job_name)
-        except ApiException as exc:
-            if exc.status == 404:
-                raise TrainingFailed(
-                    f"MPIJob {self.job_namespace}/{self.job_name} no longer exists: it was deleted while "
-                    "the task watched it (by hand, or by its ttlSecondsAfterFinished)") from exc
-            raise
+        job = self.jobs.get(self.job_name)
+        if job is None:
+            raise TrainingFailed(
+                f"MPIJob {self.job_namespace}/{self.job_name} no longer exists: it was deleted while "
+                "the task watched it (by hand, or by its ttlSecondsAfterFinished)")
+        return job
 
     def delete_mpijob(self, why: str) -> None:
         """Delete with foreground propagation: the MPIJob goes once its pods are gone."""
         if not self.job_name or self._deleted:
             return
         self.log.info("Deleting MPIJob %s/%s (%s).", self.job_namespace, self.job_name, why)
-        options = V1DeleteOptions(propagation_policy="Foreground",
-                                  grace_period_seconds=self.termination_grace_period)
-        try:
-            self._job_call("delete_namespaced_custom_object", name=self.job_name, body=options)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        self.jobs.delete(self.job_name, self.termination_grace_period)
         self._deleted = True
 
     def _mark_checked(self) -> None:
         try:
-            self._job_call("patch_namespaced_custom_object", name=self.job_name,
-                           body={"metadata": {"labels": {CHECKED_LABEL: "True"}}})
+            self.jobs.label(self.job_name, {CHECKED_LABEL: "True"})
         except ApiException as exc:
             self.log.warning("Could not label MPIJob %s as checked: %s", self.job_name, exc.reason)
-
-    @generic_api_retry
-    def _pods(self, role: str) -> list[V1Pod]:
-        selector = f"{mpijob.JOB_NAME_LABEL}={self.job_name},{mpijob.JOB_ROLE_LABEL}={role}"
-        return self.client.list_namespaced_pod(self.job_namespace, label_selector=selector).items
-
-    def _launcher_pod(self) -> V1Pod | None:
-        """The newest launcher pod (with backoffLimit > 0 the launcher Job may have made several)."""
-        pods = self._pods("launcher")
-        return max(pods, key=lambda p: p.metadata.creation_timestamp, default=None)
 
     # --- finding or creating the job ---
 
@@ -249,8 +224,7 @@ class MPIJobOperator(KubernetesPodOperator):
         job = self._job_from_state_store(context)
         if job is None:
             selector = self._build_find_pod_label_selector(context, exclude_checked=True)
-            items = [j for j in self._job_call("list_namespaced_custom_object", label_selector=selector)["items"]
-                     if not mpijob.is_deleting(j)]
+            items = [j for j in self.jobs.list(selector) if not mpijob.is_deleting(j)]
             if len(items) > 1:
                 self.log.warning("Found %d MPIJobs for this task instance; using the newest.", len(items))
             job = max(items, key=lambda j: j["metadata"]["creationTimestamp"], default=None)
@@ -273,12 +247,9 @@ class MPIJobOperator(KubernetesPodOperator):
         stored = store.get(STATE_STORE_KEY) if store is not None else None
         if not isinstance(stored, dict) or stored.get("namespace") != self.job_namespace:
             return None
-        try:
-            job = self._job_call("get_namespaced_custom_object", name=stored.get("name"))
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        job = self.jobs.get(stored.get("name"))
+        if job is None:
+            return None
         labels = job["metadata"].get("labels") or {}
         return None if labels.get(CHECKED_LABEL) == "True" or mpijob.is_deleting(job) else job
 
@@ -291,7 +262,7 @@ class MPIJobOperator(KubernetesPodOperator):
                       manifest["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"],
                       manifest["spec"]["slotsPerWorker"], self.image)
         try:
-            job = self._job_call("create_namespaced_custom_object", retry=False, body=manifest)
+            job = self.jobs.create(manifest)
         except ApiException as exc:
             if exc.status == 404:
                 raise ConfigError(
@@ -332,55 +303,56 @@ class MPIJobOperator(KubernetesPodOperator):
 
         if self.deferrable:
             self._defer(job)
-        state: mpijob.JobState | None = None
+        verdict: mpijob.WatchVerdict | None = None
         try:
-            state = self._wait(job)
-            self._raise_if_failed(state, context)
+            verdict = self._wait(job)
+            self._finish(verdict, context)
         finally:
-            self._cleanup(state)
+            self._cleanup(verdict)
 
     def _startup_deadline(self, job: dict[str, Any]) -> float:
         created = dt.datetime.fromisoformat(job["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
         return created.timestamp() + self.startup_timeout_seconds
 
-    def _wait(self, job: dict[str, Any]) -> mpijob.JobState:
-        """Poll the job; follow each launcher pod's log (blocking) while its container runs."""
+    def _wait(self, job: dict[str, Any]) -> mpijob.WatchVerdict:
+        """Poll the job until ``watch_step`` says it is done; follow each launcher pod's log while it runs."""
         deadline = self._startup_deadline(job)
         started = False
         followed: set[str] = set()
         while True:
-            state = mpijob.job_state(self.read_mpijob())
-            launcher = self._launcher_pod()
+            job = self.read_mpijob()
+            launcher = self.jobs.launcher_pod(self.job_name)
             if launcher is not None and _container_started(launcher):
                 started = True
                 if self.get_logs and launcher.metadata.name not in followed:
                     followed.add(launcher.metadata.name)
                     self._stream_launcher_log(launcher, follow=True)
                     continue  # the launcher ended: read the job's verdict right away
-            if state.finished:
-                return state
-            started = started or state.phase == "Running"
-            if not started:
-                self._check_startup(deadline)
+            pods = [] if started else self.jobs.pod_dicts(self.job_name)
+            verdict = mpijob.watch_step(job, pods, time.time(), deadline, started)
+            if verdict.done:
+                return verdict
+            started = verdict.outcome == "running"
             time.sleep(self.poll_interval)
 
-    def _check_startup(self, deadline: float) -> None:
-        pods = [PodGenerator.serialize_pod(p) for p in [*self._pods("worker"), *self._pods("launcher")]]
-        fatal = mpijob.fatal_start_problem(pods)
-        if fatal is None and time.time() < deadline:
+    def _finish(self, verdict: mpijob.WatchVerdict, context: Context) -> None:
+        """Act on a finished watch: log success, or delete a job that cannot start and raise, or raise the failure."""
+        if verdict.outcome == "succeeded":
+            self.log.info("MPIJob %s/%s succeeded: %s", self.job_namespace, self.job_name, verdict.message)
             return
-        stuck = mpijob.startup_problems(pods)
-        self.delete_mpijob("it did not start")
-        if fatal is not None:
-            raise MPIJobStartupTimeout(
-                f"MPIJob {self.job_namespace}/{self.job_name} cannot start: {fatal}. Create the Secret "
-                f"{self.database_secret!r} (key {self.database_secret_key!r}) in namespace "
-                f"{self.job_namespace} or fix the image; see docs/kubernetes.md. The MPIJob was deleted.")
-        raise MPIJobStartupTimeout(self._timeout_message(stuck))
+        if verdict.outcome in ("cannot_start", "timeout"):
+            self.delete_mpijob("it did not start")
+            if verdict.outcome == "cannot_start":
+                raise MPIJobStartupTimeout(
+                    f"MPIJob {self.job_namespace}/{self.job_name} cannot start: {verdict.message}. Create the "
+                    f"Secret {self.database_secret!r} (key {self.database_secret_key!r}) in namespace "
+                    f"{self.job_namespace} or fix the image; see docs/kubernetes.md. The MPIJob was deleted.")
+            raise MPIJobStartupTimeout(self._timeout_message(verdict.message))
+        self._raise_if_failed(verdict, context)
 
-    def _timeout_message(self, stuck: list[str]) -> str:
+    def _timeout_message(self, stuck: str) -> str:
         if stuck:
-            waiting = f"waiting: {'; '.join(stuck)}. Free GPUs, request fewer (world_size, gpus_per_worker)"
+            waiting = f"waiting: {stuck}. Free GPUs, request fewer (world_size, gpus_per_worker)"
         else:
             waiting = (f"no pods were created: is the MPI Operator {mpijob.MPI_OPERATOR_VERSION} running and "
                        f"watching this namespace? (kubectl describe mpijob -n {self.job_namespace} "
@@ -412,12 +384,9 @@ class MPIJobOperator(KubernetesPodOperator):
         """
         return None
 
-    def _raise_if_failed(self, state: mpijob.JobState, context: Context) -> None:
-        if state.phase == "Succeeded":
-            self.log.info("MPIJob %s/%s succeeded: %s", self.job_namespace, self.job_name, state.message)
-            return
+    def _raise_if_failed(self, verdict: mpijob.WatchVerdict, context: Context) -> None:
         exit_status = ""
-        launcher = self._launcher_pod() if self.job_name else None
+        launcher = self.jobs.launcher_pod(self.job_name) if self.job_name else None
         for status in (launcher.status.container_statuses or []) if launcher and launcher.status else []:
             terminated = status.state.terminated if status.state else None
             if terminated is not None:
@@ -427,17 +396,17 @@ class MPIJobOperator(KubernetesPodOperator):
         refused = verdict is not None and verdict[0] == "refused"
         said = f"\ntrainer verdict: {verdict[0]}: {verdict[1]}" if verdict else ""
         raise (MPIJobInputRefused if refused else MPIJobFailed)(
-            f"MPIJob {self.job_namespace}/{self.job_name} failed: {state.reason.rstrip('/') or 'Failed'}: "
-            f"{state.message}{said}{exit_status}\nlast {len(self._tail)} launcher log lines:\n{tail}")
+            f"MPIJob {self.job_namespace}/{self.job_name} failed: {verdict.reason.rstrip('/') or 'Failed'}: "
+            f"{verdict.message}{said}{exit_status}\nlast {len(self._tail)} launcher log lines:\n{tail}")
 
-    def _cleanup(self, state: mpijob.JobState | None) -> None:
+    def _cleanup(self, verdict: mpijob.WatchVerdict | None) -> None:
         if self._killed or self._deleted or not self.job_name:
             return
-        finished = state is not None and state.finished
+        finished = verdict is not None and verdict.outcome in ("succeeded", "failed")
         action = self.on_finish_action
         delete = (action == OnFinishAction.DELETE_POD
-                  or (action == OnFinishAction.DELETE_SUCCEEDED_POD and state is not None
-                      and state.phase == "Succeeded")
+                  or (action == OnFinishAction.DELETE_SUCCEEDED_POD and verdict is not None
+                      and verdict.outcome == "succeeded")
                   or (action == OnFinishAction.DELETE_ACTIVE_POD and not finished))
         try:
             if delete:
@@ -479,31 +448,27 @@ class MPIJobOperator(KubernetesPodOperator):
         self.defer(trigger=trigger, method_name="execute_complete")
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> None:
-        """Back from the trigger: log the launcher's output, raise on failure, clean up."""
+        """Back from the trigger with its ``watch_step`` verdict: log the launcher's output, act on it, clean up."""
         self.job_name, self.job_namespace = event["name"], event["namespace"]
         self._tail.clear()
-        state: mpijob.JobState | None = None
+        if event["status"] == "error":
+            raise TrainingFailed(f"watching MPIJob {self.job_namespace}/{self.job_name} failed: "
+                                 f"{event.get('message')}")
+        verdict = mpijob.WatchVerdict(event["status"], event.get("message") or "", event.get("reason") or "")
         try:
-            if event["status"] == "timeout":
-                pods = [PodGenerator.serialize_pod(p) for p in [*self._pods("worker"), *self._pods("launcher")]]
-                self.delete_mpijob("it did not start")
-                raise MPIJobStartupTimeout(self._timeout_message(mpijob.startup_problems(pods)))
-            if event["status"] == "error":
-                raise TrainingFailed(f"watching MPIJob {self.job_namespace}/{self.job_name} failed: "
-                                     f"{event.get('message')}")
-            try:
-                state = mpijob.job_state(self.read_mpijob())
-            except TrainingFailed:
-                if event["status"] != "success":
-                    raise
-                self.log.warning("MPIJob %s succeeded but is already gone; its log cannot be shown.", self.job_name)
-                return
-            launcher = self._launcher_pod()
-            if self.get_logs and launcher is not None and _container_started(launcher):
-                self._stream_launcher_log(launcher, follow=False)
-            self._raise_if_failed(state, context)
+            if verdict.outcome in ("succeeded", "failed"):
+                if self.jobs.get(self.job_name) is None:
+                    if verdict.outcome == "succeeded":
+                        self.log.warning("MPIJob %s succeeded but is already gone; its log cannot be shown.",
+                                         self.job_name)
+                        return
+                    self.read_mpijob()  # raises: the failed job is gone
+                launcher = self.jobs.launcher_pod(self.job_name)
+                if self.get_logs and launcher is not None and _container_started(launcher):
+                    self._stream_launcher_log(launcher, follow=False)
+            self._finish(verdict, context)
         finally:
-            self._cleanup(state)
+            self._cleanup(verdict)
 
 
 def _container_started(pod: V1Pod) -> bool:

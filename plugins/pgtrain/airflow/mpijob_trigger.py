@@ -1,7 +1,8 @@
 """MPIJobTrigger: the deferrable MPIJobOperator's wait, run in the triggerer.
 
-Polls the MPIJob's conditions until Succeeded or Failed, or until the startup deadline passes
-while it is still not running. The operator resumes in ``execute_complete`` with the event.
+Polls the MPIJob and its pods, reading each look with ``pgtrain.mpijob.watch_step`` (the operator's
+own loop uses the same function), until it is done: succeeded, failed, cannot start (a missing Secret,
+a bad image name: no point waiting) or timed out. The operator resumes in ``execute_complete``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from pgtrain import mpijob
 
 
 class MPIJobTrigger(BaseTrigger):
-    """Fires once: ``status`` success | failed | timeout | error, with ``name``, ``namespace``, ``message``."""
+    """Fires once: ``status`` is a WatchVerdict outcome (succeeded | failed | cannot_start | timeout) or error,
+    with ``name``, ``namespace``, ``message`` and ``reason``."""
 
     def __init__(
         self,
@@ -79,18 +81,16 @@ class MPIJobTrigger(BaseTrigger):
                     job = await CustomObjectsApi(api).get_namespaced_custom_object(
                         group=mpijob.API_GROUP, version=mpijob.API_VERSION, plural=mpijob.PLURAL,
                         namespace=self.namespace, name=self.name)
-                    state = mpijob.job_state(job)
-                    if state.finished:
-                        yield self._event("success" if state.phase == "Succeeded" else "failed",
-                                          state.message, reason=state.reason)
-                        return
-                    started = started or state.phase == "Running"
-                    if not started and time.time() >= self.startup_deadline:
-                        pods = await CoreV1Api(api).list_namespaced_pod(
+                    pods: list[dict[str, Any]] = []
+                    if not started:
+                        listed = await CoreV1Api(api).list_namespaced_pod(
                             self.namespace, label_selector=f"{mpijob.JOB_NAME_LABEL}={self.name}")
-                        waiting = mpijob.startup_problems(api.sanitize_for_serialization(pods)["items"])
-                        yield self._event("timeout", "; ".join(waiting) or "no pods yet")
-                        return
+                        pods = api.sanitize_for_serialization(listed)["items"]
+                verdict = mpijob.watch_step(job, pods, time.time(), self.startup_deadline, started)
+                if verdict.done:
+                    yield self._event(verdict.outcome, verdict.message, reason=verdict.reason)
+                    return
+                started = verdict.outcome == "running"
                 await asyncio.sleep(self.poll_interval)
         except ApiException as exc:
             yield self._event("error", f"Kubernetes API error {exc.status}: {exc.reason}")
