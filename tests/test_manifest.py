@@ -160,6 +160,64 @@ def test_rows_inserted_after_planning_are_not_read(ac, db_url):
     assert not np.isin(features, [7.0, 9.0]).all(axis=1).any()
 
 
+_ONE_BY_ONE = """CREATE PROCEDURE insert_one_by_one(first bigint, n integer) LANGUAGE plpgsql AS $$
+                   BEGIN
+                     FOR i IN 0 .. n - 1 LOOP
+                       INSERT INTO t (id, features, label) VALUES (first + 2 * i, '{1,2,3,4}', 1);
+                       COMMIT;
+                     END LOOP;
+                   END $$"""
+
+
+def test_thousands_of_transactions_beside_a_long_one_load_exactly_the_planned_rows(ac, db_url):
+    """Issue 10: a writing transaction open through planning holds the snapshot's xmin back while 10,100
+    single-row transactions commit; the plan must not need to list them, nor refuse."""
+    make_table(ac, "t", 300, gaps=True)  # keys spread over 1..3010
+    ac.execute(_ONE_BY_ONE)
+    ac.execute("SET synchronous_commit = off")  # 10,100 commits, no fsync wait
+    with psycopg.connect(db_url) as long_writer:
+        long_writer.execute("INSERT INTO t (id, features, label) VALUES (1505, '{9,9,9,9}', 2), "
+                            "(115001, '{9,9,9,9}', 2)")
+        ac.execute("CALL insert_one_by_one(100000, 10100)")
+        run, planned = plan(ac, "public.t", world_size=3)
+        snapshot = ac.execute("SELECT pg_snapshot_xmax(snapshot)::text::bigint - pg_snapshot_xmin(snapshot)::text::"
+                              "bigint, cardinality(seen_xmins) FROM pgtrain.shard_plans").fetchone()
+        assert snapshot[0] > 10_100 and snapshot[1] == 0  # the long transaction held the xmin back; nothing listed
+        # committed after planning, inside every rank's key range (the procedure's keys are even)
+        ac.execute("INSERT INTO t (id, features, label) VALUES (1506, '{7,7,7,7}', 0), (110001, '{7,7,7,7}', 0)")
+        ac.execute("CALL insert_one_by_one(119001, 3)")
+        long_writer.commit()  # in progress at planning, committed since
+    expected = ac.execute("SELECT features, label FROM t WHERE id NOT IN (1505, 115001, 1506, 110001, "
+                          "119001, 119003, 119005) ORDER BY id").fetchall()
+    assert planned.total_rows == 10_400 == len(expected)
+    late = (1505, 115001, 1506, 110001, 119001)
+    assert all(any(int(s.key_lo) < k < int(s.key_hi) for k in late) for s in planned.shards)  # every rank's range
+    assert ac.execute("SELECT count(*) FROM t").fetchone()[0] == 10_400 + 7
+
+    data = load_all(ac, run)
+    assert [len(d.labels) for d in data] == [s.row_count for s in planned.shards]
+    np.testing.assert_array_equal(np.concatenate([d.features for d in data]),
+                                  np.array([f for f, _ in expected], np.float32))
+    np.testing.assert_array_equal(np.concatenate([d.labels for d in data]), [label for _, label in expected])
+
+
+def test_a_savepoint_row_of_a_transaction_in_progress_at_planning_refuses_rather_than_loading(ac, db_url):
+    """pg_snapshot lists no subtransaction xids: such a row looks committed before planning. The rank's count
+    check must then refuse; it is never loaded silently."""
+    make_table(ac, "t", 100, gaps=True)
+    free = ac.execute("SELECT min(g) FROM generate_series((SELECT min(id) FROM t), (SELECT max(id) FROM t)) g "
+                      "WHERE g NOT IN (SELECT id FROM t)").fetchone()[0]  # inside the planned key range
+    with psycopg.connect(db_url) as writer:
+        writer.execute("INSERT INTO t (id, features, label) VALUES (-1, '{9,9,9,9}', 2)")
+        with writer.transaction():  # a savepoint: the row gets a subtransaction xid
+            writer.execute("INSERT INTO t (id, features, label) VALUES (%s, '{9,9,9,9}', 2)", (free,))
+        ac.execute("CREATE TABLE newer ()")  # a newer transaction commits: the snapshot's xmax passes the savepoint
+        run, _ = plan(ac, "public.t", world_size=1)
+        writer.commit()
+    with pytest.raises(SourceError, match=r"read more rows than the 100 its manifest planned"):
+        load_all(ac, run)
+
+
 def test_rows_frozen_by_vacuum_after_planning_are_still_read(ac):
     make_table(ac, "t", 200)
     run, _ = plan(ac, "public.t", world_size=2)
@@ -208,26 +266,34 @@ def test_widen_xid_crosses_the_32_bit_wrap():
     assert widen_xid(3, (7 << 32) + 4_000_000_000) == (8 << 32) + 3
 
 
-def test_seen_xmins_keep_the_nearest_and_bound_the_horizon(monkeypatch):
-    base = (3 << 32) - 50  # the planning snapshot's xmin, 50 xids before a 32-bit wrap
-    clock = XidClock("", base, base + 10, base + 20)
-    newest = clock.now - clock.xmin
-    seen, horizon = seen_xmins([newest - 3, newest, newest - 3, newest - 80], clock)
-    assert seen == ((base % (1 << 32)), (base + 3) % (1 << 32), (base + 80) % (1 << 32)) == (4294967246,
-                                                                                             4294967249, 30)
+def test_seen_xmins_keep_wrapped_rows_on_in_progress_xids_and_the_nearest_after_xmax(monkeypatch):
+    base = (3 << 32) - 50  # the planning snapshot's xmax, 50 xids before a 32-bit wrap
+    clock = XidClock("", base - 30, base, base + 20, xip=(base - 30, base - 20))
+    ages = [clock.now - xid for xid in (base - 20, base + 3, base, base + 3, base + 80)]  # base + 80: "future"
+    seen, horizon = seen_xmins(ages, clock)
+    assert seen == tuple(x % (1 << 32) for x in (base - 20, base, base + 3, base + 80)) == (
+        4294967226, 4294967246, 4294967249, 30)
     assert horizon == base + (1 << 30)
     monkeypatch.setattr("pgtrain.source.SEEN_XMINS_MAX", 2)
-    seen, horizon = seen_xmins([newest, newest - 3, newest - 80], clock)
-    assert len(seen) == 2 and horizon == base + 80
+    seen, horizon = seen_xmins(ages, clock)
+    assert seen == tuple(x % (1 << 32) for x in (base - 20, base, base + 3))  # in-progress ones always kept
+    assert horizon == base + 80
+    # A snapshot whose xmin is far behind its xmax: the horizon stays within age()'s reach of that xmin.
+    old = XidClock("", base - (1 << 31) + 10, base, base)
+    assert seen_xmins([], old) == ((), old.xmin + (1 << 31) - 1)
 
 
 def test_a_load_long_after_planning_refuses_instead_of_guessing():
-    planned = PlannedRows("r", "", xmin=1000, seen_xmins=(), xid_horizon=5000, input_dim=4, num_classes=3,
-                          exclude_bad_rows=False, batch_rows=16)
+    planned = PlannedRows("r", "", xmin=1000, xmax=1010, in_progress=(1000,), seen_xmins=(), xid_horizon=5000,
+                          input_dim=4, num_classes=3, exclude_bad_rows=False, batch_rows=16)
     source = Source("public", "t", "id", "features", "label", "bigint", "float4_array", planned)
-    assert "Literal(3000)" in repr(planned_rows(source, XidClock("", 3990, 4000, 4000)))  # xids since planning
+    text = repr(planned_rows(source, XidClock("", 3990, 4000, 4000)))
+    assert "Literal(3000)" in text and "Literal(2990)" in text  # xids since the planning xmin, and xmax
     with pytest.raises(SourceError, match="re-run the DAG run from compute_shards"):
         planned_rows(source, XidClock("", 4990, 5000, 5000))
+    far = dataclasses.replace(planned, xid_horizon=1 << 40)
+    with pytest.raises(SourceError, match="too far apart"):
+        planned_rows(dataclasses.replace(source, plan=far), XidClock("", 0, 1000 + (1 << 31), 1000 + (1 << 31)))
 
 
 # --- keys with type modifiers, sources that are not tables, and params that do not fit the source -----------

@@ -31,13 +31,13 @@ from pgtrain.source import (
     PlannedRows,
     Source,
     XidClock,
+    alias_xmin_age,
     bad_row,
     column_checks,
     feature_length,
     is_validation,
     prefer_index_order,
     read_xid_clock,
-    recent_xmin_age,
     row_checks,
     seen_xmins,
     snapshot_transaction,
@@ -89,7 +89,7 @@ class RowCheck:
     bad: int
     max_label: int | None
     kinds: dict[str, BadRows]
-    recent_xmin_ages: list[int]
+    alias_xmin_ages: list[int]  # alias_xmin_age of the rows that have one
     bad_columns: tuple[str, ...] = ()
 
 
@@ -124,7 +124,7 @@ def plan_shards(conn: psycopg.Connection, run: runs.Run, *, input_dim: int | Non
                                      config.seed, batch_rows, exclude)
         _check_training_rows(source, shards, config)
         runs.write_manifest(conn, run.run_id, shards, dim, num_classes, output_dim)
-        seen, horizon = seen_xmins(check.recent_xmin_ages, clock)
+        seen, horizon = seen_xmins(check.alias_xmin_ages, clock)
         _write_plan(conn, run, clock, seen, horizon, check, batch_rows, batches)
     return Plan(shards, dim, num_classes, rows, check.bad, check.kinds, clock.snapshot, output_dim,
                 check.bad_columns)
@@ -189,7 +189,7 @@ def check_rows(conn: psycopg.Connection, source: Source, dim: int, num_classes: 
            FROM (SELECT {values}{key} AS key, {label} AS label, {xmin_age} AS xmin_age, {checks}
                  FROM {rel} OFFSET 0) checked"""  # OFFSET 0: compute each check once per row
     ).format(any_bad=any_bad, per_kind=per_kind, key=source.key, label=source.label, rel=source.relation,
-             max_label=max_label, columns=columns, values=values, xmin_age=recent_xmin_age(source, clock),
+             max_label=max_label, columns=columns, values=values, xmin_age=alias_xmin_age(source, clock),
              checks=sql.SQL(", ").join(sql.SQL("{} AS {}").format(c, f) for c, f in zip(checks.values(), flags,
                                                                                         strict=True)))
     total, bad, max_label, ages, column_bits, *found = conn.execute(query).fetchone()
@@ -246,16 +246,19 @@ def boundary_query(source: Source, validation_fraction: float, seed: int, batch_
 
 def read_plan(conn: psycopg.Connection, run_id: str) -> PlannedRows | None:
     row = conn.execute(
-        """SELECT p.snapshot::text, pg_snapshot_xmin(p.snapshot)::text::bigint, p.seen_xmins::text[], p.xid_horizon,
-                  r.input_dim, r.num_classes, p.excluded_rows > 0, p.batch_rows, r.output_dim
+        """SELECT p.snapshot::text, pg_snapshot_xmin(p.snapshot)::text::bigint,
+                  pg_snapshot_xmax(p.snapshot)::text::bigint,
+                  array(SELECT x::text::bigint FROM pg_snapshot_xip(p.snapshot) AS x ORDER BY 1),
+                  p.seen_xmins::text[], p.xid_horizon, r.input_dim, r.num_classes, p.excluded_rows > 0, p.batch_rows,
+                  r.output_dim
            FROM pgtrain.shard_plans p JOIN pgtrain.training_runs r USING (run_id) WHERE p.run_id = %s""",
         (run_id,),
     ).fetchone()
     if row is None:
         return None
-    snapshot, xmin, seen, horizon, dim, classes, exclude, batch_rows, outputs = row
-    return PlannedRows(run_id, snapshot, xmin, tuple(int(x) for x in seen), horizon, dim, classes, exclude,
-                       batch_rows, outputs)
+    snapshot, xmin, xmax, in_progress, seen, horizon, dim, classes, exclude, batch_rows, outputs = row
+    return PlannedRows(run_id, snapshot, xmin, xmax, tuple(x % (1 << 32) for x in in_progress),
+                       tuple(int(x) for x in seen), horizon, dim, classes, exclude, batch_rows, outputs)
 
 
 def _write_plan(conn: psycopg.Connection, run: runs.Run, clock: XidClock, seen: tuple[int, ...], horizon: int,

@@ -21,16 +21,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import psycopg
 from psycopg import sql
 from psycopg.pq import TransactionStatus
 
+from pgtrain.config import TASKS, TrainingConfig
 from pgtrain.errors import PgtrainError, SourceError
-
-if TYPE_CHECKING:
-    from pgtrain.config import TrainingConfig
 
 FEATURE_FORMATS = {"real[]": "float4_array", "double precision[]": "float8_array", "bytea": "bytea"}
 ARRAY_ELEMENTS = {"float4_array": "real", "float8_array": "double precision"}
@@ -42,7 +39,6 @@ LABEL_TYPES = {"smallint", "integer", "bigint"}
 SCALAR_TYPES = {"real": "f4", "smallint": "f4", "integer": "f4", "boolean": "f4",
                 "double precision": "f8", "bigint": "f8", "numeric": "f8"}
 TARGET_ARRAY_TYPES = {"real[]": "float4_array", "double precision[]": "float8_array"}
-TASKS = ("classification", "regression")
 _FLOATING = {"real", "double precision", "numeric"}  # may hold NaN and infinities
 _WIDER_THAN_FLOAT32 = {"double precision", "numeric"}  # may hold finite values float32 cannot
 # float32's largest finite value, exactly, for each type that can exceed it.
@@ -80,18 +76,24 @@ COLUMN_KINDS = {"null_features": "a feature column is NULL", "non_finite": "a fe
 class PlannedRows:
     """What compute_shards planned for a run, as the loader needs it to read exactly those rows.
 
-    Rows are selected "as of" the planning snapshot by their ``xmin``. ``xmin`` is a 32-bit xid that wraps,
-    and VACUUM freezes old rows but keeps their raw (possibly very old) ``xmin``, so a row's xmin alone cannot
-    say whether it predates the snapshot. What it can say, measured with ``age()`` from now: a row whose xmin
-    lies in [snapshot xmin, now] is new unless its xmin is one of ``seen_xmins``, the raw xmins of planned rows
-    in that window (transactions that committed just before planning, or frozen rows whose old xids wrapped
-    into it). ``seen_xmins`` is complete for xids below ``xid_horizon``; a load that starts later refuses.
+    Rows are selected "as of" the planning snapshot by their ``xmin``, with the snapshot's own rule: a row the
+    loader sees was planned iff its inserting transaction had committed when the snapshot was taken, that is,
+    its xid is below the snapshot's ``xmin``, or below its ``xmax`` and not one of its ``in_progress`` xids
+    (``planned_rows``). That needs no list of the transactions that touched the table, however many there were.
+
+    ``xmin`` is a 32-bit xid that wraps, and VACUUM freezes old rows but keeps their raw (possibly very old)
+    ``xmin``, so such a row's xmin can wrap into the window that is judged by it. Wrapped rows that land on an
+    in-progress xid or at/after ``xmax`` would look new: ``seen_xmins`` lists their raw xmins (planning can tell
+    them apart, since the planning snapshot cannot see a row of such a transaction), complete for xids below
+    ``xid_horizon``; a load that starts later refuses.
     """
 
     run_id: str
     snapshot: str
     xmin: int  # 64-bit xmin of the planning snapshot
-    seen_xmins: tuple[int, ...]
+    xmax: int  # 64-bit xmax of the planning snapshot
+    in_progress: tuple[int, ...]  # raw 32-bit xids the planning snapshot saw as in progress (pg_snapshot_xip)
+    seen_xmins: tuple[int, ...]  # raw 32-bit xmins of wrapped frozen planned rows that look new
     xid_horizon: int  # 64-bit
     input_dim: int
     num_classes: int | None  # classification only
@@ -119,7 +121,7 @@ class Source:
     table: str
     key_column: str
     features_column: str | None  # None when the features are scalar columns
-    label_column: str
+    label_column: str | None  # None: a source to score, without a target
     key_type: str  # with its modifiers: character(8), numeric(12,2), ...
     feature_format: str  # float4_array, float8_array, bytea, or columns
     plan: PlannedRows | None = None  # set by manifest.source_for once compute_shards has run
@@ -169,9 +171,21 @@ def source_from_config(conn: psycopg.Connection, config: TrainingConfig) -> Sour
                           task=config.task)
 
 
-def resolve_source(conn: psycopg.Connection, table: str, key: str, features: str | None, label: str, *,
+class MissingColumnError(SourceError):
+    """A column named by a param is not in the table."""
+
+    def __init__(self, message: str, role: str, columns: list[str]) -> None:
+        super().__init__(message)
+        self.role, self.columns = role, columns
+
+
+def resolve_source(conn: psycopg.Connection, table: str, key: str, features: str | None, label: str | None, *,
                    feature_columns: tuple[str, ...] | None = None, task: str = "classification") -> Source:
-    """Look the table and columns up in the catalog; raise SourceError saying what is missing and what to do."""
+    """Look the table and columns up in the catalog; raise SourceError saying what is missing and what to do.
+
+    ``label=None``: a source to score (``pgtrain.inference.predict``), without a target; then one array or bytea
+    column given as ``feature_columns`` is taken as the features column (a version records either as a list).
+    """
     _check_feature_params(features, feature_columns)
     if task not in TASKS:
         raise SourceError(f"task {task!r} is not one of {', '.join(TASKS)}")
@@ -184,13 +198,17 @@ def resolve_source(conn: psycopg.Connection, table: str, key: str, features: str
            WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped""",
         (oid,),
     ).fetchall()}
-    roles = [("key_column", key), ("label_column", label)]
+    roles = [("key_column", key)] + ([("label_column", label)] if label is not None else [])
     roles += [("features_column", features)] if features is not None else [
         ("feature_columns", column) for column in feature_columns]
     for role, column in roles:
         if column not in columns:
-            raise SourceError(_missing_column(role, column, f"{schema}.{relname}", columns))
+            missing = [c for r, c in roles if r == role and c not in columns]
+            raise MissingColumnError(_missing_column(role, missing, f"{schema}.{relname}", columns), role, missing)
     types = {column: base for column, (base, _) in columns.items()}
+    if label is None and features is None and len(feature_columns) == 1 and types[
+            feature_columns[0]] in FEATURE_FORMATS:
+        features, feature_columns = feature_columns[0], None
     if features is not None and types[features] not in FEATURE_FORMATS:
         raise SourceError(f"features_column {features!r} has type {types[features]}; use one of "
                           + ", ".join(FEATURE_FORMATS) + ", or scalar columns in feature_columns")
@@ -198,10 +216,11 @@ def resolve_source(conn: psycopg.Connection, table: str, key: str, features: str
         if types[column] not in SCALAR_TYPES:
             raise SourceError(f"feature column {column!r} has type {types[column]}; feature columns must be one "
                               "of " + ", ".join(SCALAR_TYPES) + " (cast it in a view materialized into a table)")
-    if label in (feature_columns or ()):
+    if label is not None and label in (feature_columns or ()):
         raise SourceError(f"label_column {label!r} is also in feature_columns: the model would see its own target; "
                           "remove it from feature_columns")
-    _check_label_type(label, types[label], task)
+    if label is not None:
+        _check_label_type(label, types[label], task)
     unique = conn.execute(
         """SELECT 1 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
            WHERE i.indrelid = %s AND i.indisunique AND i.indisvalid AND i.indnkeyatts = 1 AND i.indpred IS NULL
@@ -213,7 +232,7 @@ def resolve_source(conn: psycopg.Connection, table: str, key: str, features: str
     feature_format = COLUMNS if features is None else FEATURE_FORMATS[types[features]]
     return Source(schema, relname, key, features, label, columns[key][1], feature_format,
                   feature_columns=tuple(Column(c, types[c]) for c in feature_columns or ()), task=task,
-                  label_type=types[label])
+                  label_type=types[label] if label is not None else "")
 
 
 def _check_feature_params(features: str | None, feature_columns: tuple[str, ...] | None) -> None:
@@ -244,17 +263,26 @@ def _check_label_type(label: str, label_type: str, task: str) -> None:
             + ", ".join(sorted((set(SCALAR_TYPES) - {"boolean"}) | set(TARGET_ARRAY_TYPES))))
 
 
-def _relation(conn: psycopg.Connection, table: str) -> tuple[int, str, str, str]:
+def find_relation(conn: psycopg.Connection, name: str, role: str = "source_table"
+                  ) -> tuple[int, str, str, str] | None:
+    """(oid, schema, name, relkind) of the relation ``name`` (SQL syntax: optionally qualified, quoted as in SQL)
+    refers to, or None. The one place a user's table name is resolved (``to_regclass``), so quoting, the
+    search_path and schema qualification mean what they mean in SQL. ``role``: the name's param, for errors."""
     try:
-        row = conn.execute(
-            """SELECT c.oid, n.nspname, c.relname, c.relkind::text FROM pg_class c
-               JOIN pg_namespace n ON n.oid = c.relnamespace
-               WHERE c.oid = to_regclass(%s)""",
-            (table,),
-        ).fetchone()
+        with conn.transaction():  # a savepoint inside a caller's transaction: a bad name does not abort it
+            return conn.execute(
+                """SELECT c.oid, n.nspname, c.relname, c.relkind::text FROM pg_class c
+                   JOIN pg_namespace n ON n.oid = c.relnamespace
+                   WHERE c.oid = to_regclass(%s)""",
+                (name,),
+            ).fetchone()
     except psycopg.Error as exc:
-        conn.rollback()
-        raise SourceError(f"source_table {table!r} is not a valid table name: {exc.diag.message_primary}") from exc
+        raise SourceError(f"{role} {name!r} is not a valid table name: {exc.diag.message_primary}; write it as in "
+                          'SQL, e.g. myschema.mytable or "MySchema"."My Table"') from None
+
+
+def _relation(conn: psycopg.Connection, table: str) -> tuple[int, str, str, str]:
+    row = find_relation(conn, table)
     if row is None:
         raise SourceError(
             f"source_table {table!r} does not exist (or is not visible to this user); "
@@ -283,12 +311,13 @@ def _quoting_hint(conn: psycopg.Connection, table: str) -> str:
                 *found[0]).as_string(conn) + "'")
 
 
-def _missing_column(role: str, column: str, table: str, columns: dict[str, object]) -> str:
-    message = f"{role} {column!r} is not a column of {table}; its columns are: " + ", ".join(
-        repr(c) for c in sorted(columns))
-    close = [c for c in columns if c.lower() == column.lower()]
+def _missing_column(role: str, missing: list[str], table: str, columns: dict[str, object]) -> str:
+    named = ", ".join(map(repr, missing))
+    message = (f"{role} {named} {'is not a column' if len(missing) == 1 else 'are not columns'} of {table}; its "
+               "columns are: " + ", ".join(repr(c) for c in sorted(columns)))
+    close = [(m, c) for m in missing for c in columns if c.lower() == m.lower()]
     if close:
-        message += f" (did you mean {close[0]!r}? column names are matched exactly, case included)"
+        message += f" (did you mean {close[0][1]!r}? column names are matched exactly, case included)"
     return message
 
 
@@ -434,6 +463,28 @@ def row_checks(source: Source, dim: int, num_classes: int | None,
     of an array regression target.
     """
     label = source.label
+    checks = feature_checks(source, dim)
+    checks["null_label"] = sql.SQL("({} IS NULL)").format(label)
+    target = source.target_format
+    if target == "label":
+        upper = sql.SQL(" OR {} >= {}").format(label, sql.Literal(num_classes)) if num_classes else sql.SQL("")
+        checks["label_out_of_range"] = sql.SQL("coalesce({} < 0{}, false)").format(label, upper)
+    elif target == "scalar":
+        for kind, check in (("target_non_finite", _scalar_non_finite),
+                            ("target_out_of_range", _scalar_out_of_range)):
+            found = check(label, source.label_type)
+            if found is not None:
+                checks[kind] = sql.SQL("coalesce({}, false)").format(found)
+    else:
+        checks["target_wrong_length"] = sql.SQL("({} IS NOT NULL AND {} IS DISTINCT FROM {})").format(
+            label, target_length(source), sql.Literal(output_dim))
+        checks |= {f"target_{kind}": check
+                   for kind, check in _array_checks(label, ARRAY_ELEMENTS[target]).items()}
+    return {kind: checks[kind] for kind in BAD_ROW_KINDS if kind in checks}
+
+
+def feature_checks(source: Source, dim: int) -> dict[str, sql.Composable]:
+    """The key's and features' part of ``row_checks`` (all a row needs to be scored), in BAD_ROW_KINDS order."""
     checks = {"null_key": sql.SQL("({} IS NULL)").format(source.key)}
     if source.feature_format == COLUMNS:
         columns = [(sql.Identifier(c.name), c.type) for c in source.feature_columns]
@@ -453,22 +504,6 @@ def row_checks(source: Source, dim: int, num_classes: int | None,
                 f, sql.Literal(_BYTEA_NON_FINITE))
         else:
             checks |= _array_checks(f, ARRAY_ELEMENTS[source.feature_format])
-    checks["null_label"] = sql.SQL("({} IS NULL)").format(label)
-    target = source.target_format
-    if target == "label":
-        upper = sql.SQL(" OR {} >= {}").format(label, sql.Literal(num_classes)) if num_classes else sql.SQL("")
-        checks["label_out_of_range"] = sql.SQL("coalesce({} < 0{}, false)").format(label, upper)
-    elif target == "scalar":
-        for kind, check in (("target_non_finite", _scalar_non_finite),
-                            ("target_out_of_range", _scalar_out_of_range)):
-            found = check(label, source.label_type)
-            if found is not None:
-                checks[kind] = sql.SQL("coalesce({}, false)").format(found)
-    else:
-        checks["target_wrong_length"] = sql.SQL("({} IS NOT NULL AND {} IS DISTINCT FROM {})").format(
-            label, target_length(source), sql.Literal(output_dim))
-        checks |= {f"target_{kind}": check
-                   for kind, check in _array_checks(label, ARRAY_ELEMENTS[target]).items()}
     return {kind: checks[kind] for kind in BAD_ROW_KINDS if kind in checks}
 
 
@@ -526,10 +561,11 @@ def target_payload(source: Source) -> sql.Composable:
 # --- rows as of the planning snapshot -------------------------------------------------------------------------
 
 _XID_SPACE = 1 << 32
-# How far past the planning snapshot's xmin the list of seen xmins reaches (and so how many transactions
-# later a rank may still load), and how many distinct xmins it may hold.
+# How far past the planning snapshot's xmax a rank may still load, and how many distinct raw xmins of wrapped
+# frozen rows that look newer than that xmax the plan may list (past that, the horizon comes nearer).
 XID_HORIZON = 1 << 30
 SEEN_XMINS_MAX = 10_000
+_AGE_MAX = (1 << 31) - 1  # age() is an int4: two xids further apart than this cannot be told apart by it
 
 
 @dataclass(frozen=True)
@@ -540,15 +576,17 @@ class XidClock:
     xmin: int
     xmax: int
     now: int
+    xip: tuple[int, ...] = ()  # the snapshot's in-progress xids
 
 
 def read_xid_clock(conn: psycopg.Connection) -> XidClock:
     """Read in a REPEATABLE READ transaction: then ``now`` is fixed and no visible row is younger than it."""
-    snapshot, xmin, xmax, age_of_3 = conn.execute(
-        """SELECT s::text, pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint, age('3'::xid)
+    snapshot, xmin, xmax, age_of_3, xip = conn.execute(
+        """SELECT s::text, pg_snapshot_xmin(s)::text::bigint, pg_snapshot_xmax(s)::text::bigint, age('3'::xid),
+                  array(SELECT x::text::bigint FROM pg_snapshot_xip(s) AS x ORDER BY 1)
            FROM pg_current_snapshot() AS s"""
     ).fetchone()
-    return XidClock(snapshot, xmin, xmax, widen_xid((age_of_3 + 3) % _XID_SPACE, xmax))
+    return XidClock(snapshot, xmin, xmax, widen_xid((age_of_3 + 3) % _XID_SPACE, xmax), tuple(xip))
 
 
 def widen_xid(xid32: int, floor: int) -> int:
@@ -556,41 +594,64 @@ def widen_xid(xid32: int, floor: int) -> int:
     return floor + (xid32 - floor) % _XID_SPACE
 
 
-def recent_xmin_age(source: Source, clock: XidClock) -> sql.Composable:
-    """SQL: age(xmin) of a row whose xmin lies in [snapshot xmin, snapshot xmin + XID_HORIZON), else NULL."""
-    newest = clock.now - clock.xmin  # the age of an xmin equal to the snapshot's xmin
-    return sql.SQL("CASE WHEN age({x}) BETWEEN {lo} AND {hi} THEN age({x}) END").format(
-        x=sql.Identifier(source.schema, source.table, "xmin"),
-        lo=sql.Literal(newest - XID_HORIZON + 1), hi=sql.Literal(newest))
+def xid_limit(clock: XidClock) -> int:
+    """The furthest 64-bit xid (exclusive) a load of a plan made with ``clock`` may start at."""
+    return min(clock.xmax + XID_HORIZON, clock.xmin + _AGE_MAX)
+
+
+def _xid_array(xids: tuple[int, ...]) -> sql.Composable:
+    return sql.SQL("CAST({} AS xid[])").format(sql.Literal("{" + ",".join(str(x % _XID_SPACE) for x in xids) + "}"))
+
+
+def alias_xmin_age(source: Source, clock: XidClock) -> sql.Composable:
+    """SQL: age(xmin) of a row visible to ``clock``'s snapshot whose xmin is one of its in-progress xids or lies in
+    [xmax, ``xid_limit``), else NULL. Such a row can only be a frozen one whose old raw xmin wrapped there."""
+    x = sql.Identifier(source.schema, source.table, "xmin")
+    return sql.SQL("CASE WHEN age({x}) BETWEEN {far} AND {near} OR {x} = ANY({xip}) THEN age({x}) END").format(
+        x=x, far=sql.Literal(clock.now - xid_limit(clock) + 1), near=sql.Literal(clock.now - clock.xmax),
+        xip=_xid_array(clock.xip))
 
 
 def seen_xmins(ages: list[int], clock: XidClock) -> tuple[tuple[int, ...], int]:
-    """From the ``recent_xmin_age`` values of the planned rows: (raw xmins nearest the snapshot's xmin first,
-    64-bit xid below which that list is complete)."""
-    newest = clock.now - clock.xmin
-    distances = sorted({newest - age for age in ages})
-    horizon = XID_HORIZON
-    if len(distances) > SEEN_XMINS_MAX:
-        horizon, distances = distances[SEEN_XMINS_MAX], distances[:SEEN_XMINS_MAX]
-    return tuple((clock.xmin + d) % _XID_SPACE for d in distances), clock.xmin + horizon
+    """From the ``alias_xmin_age`` values of the planned rows: (their raw xmins, in-progress ones first, then the
+    nearest the snapshot's xmax first; 64-bit xid below which that list is complete)."""
+    distances = sorted({clock.now - age - clock.xmax for age in ages})  # < 0: an in-progress xid
+    in_progress = [d for d in distances if d < 0]  # as many as the snapshot had in-progress xids, at most
+    later = [d for d in distances if d >= 0]
+    horizon = xid_limit(clock)
+    if len(later) > SEEN_XMINS_MAX:
+        horizon, later = clock.xmax + later[SEEN_XMINS_MAX], later[:SEEN_XMINS_MAX]
+    return tuple((clock.xmax + d) % _XID_SPACE for d in in_progress + later), horizon
 
 
 def planned_rows(source: Source, clock: XidClock, alias: str | None = None) -> sql.Composable:
     """SQL boolean: the row was visible to the planning snapshot (``clock`` read in the loading transaction).
 
     ``alias``: the name the source table has in the query, if it is aliased there.
+
+    A row the loader sees is committed. age() places its raw xmin in the window [planning xmin, now] or outside
+    it; the horizon keeps that window under 2^31 xids, so inside it the placement is exact. Outside it, the xid
+    is older than the planning snapshot, or a frozen row's wrapped one: planned. Inside it, the row is either
+    the real inserting transaction's, planned iff committed before the snapshot (below xmax, not in progress),
+    or a frozen row wrapped there, which is old and planned: below xmax and not in progress it passes the same
+    test, and elsewhere ``seen_xmins`` names it (complete below ``xid_horizon``, hence the refusal past it).
+    Aborted inserts never reach here (the loader's snapshot hides them); and no per-transaction list is needed.
+    One case the snapshot cannot tell: pg_snapshot lists no subtransaction xids, so a row inserted in a savepoint
+    of a transaction in progress at planning, committed since, is read; the rank then reads more rows than
+    planned and refuses (load_shard's count check).
     """
     plan = source.plan
     if plan is None:
         raise PgtrainError(f"{source.qualified_name} has no planned snapshot; manifest.source_for gives one")
-    if not plan.xmin <= clock.now < plan.xid_horizon:
+    if not (plan.xmin <= clock.now < plan.xid_horizon and clock.now - plan.xmin <= _AGE_MAX):
         raise SourceError(
             f"run {plan.run_id} was planned at transaction {plan.xmin} and the database is now at {clock.now}: "
             "too far apart to tell the planned rows from newer ones by their xmin; re-run the DAG run from "
             "compute_shards"
         )
     xmin = sql.Identifier(alias, "xmin") if alias else sql.Identifier(source.schema, source.table, "xmin")
-    seen = "{" + ",".join(map(str, plan.seen_xmins)) + "}"
-    return sql.SQL("CASE WHEN age({x}) BETWEEN 0 AND {window} THEN {x} = ANY(CAST({seen} AS xid[])) "
-                   "ELSE true END").format(x=xmin, window=sql.Literal(clock.now - plan.xmin),
-                                           seen=sql.Literal(seen))
+    return sql.SQL("CASE WHEN age({x}) BETWEEN 0 AND {since_xmin} "
+                   "THEN (age({x}) > {since_xmax} AND NOT ({x} = ANY({in_progress}))) OR {x} = ANY({seen}) "
+                   "ELSE true END").format(
+        x=xmin, since_xmin=sql.Literal(clock.now - plan.xmin), since_xmax=sql.Literal(clock.now - plan.xmax),
+        in_progress=_xid_array(plan.in_progress), seen=_xid_array(plan.seen_xmins))
