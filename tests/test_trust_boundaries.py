@@ -145,3 +145,30 @@ def test_an_mlp_too_big_for_this_machine_is_refused_while_planning():
     with pytest.raises(ConfigError, match=r"hidden_sizes \[65536, 65536\] make an mlp of 4,\d{3},\d{3},\d{3} param"):
         capacity.check_model_size(config, 64, 10)
     capacity.check_model_size(TrainingConfig.from_mapping({"hidden_sizes": [50]}), 64, 10)
+
+
+@pytest.mark.parametrize("key", ["max_accuracy_drop", "min_val_accuracy", "max_rmse_rise", "max_val_rmse"])
+def test_the_quality_gate_is_the_authors_not_a_param(key):
+    assert key not in PARAMETERS
+    assert unknown_keys({key: 1.0}) and unknown_keys({key: 1.0})[0].startswith(f"'{key}' is not a param")
+
+
+def test_admitting_a_run_pins_its_source_and_applies_the_authors_gate(tables):
+    settings = AuthorSettings(allowed_sources=("public",), quality_gate={"max_accuracy_drop": 0.01,
+                                                                         "min_val_accuracy": 0.5})
+    tables.execute("SET search_path = public")
+    admitted = policy.admit(tables, TrainingConfig.from_mapping({"source_table": "samples2"}), settings)
+    assert admitted.source_table == '"public"."samples2"'  # a later search_path cannot route it elsewhere
+    assert (admitted.max_accuracy_drop, admitted.min_val_accuracy) == (0.01, 0.5)
+    assert TrainingConfig.from_mapping(admitted.to_dict()) == admitted  # the snapshot reads back as recorded
+
+
+def test_world_size_is_bounded_by_the_author(tables):
+    config = TrainingConfig.from_mapping({"source_table": "samples2", "world_size": 65, "launcher": "kubernetes"})
+    with pytest.raises(ConfigError, match="world_size 65 is more than the 64 ranks"):
+        policy.check_run(tables, config, AuthorSettings(max_world_size=64))
+
+
+def test_init_from_must_match_whole():
+    with pytest.raises(ConfigError, match="init_from"):
+        TrainingConfig.from_mapping({"init_from": "5\n"})

@@ -8,6 +8,7 @@ from typing import Any
 
 import psycopg
 
+from pgtrain.config import TrainingConfig
 from pgtrain.errors import CommitRejected
 from pgtrain.model_spec import ModelSpec
 from pgtrain.runs import Run
@@ -68,24 +69,18 @@ def nonfinite_problems(infos: list[TensorInfo], counted: Mapping[str, int]) -> l
 def version_spec(conn: psycopg.Connection, run: Run, record: Mapping[str, Any]) -> dict[str, Any]:
     """What rebuilding and using the version takes, and where it came from (stored as model_versions.spec)."""
     config = run.config
-    model_ref = getattr(config, "model", None) or "mlp"
-    if model_ref == "mlp":
-        options: dict[str, Any] = {"hidden_sizes": list(config.hidden_sizes)}
-    else:
-        options = dict(getattr(config, "model_options", None) or {})
-    feature_columns = getattr(config, "feature_columns", None)
     plan = conn.execute("SELECT snapshot::text FROM pgtrain.shard_plans WHERE run_id = %s", (run.run_id,)).fetchone()
     last = conn.execute("SELECT key_hi FROM pgtrain.shard_manifest WHERE run_id = %s ORDER BY rank DESC LIMIT 1",
                         (run.run_id,)).fetchone()
     return {
-        "model": model_ref,
-        "model_options": options,
+        "model": config.model,
+        "model_options": config.model_options_for_build,
         "input_dim": run.input_dim,
         "output_dim": record.get("output_dim") or run.num_classes,
-        "feature_columns": list(feature_columns) if feature_columns else [config.features_column],
+        "feature_columns": list(config.feature_columns or [config.features_column]),
         "target_column": config.label_column,
-        "task": getattr(config, "task", None) or "classification",
-        "standardize_target": bool(getattr(config, "standardize_target", False)),
+        "task": config.task,
+        "standardize_target": config.standardize_target,
         "parent_version": record.get("init_version"),
         "source_table": config.source_table,
         "key_column": config.key_column,
@@ -103,7 +98,8 @@ def architecture_change(spec: Mapping[str, Any], head: Mapping[str, Any] | None)
     return ", ".join(diffs) or None
 
 
-def quality_gate(config: Any, task: str, metrics: Mapping[str, Any], head: Mapping[str, Any] | None) -> str | None:
+def quality_gate(config: TrainingConfig, task: str, metrics: Mapping[str, Any],
+                 head: Mapping[str, Any] | None) -> str | None:
     """None when the run may become a version (and the head), else the reason it may not.
 
     Floors (min_val_accuracy / max_val_rmse) hold whatever the head; the comparison with the head
@@ -111,11 +107,11 @@ def quality_gate(config: Any, task: str, metrics: Mapping[str, Any], head: Mappi
     comparable head (``head`` None: none, or a different architecture).
     """
     if task == "regression":
-        return _gate(metrics, head, key="val_rmse", better="lower", floor=getattr(config, "max_val_rmse", None),
-                     floor_name="max_val_rmse", slack=getattr(config, "max_rmse_rise", None),
+        return _gate(metrics, head, key="val_rmse", better="lower", floor=config.max_val_rmse,
+                     floor_name="max_val_rmse", slack=config.max_rmse_rise,
                      slack_name="max_rmse_rise")
-    return _gate(metrics, head, key="val_accuracy", better="higher", floor=getattr(config, "min_val_accuracy", None),
-                 floor_name="min_val_accuracy", slack=getattr(config, "max_accuracy_drop", None),
+    return _gate(metrics, head, key="val_accuracy", better="higher", floor=config.min_val_accuracy,
+                 floor_name="min_val_accuracy", slack=config.max_accuracy_drop,
                  slack_name="max_accuracy_drop")
 
 

@@ -88,20 +88,6 @@ PARAMETERS: dict[str, dict[str, Any]] = {
     "checkpoint_every": {"default": 1, "type": "integer", "minimum": 0, "maximum": 10000, "section": _TRAINING,
                          "title": "Checkpoint every",
                          "description": "epochs between checkpoints a retried train task resumes from; 0 = off"},
-    "max_accuracy_drop": {**_OPTIONAL_NUMBER, "default": None, "minimum": 0, "maximum": 1, "section": _TRAINING,
-                          "title": "Quality gate: max accuracy drop",
-                          "description": "classification: reject if val_accuracy falls more than this below "
-                                         "the head's; empty = no gate"},
-    "max_rmse_rise": {**_OPTIONAL_NUMBER, "default": None, "minimum": 0, "section": _TRAINING,
-                      "title": "Quality gate: max RMSE rise",
-                      "description": "regression: reject if val_rmse rises more than this above the head's; "
-                                     "empty = no gate"},
-    "min_val_accuracy": {**_OPTIONAL_NUMBER, "default": None, "minimum": 0, "maximum": 1, "section": _TRAINING,
-                         "title": "Quality floor: min accuracy",
-                         "description": "classification: reject any run whose val_accuracy is below this"},
-    "max_val_rmse": {**_OPTIONAL_NUMBER, "default": None, "minimum": 0, "section": _TRAINING,
-                     "title": "Quality floor: max RMSE",
-                     "description": "regression: reject any run whose val_rmse is above this"},
     "world_size": {"default": 2, "type": "integer", "minimum": 1, "maximum": 1024, "section": _CLUSTER,
                    "title": "Ranks", "description": "Horovod ranks (one per GPU on Kubernetes)"},
     "launcher": {"default": "local", "type": "string", "enum": ["local", "kubernetes"], "section": _CLUSTER,
@@ -109,7 +95,26 @@ PARAMETERS: dict[str, dict[str, Any]] = {
                  "description": "local: horovodrun on the worker; kubernetes: an MPIJob on GPU pods"},
 }
 
-_SCHEMA = {"type": "object", "properties": PARAMETERS, "additionalProperties": False}
+# The quality gate: the DAG author's (the settings file's ``quality_gate``), never the triggerer's. It is kept
+# in the run's config snapshot so that the commit applies the gate that was in force when the run was planned.
+QUALITY_GATE: dict[str, dict[str, Any]] = {
+    "max_accuracy_drop": {**_OPTIONAL_NUMBER, "default": None, "minimum": 0, "maximum": 1,
+                          "title": "Quality gate: max accuracy drop",
+                          "description": "classification: reject if val_accuracy falls more than this below "
+                                         "the head's; empty = no gate"},
+    "max_rmse_rise": {**_OPTIONAL_NUMBER, "default": None, "minimum": 0,
+                      "title": "Quality gate: max RMSE rise",
+                      "description": "regression: reject if val_rmse rises more than this above the head's; "
+                                     "empty = no gate"},
+    "min_val_accuracy": {**_OPTIONAL_NUMBER, "default": None, "minimum": 0, "maximum": 1,
+                         "title": "Quality floor: min accuracy",
+                         "description": "classification: reject any run whose val_accuracy is below this"},
+    "max_val_rmse": {**_OPTIONAL_NUMBER, "default": None, "minimum": 0,
+                     "title": "Quality floor: max RMSE",
+                     "description": "regression: reject any run whose val_rmse is above this"},
+}
+
+_SCHEMA = {"type": "object", "properties": {**PARAMETERS, **QUALITY_GATE}, "additionalProperties": False}
 
 
 @dataclass(frozen=True)
@@ -176,10 +181,10 @@ class TrainingConfig:
         return self.init_from if isinstance(self.init_from, int) else None
 
 
-def unknown_keys(values: dict[str, Any]) -> list[str]:
+def unknown_keys(values: dict[str, Any], known: dict[str, Any] = PARAMETERS) -> list[str]:
     """One message per key that is not a param, with the closest param name when there is one."""
     messages = []
-    for key in sorted(set(values) - set(PARAMETERS)):
+    for key in sorted(set(values) - set(known)):
         close = difflib.get_close_matches(key, PARAMETERS, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else f"; the params are: {', '.join(PARAMETERS)}"
         messages.append(f"{key!r} is not a param of this DAG{hint}")
@@ -190,8 +195,8 @@ def validate_params(values: dict[str, Any]) -> None:
     """Raise ConfigError listing every problem of ``values`` against PARAMETERS (JSON schema, full matches)."""
     import jsonschema  # Airflow depends on it; imported here so that parsing a DAG stays cheap
 
-    problems = unknown_keys(values)
-    known = {k: v for k, v in values.items() if k in PARAMETERS}
+    problems = unknown_keys(values, _SCHEMA["properties"])
+    known = {k: v for k, v in values.items() if k in _SCHEMA["properties"]}
     validator = jsonschema.Draft202012Validator(_SCHEMA)
     for error in sorted(validator.iter_errors(known), key=lambda e: list(e.absolute_path)):
         where = ".".join(str(p) for p in error.absolute_path) or "params"
@@ -211,8 +216,11 @@ def _pattern_tails(values: dict[str, Any]) -> list[str]:
     """JSON schema patterns are searched, and Python's ``$`` matches before a final newline: check full matches."""
     problems = []
     for name, value in values.items():
-        pattern = PARAMETERS[name].get("pattern")
-        if pattern and isinstance(value, str) and not re.fullmatch(pattern.removeprefix("^").removesuffix("$"),
-                                                                   value):
-            problems.append(f"{name}: {value!r} does not match {pattern}")
+        schema = _SCHEMA["properties"][name]
+        patterns = [s["pattern"] for s in [schema, *schema.get("anyOf", [])] if "pattern" in s]
+        if not patterns or not isinstance(value, str):
+            continue
+        if not any(re.fullmatch(p.removeprefix("^").removesuffix("$"), value) for p in patterns):
+            if "anyOf" not in schema or not any(value in s.get("enum", ()) for s in schema["anyOf"]):
+                problems.append(f"{name}: {value!r} does not match {' or '.join(patterns)}")
     return problems

@@ -6,26 +6,21 @@ schema qualification cannot route around a listed name; only then are its column
 
 from __future__ import annotations
 
+import dataclasses
+
 import psycopg
+from psycopg import sql
 
 from pgtrain.config import TrainingConfig
 from pgtrain.errors import ConfigError, SourceError
 from pgtrain.settings import AuthorSettings
+from pgtrain.source import find_relation
 
 
 def resolve_relation(conn: psycopg.Connection, name: str) -> tuple[str, str] | None:
     """(schema, table) that ``name`` (SQL syntax, optionally qualified and quoted) refers to, or None."""
-    try:
-        with conn.transaction():
-            row = conn.execute(
-                """SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-                   WHERE c.oid = to_regclass(%s)""",
-                (name,),
-            ).fetchone()
-    except psycopg.Error as error:
-        raise SourceError(f"source_table {name!r} is not a valid table name: {error.diag.message_primary}; "
-                          "write it as in SQL, e.g. myschema.mytable or \"MySchema\".\"My Table\"") from error
-    return None if row is None else (row[0], row[1])
+    row = find_relation(conn, name)
+    return None if row is None else (row[1], row[2])
 
 
 def allowed_relations(conn: psycopg.Connection, entries: tuple[str, ...]) -> tuple[set[str], set[tuple[str, str]]]:
@@ -63,9 +58,22 @@ def check_model(config: TrainingConfig, settings: AuthorSettings) -> None:
 
 
 def check_run(conn: psycopg.Connection, config: TrainingConfig, settings: AuthorSettings) -> None:
-    """Refuse a run whose model or source the author has not allowed."""
+    """Refuse a run whose model, size or source the author has not allowed."""
     check_model(config, settings)
+    if config.world_size > settings.max_world_size:
+        raise ConfigError(f"world_size {config.world_size} is more than the {settings.max_world_size} ranks this "
+                          "DAG's author allows (max_world_size in the pgtrain settings file)")
     check_source(conn, config.source_table, settings)
+
+
+def admit(conn: psycopg.Connection, config: TrainingConfig, settings: AuthorSettings) -> TrainingConfig:
+    """The run's config as it is recorded: checked against the author's settings, the source pinned to the
+    schema-qualified, quoted name it resolved to (a later search_path cannot point it elsewhere), and the
+    author's quality gate in force."""
+    check_run(conn, config, settings)
+    schema, table = resolve_relation(conn, config.source_table)
+    pinned = sql.Identifier(schema, table).as_string(conn)
+    return dataclasses.replace(config, source_table=pinned, **settings.quality_gate)
 
 
 def _unquote(identifier: str) -> str:

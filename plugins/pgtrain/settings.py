@@ -5,7 +5,9 @@ owned by whoever deploys the DAGs, never in the trigger form:
 
 - ``allowed_sources``: schemas (``public``) or tables (``"Clinic"."Biopsies"``) a run may train on;
 - ``allowed_models``: model references a run may build (``mlp``, ``package.module:factory``);
-- ``kubernetes``: the MPIJob's image, namespace, Secret, node selector, tolerations, sizes.
+- ``kubernetes``: the MPIJob's image, namespace, Secret, node selector, tolerations, sizes;
+- ``quality_gate``: how much worse than the head a run may be, and absolute floors (``pgtrain.config.QUALITY_GATE``);
+- ``max_world_size``: the most ranks a run may ask for.
 
 A run whose source or model is not allowed is refused in ``plan_run``, before any column or row of it
 is read.
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pgtrain.config import QUALITY_GATE
 from pgtrain.errors import ConfigError
 
 SETTINGS_ENV = "PGTRAIN_SETTINGS"
@@ -47,6 +50,10 @@ _SCHEMA = {
         "allowed_sources": {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
         "allowed_models": {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
         "kubernetes": {"type": "object", "additionalProperties": False, "properties": KUBERNETES_SETTINGS},
+        "quality_gate": {"type": "object", "additionalProperties": False,
+                         "properties": {name: {k: v for k, v in schema.items() if k != "default"}
+                                        for name, schema in QUALITY_GATE.items()}},
+        "max_world_size": {"type": "integer", "minimum": 1},
     },
 }
 
@@ -56,15 +63,12 @@ class AuthorSettings:
     allowed_sources: tuple[str, ...] = ("public",)
     allowed_models: tuple[str, ...] = ("mlp",)
     kubernetes: dict[str, Any] = field(default_factory=dict)
+    quality_gate: dict[str, float | None] = field(default_factory=dict)
+    max_world_size: int = 1024
 
     def operator_arguments(self) -> dict[str, Any]:
-        """Keyword arguments of HorovodTrainOperator for launcher=kubernetes."""
-        arguments = dict(self.kubernetes)
-        if "tolerations" in arguments:
-            from airflow.providers.cncf.kubernetes.backcompat.backwards_compat_converters import convert_toleration
-
-            arguments["tolerations"] = [convert_toleration(t) for t in arguments["tolerations"]]
-        return arguments
+        """Keyword arguments of HorovodTrainOperator for launcher=kubernetes (KPO converts the tolerations)."""
+        return dict(self.kubernetes)
 
 
 def settings_path() -> Path:
@@ -91,4 +95,5 @@ def load_settings(path: Path | str | None = None) -> AuthorSettings:
             f"{'.'.join(map(str, e.absolute_path)) or 'top level'}: {e.message}" for e in errors))
     return AuthorSettings(tuple(data.get("allowed_sources", AuthorSettings.allowed_sources)),
                           tuple(data.get("allowed_models", AuthorSettings.allowed_models)),
-                          dict(data.get("kubernetes") or {}))
+                          dict(data.get("kubernetes") or {}), dict(data.get("quality_gate") or {}),
+                          data.get("max_world_size", AuthorSettings.max_world_size))

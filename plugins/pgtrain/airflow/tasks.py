@@ -38,12 +38,12 @@ def plan_run(conn_id: str = DEFAULT_CONN_ID, params: dict | None = None, dag_run
     if typos:
         raise ConfigError("the run's conf has keys this DAG does not define: " + "; ".join(typos))
     config = TrainingConfig.from_mapping(dict(params))
-    log.info("params of this run: %s", config.to_dict())
     capacity.check_world_size(config)
     with connect(database_url(conn_id)) as conn:
-        policy.check_run(conn, config, load_settings())
+        config = policy.admit(conn, config, load_settings())
         run = runs.plan_run(conn, dag_run.dag_id, dag_run.run_id, config)
-    log.info("training run %s (model %s, base version %s)", run.run_id, run.model_name, run.base_version)
+    log.info("training run %s (model %s, base version %s) with %s", run.run_id, run.model_name, run.base_version,
+             run.config.to_dict())
     return run.run_id
 
 
