@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import traceback
+
 import numpy as np
 import psycopg
 import pytest
@@ -10,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 import pgtrain  # noqa: E402
 from pgtrain.config import TrainingConfig  # noqa: E402
-from pgtrain.errors import PgtrainError, SourceError  # noqa: E402
+from pgtrain.errors import ConfigError, PgtrainError, SourceError  # noqa: E402
 from pgtrain.inference import predict  # noqa: E402
 from pgtrain.model_store import commit_run  # noqa: E402
 from pgtrain.runs import plan_run, record_epoch, set_model_layout  # noqa: E402
@@ -118,8 +120,93 @@ def test_predict_names_a_recorded_feature_column_the_source_lacks(aconn):
     aconn.execute("CREATE TABLE public.partial (id integer PRIMARY KEY, a real)")
     aconn.execute("INSERT INTO public.partial VALUES (1, 0.5)")
 
-    with pytest.raises(SourceError, match=r"public.partial has no column\(s\) 'b'"):
+    with pytest.raises(SourceError, match=r"feature_columns 'b' is not a column of public.partial.*"
+                                          r"trained on the feature columns 'a', 'b'"):
         predict(aconn, "clf", None, "public.partial", "id", "scores")
     with pytest.raises(SourceError, match="does not exist"):
         predict(aconn, "clf", None, "public.nowhere", "id", "scores")
     assert aconn.execute("SELECT to_regclass('scores')").fetchone() == (None,), "nothing is written"
+
+
+def test_predict_refuses_a_key_without_a_unique_index(aconn):
+    # Keyset pages on a key that may repeat would skip the repeats at a page boundary: refused, with the fix.
+    commit_random_model(aconn, "clf", 2, 2, features_column=None, feature_columns=("a", "b"))
+    aconn.execute("CREATE TABLE public.events (id integer, a real, b real)")
+    aconn.execute("INSERT INTO public.events SELECT i / 2, i, -i FROM generate_series(0, 9) AS i")
+
+    with pytest.raises(SourceError, match=r"""key_column 'id' of "public"."events" has no unique index.*"""
+                                          r"""ALTER TABLE "public"."events" ADD PRIMARY KEY \("id"\)"""):
+        predict(aconn, "clf", None, "public.events", "id", "scores", batch_rows=3)
+    aconn.execute("CREATE VIEW public.events_view AS SELECT * FROM public.events")
+    with pytest.raises(SourceError, match="is a view"):
+        predict(aconn, "clf", None, "public.events_view", "id", "scores")
+    assert aconn.execute("SELECT to_regclass('scores')").fetchone() == (None,), "nothing is written"
+
+    aconn.execute("CREATE TABLE public.unique_events AS SELECT DISTINCT ON (id) * FROM public.events")
+    aconn.execute("CREATE UNIQUE INDEX ON public.unique_events (id)")
+    done = predict(aconn, "clf", None, "public.unique_events", "id", "scores", batch_rows=2)
+    assert done.rows == 5
+    assert [k for (k,) in aconn.execute("SELECT id FROM scores ORDER BY id")] == [0, 1, 2, 3, 4]
+
+
+def test_predict_reports_bad_rows_or_skips_them_when_asked(aconn, db_url, capsys, monkeypatch):
+    model = commit_random_model(aconn, "clf", 2, 3, hidden_sizes=(4,), features_column=None,
+                                feature_columns=("a", "b"))
+    aconn.execute("CREATE TABLE public.visits (id integer UNIQUE, a double precision, b real)")
+    with aconn.cursor() as cur:
+        cur.executemany("INSERT INTO public.visits VALUES (%s, %s, %s)",
+                        [(i, i / 10, 1 - i / 10) for i in range(20)])
+    aconn.execute("UPDATE public.visits SET a = NULL WHERE id IN (4, 13)")
+    aconn.execute("UPDATE public.visits SET b = 'NaN' WHERE id = 7")
+    aconn.execute("INSERT INTO public.visits VALUES (NULL, 0.5, 0.5)")
+
+    with pytest.raises(SourceError) as failure:
+        predict(aconn, "clf", None, "public.visits", "id", "scores", batch_rows=6)
+    message = str(failure.value)
+    assert "4 rows of public.visits (of 21) cannot be scored" in message, message
+    assert "null_key: 1 rows (the key is NULL)" in message, message
+    assert "null_features: 2 rows (a feature column is NULL), e.g. keys 4, 13" in message, message
+    assert "non_finite: 1 rows (a feature column is NaN or infinite), e.g. keys 7" in message, message
+    assert "--skip-bad-rows" in message
+    assert aconn.execute("SELECT to_regclass('scores')").fetchone() == (None,), "nothing is written"
+
+    monkeypatch.setenv(DATABASE_URL_ENV, db_url)
+    from pgtrain.models_cli import main
+
+    assert main(["predict", "--model", "clf", "--source", "visits", "--key-column", "id", "--into", "scores",
+                 "--batch-rows", "6", "--skip-bad-rows"]) == 0
+    assert "wrote 17 predictions of clf version 1 into scores (skipped 4 bad rows)" in capsys.readouterr().out
+    got = aconn.execute("SELECT id, prediction FROM scores ORDER BY id").fetchall()
+    good = [i for i in range(20) if i not in (4, 7, 13)]
+    assert [k for k, _ in got] == good
+    x = np.array([[i / 10, np.float32(1 - i / 10)] for i in good], dtype=np.float32)
+    assert [p for _, p in got] == model(torch.from_numpy(x)).argmax(dim=1).tolist()
+
+
+def test_load_model_does_not_echo_the_password_of_a_malformed_url(aconn):
+    secret = "hunter2-do-not-print"
+    for url in (f"postgresql://trainer:{secret}@[bad/db", f"postgresql://trainer:{secret}@localhost:notaport/db"):
+        with pytest.raises(ConfigError, match="cannot be parsed|port") as failure:
+            pgtrain.load_model(url, "clf")
+        shown = "".join(traceback.format_exception(failure.value))
+        assert secret not in shown and "hunter2" not in shown, shown
+
+
+def test_predict_from_packed_float32_bytea_checks_each_row(aconn):
+    model = commit_random_model(aconn, "reg", 3, 1, hidden_sizes=(4,), task="regression")
+    x = np.random.default_rng(2).standard_normal((9, 3)).astype("<f4")
+    aconn.execute("CREATE TABLE public.packed (id bigint PRIMARY KEY, features bytea)")
+    with aconn.cursor() as cur:
+        cur.executemany("INSERT INTO public.packed VALUES (%s, %s)", [(i, row.tobytes()) for i, row in enumerate(x)])
+    aconn.execute("INSERT INTO public.packed VALUES (100, %s)", (x[0, :2].tobytes(),))  # 2 values, not 3
+
+    with pytest.raises(SourceError, match=r"wrong_length: 1 rows \(the feature vector does not hold 3 values\), "
+                                          r"e.g. keys 100"):
+        predict(aconn, "reg", None, "packed", "id", "scores", batch_rows=4)
+    done = predict(aconn, "reg", None, "packed", "id", "scores", batch_rows=4, skip_bad_rows=True)
+
+    assert (done.rows, done.skipped) == (9, 1)
+    got = np.array([p for (p,) in aconn.execute("SELECT prediction FROM scores ORDER BY id")])
+    with torch.no_grad():
+        want = model(torch.from_numpy(x.astype(np.float32)))[:, 0].numpy()
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)

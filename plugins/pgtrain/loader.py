@@ -21,6 +21,7 @@ import numpy as np
 import psycopg
 from psycopg import sql
 
+from pgtrain import copy_binary
 from pgtrain.errors import PgtrainError, SourceError
 from pgtrain.runs import Shard
 from pgtrain.source import (
@@ -43,7 +44,6 @@ from pgtrain.source import (
 if TYPE_CHECKING:
     import torch
 
-_SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
 _BATCH_HEADER = struct.Struct(">hiqi")  # field count, length of count (8), count, length of payload
 ELEMENT_TYPES = {"float4_array": (700, ">f4"), "float8_array": (701, ">f8")}  # array format: (type oid, dtype)
 SCALAR_DTYPES = {"f4": ">f4", "f8": ">f8"}  # float4send, float8send
@@ -160,13 +160,10 @@ def load_shard(conn: psycopg.Connection, source: Source, shard: Shard, dim: int,
     layout = record_dtype(source, dim, plan.output_dim)
     targets = None if source.target_format == "label" else plan.output_dim
     out = _allocate(shard.row_count, dim, _cuda_available() if pin_memory is None else pin_memory, targets)
-    groups = [(f"x_{wire}", _positions(positions, dim)) for wire, positions in feature_groups(source).items()]
+    groups = feature_groups_of(source, dim)
     filled = 0
     with shard_copy(conn, source, shard, validation_fraction, seed) as copy:
-        first = True
-        for block in copy:
-            if first:  # the stream's header arrives with the first row
-                block, first = _skip_signature(block), False
+        for block in copy_binary.rows(copy):
             filled = _store(block, layout, out, filled, shard, groups)
     if filled != shard.row_count:
         raise SourceError(
@@ -187,8 +184,6 @@ def _store(block: memoryview, layout: np.dtype, out: ShardData, filled: int, sha
 
     ``groups``: for scalar feature columns, (record field, positions in the features row) per wire type.
     """
-    if len(block) == 2:  # the COPY trailer
-        return filled
     fields, count_len, count, payload_len = _BATCH_HEADER.unpack_from(block)
     if fields != 2 or count_len != 8:
         raise SourceError(f"rank {shard.rank}: unexpected COPY row layout ({fields} fields)")
@@ -207,14 +202,9 @@ def _store(block: memoryview, layout: np.dtype, out: ShardData, filled: int, sha
         )
     records = np.frombuffer(block, layout, count, _BATCH_HEADER.size)
     span = slice(filled, filled + count)
-    if groups:
-        for name, positions in groups:
-            out.features[span][:, positions] = records[name]
-    elif "ndim" in layout.names:
+    if "ndim" in layout.names:
         _check_arrays(records, "", out.features.shape[1], shard, "feature")
-        out.features[span] = records["x"]["v"]
-    else:
-        out.features[span] = records["x"]
+    fill_features(records, out.features[span], groups)
     if "label" in layout.names:
         out.labels[span] = records["label"]
     elif "y" in layout.names:
@@ -226,18 +216,30 @@ def _store(block: memoryview, layout: np.dtype, out: ShardData, filled: int, sha
     return filled + count
 
 
+def fill_features(records: np.ndarray, target: np.ndarray, groups: list[tuple[str, slice | list[int]]]) -> None:
+    """Copy the features of ``records`` (rows of ``source_feature_fields``) into ``target``, float32 (rows, dim).
+
+    ``groups``: for scalar feature columns, (record field, positions in the features row) per wire type.
+    """
+    if groups:
+        for name, positions in groups:
+            target[:, positions] = records[name]
+    elif "ndim" in records.dtype.names:
+        target[:] = records["x"]["v"]
+    else:
+        target[:] = records["x"]
+
+
+def feature_groups_of(source: Source, dim: int) -> list[tuple[str, slice | list[int]]]:
+    """``fill_features``'s groups for ``source`` (empty unless its features are scalar columns)."""
+    return [(f"x_{wire}", _positions(positions, dim)) for wire, positions in feature_groups(source).items()]
+
+
 def _check_arrays(records: np.ndarray, prefix: str, width: int, shard: Shard, what: str) -> None:
     if ((records[prefix + "ndim"] != 1) | (records[prefix + "hasnull"] != 0) | (records[prefix + "dim"] != width)
             ).any():
         raise SourceError(f"rank {shard.rank}: a {what} array changed shape or gained NULLs after "
                           "compute_shards; re-run compute_shards")
-
-
-def _skip_signature(block: memoryview) -> memoryview:
-    if bytes(block[: len(_SIGNATURE)]) != _SIGNATURE:
-        raise SourceError("the COPY stream does not start with the binary COPY signature")
-    extension = int.from_bytes(block[15:19], "big")
-    return block[19 + extension:]
 
 
 def _plan(source: Source) -> PlannedRows:

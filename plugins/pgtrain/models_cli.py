@@ -6,7 +6,7 @@
     pgtrain-models rollback MODEL [VERSION]      same; default: the newest version older than the head
     pgtrain-models export MODEL [VERSION] -o F   torch.save state dict (loads into the version's model)
     pgtrain-models predict --model M [--version N] --source T --key-column K [--feature-columns C ...] --into T
-                                                 score a table's rows, write (key, prediction) into a table
+                           [--skip-bad-rows]     score a table's rows, write (key, prediction) into a table
     pgtrain-models gc MODEL --keep N [--force]   delete old versions (never the head; --force: also earlier heads)
     pgtrain-models history MODEL                 every move of the head
     pgtrain-models locks                         lock holders, tokens, leases
@@ -96,8 +96,9 @@ def cmd_predict(conn, args) -> int:
     from pgtrain.inference import predict  # torch only for this command
 
     done = predict(conn, args.model, args.version, args.source, args.key_column, args.into,
-                   feature_columns=args.feature_columns, batch_rows=args.batch_rows)
-    print(f"wrote {done.rows} predictions of {done.model_name} version {done.version} into {done.into}")
+                   feature_columns=args.feature_columns, batch_rows=args.batch_rows, skip_bad_rows=args.skip_bad_rows)
+    skipped = f" (skipped {done.skipped} bad rows)" if done.skipped else ""
+    print(f"wrote {done.rows} predictions of {done.model_name} version {done.version} into {done.into}{skipped}")
     return 0
 
 
@@ -199,6 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--feature-columns", nargs="+", help="default: the columns the version was trained on")
     p.add_argument("--into", required=True, help="table to write; created when missing")
     p.add_argument("--batch-rows", type=int, default=10_000, help="rows read and scored at a time")
+    p.add_argument("--skip-bad-rows", action="store_true",
+                   help="score the other rows when some have a NULL key or NULL/non-finite features (default: refuse)")
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("gc", help="delete old versions and their tensors")

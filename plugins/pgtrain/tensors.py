@@ -9,7 +9,6 @@ staged parameters, its latest checkpoint, and committed model versions (``pgtrai
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +18,7 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from pgtrain.copy_binary import HEADER, I16, I32, TRAILER, field, fields, rows
 from pgtrain.errors import PgtrainError
 
 # Bytes per chunk row: at most 64 MB, and a multiple of every item size so a chunk holds whole elements.
@@ -27,11 +27,6 @@ _PIECE = 1024 * 1024  # bytes handed to COPY at a time
 ALLOWED_DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
 FLOAT_DTYPES = frozenset({"float16", "float32", "float64"})
 
-_SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
-_HEADER = _SIGNATURE + struct.pack(">ii", 0, 0)
-_TRAILER = struct.pack(">h", -1)
-_I16 = struct.Struct(">h")
-_I32 = struct.Struct(">i")
 
 
 @dataclass(frozen=True)
@@ -129,27 +124,27 @@ def copy_chunks(conn: psycopg.Connection, table: sql.Identifier, keys: Mapping[s
     columns = [*keys, "name", "seq", "data"]
     statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
         table, sql.SQL(", ").join(map(sql.Identifier, columns)))
-    prefix = _I16.pack(len(columns)) + b"".join(_field(v) for v in keys.values())
+    prefix = I16.pack(len(columns)) + b"".join(field(v) for v in keys.values())
     infos = []
     with conn.cursor() as cur, cur.copy(statement) as copy:
-        copy.write(_HEADER)
+        copy.write(HEADER)
         for name in sorted(arrays):
             array = _little_endian(arrays[name])
             flat = array.reshape(-1)
             raw = memoryview(flat.view(np.uint8)) if flat.size else memoryview(b"")
             nonfinite = 0 if array.dtype.name in FLOAT_DTYPES else None
-            row_prefix = prefix + _field(name)
+            row_prefix = prefix + field(name)
             per_chunk = CHUNK_BYTES // max(array.itemsize, 1)
             for seq, start in enumerate(range(0, flat.size, per_chunk)):
                 stop = min(start + per_chunk, flat.size)
                 if nonfinite is not None:
                     nonfinite += int((stop - start) - np.count_nonzero(np.isfinite(flat[start:stop])))
                 payload = raw[start * array.itemsize:stop * array.itemsize]
-                copy.write(row_prefix + _field(seq) + _I32.pack(len(payload)))
+                copy.write(row_prefix + field(seq) + I32.pack(len(payload)))
                 for offset in range(0, len(payload), _PIECE):
                     copy.write(payload[offset:offset + _PIECE])
             infos.append(TensorInfo(name, tuple(array.shape), array.dtype.name, array.nbytes, nonfinite))
-        copy.write(_TRAILER)
+        copy.write(TRAILER)
     return infos
 
 
@@ -186,28 +181,15 @@ def _chunk_stream(conn: psycopg.Connection, table: sql.Identifier, keys: Mapping
         "TO STDOUT (FORMAT BINARY)").format(table, where, sql.Literal(names))
     expected: tuple[str, int] | None = None
     with conn.cursor() as cur, cur.copy(statement) as copy:
-        first = True
-        for block in copy:
-            block = memoryview(block)
-            if first:
-                if bytes(block[:len(_SIGNATURE)]) != _SIGNATURE:
-                    raise PgtrainError("the COPY stream does not start with the binary COPY signature")
-                block = block[19 + _I32.unpack_from(block, 15)[0]:]
-                first = False
-            if len(block) == 2:  # the trailer
-                continue
-            pos = 2
-            name_len = _I32.unpack_from(block, pos)[0]
-            name = bytes(block[pos + 4:pos + 4 + name_len]).decode()
-            pos += 4 + name_len + 4
-            seq = _I32.unpack_from(block, pos)[0]
-            data_len = _I32.unpack_from(block, pos + 4)[0]
+        for row in rows(copy):
+            raw_name, raw_seq, payload = fields(row)
+            name, seq = bytes(raw_name).decode(), I32.unpack(raw_seq)[0]
             follows = expected is not None and name == expected[0]
             if seq != (expected[1] + 1 if follows else 0):
                 raise PgtrainError(f"tensor {name!r} in {table.as_string(conn)} misses chunk(s) before {seq}; "
                                    "the store is damaged")
             expected = (name, seq)
-            yield name, seq, block[pos + 8:pos + 8 + data_len]
+            yield name, seq, payload
 
 
 def _checked(arrays: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -227,11 +209,6 @@ def _little_endian(array: np.ndarray) -> np.ndarray:
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
     return array if array.flags.c_contiguous else np.ascontiguousarray(array)  # (this one makes 0-d into 1-d)
-
-
-def _field(value: str | int) -> bytes:
-    data = value.encode() if isinstance(value, str) else _I32.pack(value)
-    return _I32.pack(len(data)) + data
 
 
 def _serialize(conn: psycopg.Connection, kind: str, run_id: str) -> None:
