@@ -88,3 +88,11 @@ def test_every_task_follows_the_one_retry_policy(dag):
     from pgtrain.airflow.failures import RETRY_POLICY
 
     assert [t.task_id for t in dag.tasks if t.retry_policy is not RETRY_POLICY] == []
+
+
+def test_the_scoring_example_runs_on_the_asset_commit_parameters_emits(dagbag, dag):
+    from pgtrain.airflow.assets import MODELS_ALIAS, model_asset
+
+    scoring = dagbag.dags["pgtrain_score_digits"]
+    assert [a.uri for a in scoring.timetable.asset_condition.objects] == [model_asset("digits-mlp").uri]
+    assert dag.get_task("commit_parameters").outlets == [MODELS_ALIAS]

@@ -32,6 +32,18 @@ def latest_run(conn: psycopg.Connection) -> tuple[str, str, str | None]:
     ).fetchone()
 
 
+def assert_model_asset_event(run_id: str, version: int) -> None:
+    """commit_parameters recorded an event of the model's asset in Airflow's metadata database."""
+    import sqlite3
+
+    with sqlite3.connect(REPO / ".airflow" / "airflow.db") as metadata:
+        rows = metadata.execute(
+            "SELECT e.extra FROM asset_event e JOIN asset a ON a.id = e.asset_id WHERE a.uri = ?",
+            ("pgtrain://pgtrain_db/digits-mlp",)).fetchall()
+    extras = [json.loads(extra) for (extra,) in rows]
+    assert any(e.get("run_id") == run_id and e.get("version") == version for e in extras), extras
+
+
 def test_dag_trains_the_digits_and_commits_a_version(airflow_env, make_database):
     db_url = make_database(migrate=False)  # provision_tables creates the schema
     with psycopg.connect(db_url, autocommit=True) as conn:
@@ -59,6 +71,8 @@ def test_dag_trains_the_digits_and_commits_a_version(airflow_env, make_database)
         ).fetchone()[0]
         assert val_accuracy >= 0.90
         assert metrics.get("val_accuracy") == pytest.approx(val_accuracy)
+
+        assert_model_asset_event(run_id, version)
 
         again = commit_run(conn, run_id, owner={"task_id": "test"})
         assert (again.version, again.created) == (version, False)

@@ -10,6 +10,7 @@ from typing import Any
 
 from airflow.sdk import task
 
+from pgtrain.airflow.assets import MODELS_ALIAS, model_asset
 from pgtrain.airflow.connection import DEFAULT_CONN_ID, database_url
 
 log = logging.getLogger(__name__)
@@ -67,8 +68,9 @@ def compute_shards(training_run: str, conn_id: str = DEFAULT_CONN_ID) -> dict[st
     return plan.summary()
 
 
-@task
-def commit_parameters(training_run: str, conn_id: str = DEFAULT_CONN_ID, ti: Any = None) -> dict[str, Any]:
+@task(outlets=[MODELS_ALIAS])
+def commit_parameters(training_run: str, conn_id: str = DEFAULT_CONN_ID, ti: Any = None,
+                      outlet_events: Any = None) -> dict[str, Any]:
     from pgtrain.db import connect
     from pgtrain.model_store import commit_run
 
@@ -81,6 +83,9 @@ def commit_parameters(training_run: str, conn_id: str = DEFAULT_CONN_ID, ti: Any
         log.warning("the head of %s did not move to version %d: the model changed shape or kind; "
                     "`pgtrain-models promote %s %d` makes it the head", result.model_name, result.version,
                     result.model_name, result.version)
+    outlet_events[MODELS_ALIAS].add(model_asset(result.model_name, conn_id), extra={
+        "version": result.version, "head_moved": result.head_moved, "run_id": training_run,
+        "metrics": result.metrics})
     return {"model_name": result.model_name, "version": result.version, "created": result.created,
             "head_moved": result.head_moved}
 
