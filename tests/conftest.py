@@ -78,3 +78,10 @@ def db_url(make_database) -> str:
 def conn(db_url: str) -> Iterator[psycopg.Connection]:
     with psycopg.connect(db_url) as connection:
         yield connection
+
+
+@pytest.fixture
+def autocommit(db_url: str) -> Iterator[psycopg.Connection]:
+    """An autocommit connection (planning and loading run their own transactions)."""
+    with psycopg.connect(db_url, autocommit=True) as connection:
+        yield connection

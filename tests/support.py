@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
 import psycopg
 
-from pgtrain import examples, manifest, runs
+from pgtrain import examples, launch_local, manifest, runs
 from pgtrain.config import TrainingConfig
 
 
@@ -31,3 +36,30 @@ def diabetes_params() -> dict[str, object]:
     """Regression on public.diabetes: 10 scalar double precision columns, double precision target "progression"."""
     return {"source_table": "public.diabetes", "key_column": "id", "features_column": None,
             "feature_columns": examples.diabetes()[0], "label_column": "progression", "task": "regression"}
+
+
+def run_job(run: runs.Run, db_url: str, lines: list[str] | None = None) -> list[str]:
+    """One attempt of the train task's local job (run_local starts a new attempt, as a retried task does);
+    its log lines are appended to ``lines`` as they come, also when it fails."""
+    lines = [] if lines is None else lines
+    log = logging.getLogger(f"test.job.{run.run_id}")
+    log.setLevel(logging.INFO)
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    log.addHandler(handler)
+    try:
+        launch_local.run_local(run.run_id, run.config.world_size, db_url, log, timeout_seconds=300)
+    finally:
+        log.removeHandler(handler)
+    return lines
+
+
+def wait_for(check: Callable[[], Any], seconds: float, what: str) -> Any:
+    """Poll ``check`` until it returns something true; fail the test after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        result = check()
+        if result:
+            return result
+        time.sleep(0.1)
+    raise AssertionError(f"gave up after {seconds:g} s waiting for {what}")

@@ -23,24 +23,14 @@ from pgtrain.airflow.mpijob_operator import MPIJobInputRefused, MPIJobOperator, 
 from pgtrain.airflow.train_operator import HorovodTrainOperator
 from tests.k8s_sim import fixtures
 from tests.k8s_sim.airflow_context import FakeTaskStateStore, task_context
-from tests.k8s_sim.fixtures import with_password
 from tests.k8s_sim.validation import assert_cluster_accepted_every_manifest
 from tests.support import planned_run, seed_samples
 
 pytestmark = pytest.mark.horovod
-k8s_cluster, k8s, password_sentinel = fixtures.k8s_cluster, fixtures.k8s, fixtures.password_sentinel
+k8s_cluster, k8s, password_sentinel, namespace = (fixtures.k8s_cluster, fixtures.k8s, fixtures.password_sentinel,
+                                                   fixtures.namespace)
 DAG_ID = "pgtrain_test"  # tests.support.planned_run plans runs of this DAG
 IMAGE = "pgtrain-trainer:test"
-
-
-@pytest.fixture
-def namespace(k8s, db_url, password_sentinel, monkeypatch) -> str:
-    """A namespace holding the Secret with the database URL; the Airflow side gets it as pgtrain_db."""
-    url = with_password(db_url, password_sentinel)
-    ns = k8s.new_namespace()
-    k8s.create_secret(ns, "pgtrain-db", {"url": url})
-    monkeypatch.setenv("AIRFLOW_CONN_PGTRAIN_DB", url)
-    return ns
 
 
 def plan(db_url: str, dag_run_id: str, *, rows: int = 240, epochs: int = 2, shard: bool = True) -> str:

@@ -255,7 +255,7 @@ def test_promote_rolls_back_and_forward_under_the_lock(db_url, aconn):
 
 def test_export_loads_into_the_trainer_model(db_url, aconn, tmp_path):
     torch = pytest.importorskip("torch")
-    from trainer.model import MLP
+    from trainer.model import build_model
 
     rng = np.random.default_rng(0)
     arrays = {n: rng.standard_normal(s).astype(np.float32) for n, s in SPEC.parameter_shapes().items()}
@@ -263,7 +263,7 @@ def test_export_loads_into_the_trainer_model(db_url, aconn, tmp_path):
     commit_run(aconn, prepare_run(db_url, "one", arrays=arrays), owner=OWNER)
 
     version = export_state_dict(aconn, MODEL, None, tmp_path / "model.pt")
-    model = MLP(SPEC)
+    model = build_model("mlp", SPEC.input_dim, SPEC.num_classes, {"hidden_sizes": list(SPEC.hidden_sizes)}, seed=0)
     model.load_state_dict(torch.load(tmp_path / "model.pt"), strict=True)
 
     assert version == 1

@@ -22,7 +22,8 @@ LONG_RUN_ID = "a_rather_long_dag_id_for_training/scheduled__2026-01-01T00:00:00+
 
 def settings(world_size: int = 8, gpus: int = 4, **overrides) -> mpijob.MPIJobSettings:
     return mpijob.MPIJobSettings(run_id=overrides.pop("run_id", LONG_RUN_ID), world_size=world_size,
-                                 gpus_per_worker=gpus, image="registry.example/pgtrain-trainer:1", **overrides)
+                                 gpus_per_worker=gpus, image="registry.example/pgtrain-trainer:1",
+                                 attempt=overrides.pop("attempt", 3), **overrides)
 
 
 def replica(manifest: dict, role: str) -> dict:
@@ -53,7 +54,8 @@ def test_manifest_follows_the_v2beta1_rules(world_size, gpus):
     assert {"backoffLimit", "activeDeadlineSeconds", "ttlSecondsAfterFinished"} <= spec["runPolicy"].keys()
     command = container(manifest, "Launcher")["command"]
     assert command[:3] == ["horovodrun", "-np", str(workers * slots)]
-    assert command[-len(trainer_argv(LONG_RUN_ID)):] == trainer_argv(LONG_RUN_ID)
+    assert command[-len(trainer_argv(LONG_RUN_ID, 3)):] == trainer_argv(LONG_RUN_ID, 3)
+    assert command[-2:] == ["--attempt", "3"]
     name = manifest["metadata"]["name"]
     assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name)
     assert len(f"{name}-worker-{workers - 1}") <= 63 and len(f"{name}-launcher") <= 63
@@ -137,19 +139,37 @@ def test_job_state_reads_the_conditions():
     assert mpijob.job_state(job(("Running", "False"), ("Succeeded", "True"))).phase == "Succeeded"
 
 
-def test_render_command_prints_what_the_builder_builds():
-    args = ["render", "--world-size", "8", "--gpus-per-worker", "4", "--image", "reg/img:1", "--run-id", "d/r",
-            "--node-selector", "pool=gpu", "--toleration", "nvidia.com/gpu:NoSchedule"]
+def render(args: list[str]) -> dict:
     out = io.StringIO()
     with redirect_stdout(out):
         assert mpijob.main(args) == 0
-    rendered = yaml.safe_load(out.getvalue())
+    return yaml.safe_load(out.getvalue())
+
+
+def test_render_command_prints_what_the_builder_builds():
+    rendered = render(["render", "--world-size", "8", "--gpus-per-worker", "4", "--image", "reg/img:1",
+                       "--run-id", "d/r", "--node-selector", "pool=gpu", "--toleration", "nvidia.com/gpu:NoSchedule",
+                       "--attempt", "4"])
     expected = mpijob.build_mpijob(mpijob.MPIJobSettings(
         run_id="d/r", world_size=8, gpus_per_worker=4, image="reg/img:1", node_selector={"pool": "gpu"},
-        tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]))
+        tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}], attempt=4))
     assert rendered == expected
+    assert container(rendered, "Launcher")["command"][-2:] == ["--attempt", "4"]
     assert replica(rendered, "Worker")["replicas"] == 2
     assert replica(rendered, "Worker")["template"]["spec"]["nodeSelector"] == {"pool": "gpu"}
+
+
+def test_render_command_tells_the_trainer_attempt_1_by_default():
+    rendered = render(["render", "--world-size", "2", "--run-id", "d/r"])
+    assert container(rendered, "Launcher")["command"][-4:] == ["--run-id", "d/r", "--attempt", "1"]
+
+
+def test_settings_need_a_train_attempt():
+    with pytest.raises(TypeError, match="attempt"):
+        mpijob.MPIJobSettings(run_id="r", world_size=1)  # type: ignore[call-arg]
+    for bad in (0, -1, None, True, "2"):
+        with pytest.raises(ConfigError, match=f"attempt={bad!r} should be the run's train attempt"):
+            settings(attempt=bad)
 
 
 def test_render_command_explains_a_bad_layout(capsys):

@@ -89,6 +89,8 @@ def test_operator_manifest_is_valid(manifest):
     assert manifest["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
     launcher = templates(manifest)["Launcher"]["spec"]["containers"][0]
     assert launcher["command"][:3] == ["horovodrun", "-np", "8"]
+    # A plain MPIJobOperator begins no attempt in a database: its trainer is told attempt 1.
+    assert launcher["command"][-2:] == ["--attempt", "1"]
 
 
 def test_user_gpu_resources_are_replaced_by_the_layout():

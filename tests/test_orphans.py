@@ -15,7 +15,7 @@ import pytest
 from pgtrain import runs, tensors
 from pgtrain.db import connect
 from tests.conftest import REPO
-from tests.support import planned_run, seed_samples
+from tests.support import planned_run, seed_samples, wait_for
 
 # Stands in for the Airflow task: the local launcher in a process of its own, killed without warning.
 LAUNCHER = """
@@ -24,16 +24,6 @@ from pgtrain.launch_local import run_local
 logging.basicConfig(level=logging.INFO)
 run_local(sys.argv[1], 2, sys.stdin.readline().strip(), logging.getLogger("launcher"))
 """
-
-
-def wait_for(check, seconds: float, what: str):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        time.sleep(0.2)
-    raise AssertionError(f"gave up after {seconds:g} s waiting for {what}")
 
 
 def alive(process: psutil.Process) -> bool:

@@ -2,52 +2,21 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import threading
-import time
 
 import numpy as np
 import psutil
 import psycopg
 import pytest
 
-from pgtrain import examples, launch_local, runs, tensors
+from pgtrain import examples, runs, tensors
 from pgtrain.errors import TrainingFailed, TrainingInputError
 from pgtrain.model_store import commit_run, load_tensors
-from tests.support import planned_run, seed_samples
+from tests.support import planned_run, run_job, seed_samples, wait_for
 
 pytestmark = pytest.mark.horovod
-
-
-@pytest.fixture
-def autocommit(db_url):
-    with psycopg.connect(db_url, autocommit=True) as connection:
-        yield connection
-
-
-def run_job(run: runs.Run, db_url: str, lines: list[str] | None = None) -> list[str]:
-    """One attempt of the train task's job (run_local starts a new attempt, as a retried task does)."""
-    lines = [] if lines is None else lines
-    log = logging.getLogger(f"test.resume.{run.run_id}")
-    log.setLevel(logging.INFO)
-    handler = logging.Handler()
-    handler.emit = lambda record: lines.append(record.getMessage())
-    log.addHandler(handler)
-    try:
-        launch_local.run_local(run.run_id, run.config.world_size, db_url, log, timeout_seconds=300)
-    finally:
-        log.removeHandler(handler)
-    return lines
-
-
-def wait_for(condition, what: str, timeout: float = 240.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.2)
 
 
 def trainer_rank(run_id: str, rank: int) -> psutil.Process | None:
@@ -88,7 +57,7 @@ def test_a_retried_run_resumes_from_its_checkpoint_and_ends_where_an_uninterrupt
         attempt.start()
         with psycopg.connect(db_url, autocommit=True) as watcher:
             wait_for(lambda: watcher.execute("SELECT epoch FROM pgtrain.checkpoints WHERE run_id = %s",
-                                             (resumed.run_id,)).fetchone() == (2,), "the epoch-2 checkpoint")
+                                             (resumed.run_id,)).fetchone() == (2,), 240, "the epoch-2 checkpoint")
         rank_1 = trainer_rank(resumed.run_id, 1)
         assert rank_1 is not None
         os.kill(rank_1.pid, signal.SIGKILL)

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-import logging
+import resource
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-import psycopg
 import pytest
 import torch
 from torch import nn
 
-from pgtrain import launch_local, runs, tensors
+from pgtrain import runs, tensors
 from pgtrain.errors import ConfigError, TrainingFailed
-from tests.support import planned_run, seed_samples
-from trainer.model import PgtrainModel, build_model, resolve_factory, state_layout
+from tests.support import planned_run, run_job, seed_samples
+from trainer.memory import available_bytes
+from trainer.model import PgtrainModel, build_model, planned_size, resolve_factory, state_layout
 from trainer.train import steps_per_epoch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,6 +32,19 @@ def raising(input_dim: int, output_dim: int) -> nn.Module:
 
 
 NOT_A_FACTORY = 3
+
+
+def fits_only_on_meta(input_dim: int, output_dim: int) -> nn.Module:
+    """Sized on the meta device, then out of memory when allocated for real."""
+    net = nn.Linear(input_dim, output_dim)
+    if net.weight.device.type != "meta":
+        raise MemoryError()
+    return net
+
+
+def allocator_fails(input_dim: int, output_dim: int) -> nn.Module:
+    raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: "
+                       "you tried to allocate 17179869184 bytes. Error code 12 (Cannot allocate memory)")
 
 
 def test_the_mlp_is_wrapped_with_normalizer_and_target_scale():
@@ -76,32 +91,64 @@ def test_bad_models_are_refused_with_the_path(ref, options, message):
     assert repr(ref) in str(refused.value)
 
 
+@pytest.mark.parametrize(("ref", "what", "why"), [
+    (f"{__name__}:fits_only_on_meta", "with 15 parameters (0.0 GiB)", "allocating it failed (MemoryError)"),
+    (f"{__name__}:allocator_fails", "of unknown size", "allocating it failed (RuntimeError)"),
+])
+def test_a_model_that_cannot_be_allocated_is_refused(ref, what, why):
+    with pytest.raises(ConfigError) as refused:
+        build_model(ref, 4, 3, {}, seed=0)
+    assert str(refused.value) == (
+        f"model {ref!r} {what} cannot be allocated: {why}; make it smaller (hidden_sizes or model_options) "
+        "or give the trainer more memory (worker_memory on Kubernetes)")
+
+
+@contextmanager
+def address_space_capped(extra_bytes: int) -> Iterator[None]:
+    """A safety net: should the size check not refuse, allocation fails at once instead of eating the RAM."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    status = Path("/proc/self/status").read_text()
+    used = int(next(line for line in status.splitlines() if line.startswith("VmSize:")).split()[1]) * 1024
+    cap = used + extra_bytes if hard == resource.RLIM_INFINITY else min(hard, used + extra_bytes)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def test_a_model_larger_than_the_memory_is_refused_before_it_is_allocated():
+    hidden = 2**36  # 10 -> 2**36 -> 2: 13 * 2**36 + 2 parameters, 3.25 TiB of float32
+    assert planned_size(resolve_factory("mlp"), 10, 2, {"hidden_sizes": [hidden]}) == (
+        13 * hidden + 2, 4 * (13 * hidden + 2) + 8 * 12)
+    with address_space_capped(2**30), pytest.raises(ConfigError) as refused:
+        build_model("mlp", 10, 2, {"hidden_sizes": [hidden]}, seed=0)
+    message = str(refused.value)
+    assert message.startswith("model 'mlp' with 893,353,197,570 parameters (3,328.0 GiB) cannot be allocated: ")
+    assert "of memory available" in message and "\n" not in message
+
+
+def test_planned_size_matches_the_built_model():
+    model = build_model(RESMLP, 6, 2, {"width": 8, "blocks": 3}, seed=1)
+    parameters = sum(p.numel() for p in model.parameters())
+    nbytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    assert planned_size(resolve_factory(RESMLP), 6, 2, {"width": 8, "blocks": 3}) == (parameters, nbytes)
+    assert 0 < available_bytes()
+
+
 def test_steps_per_epoch_comes_from_the_largest_shard():
     shards = [runs.Shard(0, 2, "1", "5", 10, 9, 1), runs.Shard(1, 2, "6", "9", 10, 7, 3)]
     assert steps_per_epoch(shards, 4) == 3
 
 
 # -- real ranks -----------------------------------------------------------------------------------------
-@pytest.fixture
-def autocommit(db_url):
-    with psycopg.connect(db_url, autocommit=True) as connection:
-        yield connection
-
-
 def job_output(run: runs.Run, db_url: str) -> tuple[list[str], Exception | None]:
     lines: list[str] = []
-    log = logging.getLogger(f"test.models.{run.run_id}")
-    log.setLevel(logging.INFO)
-    handler = logging.Handler()
-    handler.emit = lambda record: lines.append(record.getMessage())
-    log.addHandler(handler)
     try:
-        launch_local.run_local(run.run_id, run.config.world_size, db_url, log, timeout_seconds=300)
+        run_job(run, db_url, lines)
         return lines, None
     except TrainingFailed as failure:
         return lines, failure
-    finally:
-        log.removeHandler(handler)
 
 
 @pytest.mark.horovod
@@ -131,6 +178,7 @@ def test_a_factory_model_trains_end_to_end(autocommit, db_url):
     ("no_such_package.models:net", {}, "cannot import 'no_such_package.models'"),
     (RESMLP, {"blocks": 0}, "the factory raised ValueError"),
     ("tests.test_trainer_models:wrong_width", {}, "gives output [2, 9], the run needs [2, 8]"),
+    ("tests.test_trainer_models:fits_only_on_meta", {}, "cannot be allocated: allocating it failed (MemoryError)"),
 ])
 def test_a_bad_model_fails_the_run_before_any_data_is_read(autocommit, db_url, monkeypatch, ref, options, says):
     monkeypatch.setenv("PYTHONPATH", str(REPO))  # ranks import this test module like a user's package
@@ -145,3 +193,4 @@ def test_a_bad_model_fails_the_run_before_any_data_is_read(autocommit, db_url, m
     assert not any("<stderr>:Traceback" in line for line in lines)  # the rank's, not horovodrun's own
     assert not any("rank 0/1:" in line for line in lines)  # the shard was never loaded
     assert runs.epoch_metrics(autocommit, run.run_id) == []
+    assert runs.get_run(autocommit, run.run_id).status == "refused"  # bad input: not retried

@@ -12,17 +12,11 @@ from pgtrain import launch_local, runs
 from pgtrain.errors import TrainingFailed, TrainingInputError
 from tests.k8s_sim import fixtures
 from tests.k8s_sim.airflow_context import task_context
-from tests.k8s_sim.fixtures import with_password
 from tests.support import planned_run, seed_samples
 
-k8s_cluster, k8s, password_sentinel = fixtures.k8s_cluster, fixtures.k8s, fixtures.password_sentinel
+k8s_cluster, k8s, password_sentinel, namespace = (fixtures.k8s_cluster, fixtures.k8s, fixtures.password_sentinel,
+                                                   fixtures.namespace)
 DAG_ID = "pgtrain_test"  # tests.support.planned_run plans runs of this DAG
-
-
-@pytest.fixture
-def autocommit(db_url):
-    with psycopg.connect(db_url, autocommit=True) as connection:
-        yield connection
 
 
 def verdict(conn: psycopg.Connection, run_id: str) -> tuple[str, str | None]:
@@ -93,16 +87,8 @@ def test_a_crash_without_a_verdict_is_a_failure_to_retry(autocommit, db_url, mon
         launch_local.run_local(run.run_id, 2, db_url, logging.getLogger("test.crash"), timeout_seconds=60)
     assert not isinstance(failure.value, TrainingInputError)
     assert "exited with status 2" in str(failure.value)
+    assert "(just a line in the log)" in str(failure.value)  # the output's tail comes with the failure
     assert verdict(autocommit, run.run_id) == ("training", None)
-
-
-@pytest.fixture
-def namespace(k8s, db_url, password_sentinel, monkeypatch) -> str:
-    url = with_password(db_url, password_sentinel)
-    ns = k8s.new_namespace()
-    k8s.create_secret(ns, "pgtrain-db", {"url": url})
-    monkeypatch.setenv("AIRFLOW_CONN_PGTRAIN_DB", url)
-    return ns
 
 
 @pytest.mark.horovod

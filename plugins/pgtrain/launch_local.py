@@ -58,10 +58,10 @@ def horovodrun_path() -> str:
     return found
 
 
-def local_command(run_id: str, world_size: int, attempt: int | None = None) -> list[str]:
+def local_command(run_id: str, world_size: int, attempt: int) -> list[str]:
     return [
         horovodrun_path(), "--gloo", "-np", str(world_size), "-H", f"localhost:{world_size}",
-        *horovodrun_options(), *trainer_argv(run_id, python=sys.executable, attempt=attempt),
+        *horovodrun_options(), *trainer_argv(run_id, attempt, python=sys.executable),
     ]
 
 

@@ -72,7 +72,8 @@ class MPIJobSettings:
     backoff_limit: int = 0
     active_deadline_seconds: int | None = 86400
     ttl_seconds_after_finished: int = 3600
-    attempt: int | None = None  # the run's train attempt (pgtrain.runs.begin_attempt), passed to the trainer
+    # The run's train attempt (pgtrain.runs.begin_attempt), passed to the trainer, which fences its writes by it.
+    attempt: int = field(kw_only=True)
     # Scheduling for base_pod(); an operator-supplied pod carries its own.
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: Sequence[Mapping[str, Any]] = ()
@@ -92,6 +93,8 @@ class MPIJobSettings:
             problems.append("database_secret and database_secret_key name the Secret with the database URL")
         if self.backoff_limit < 0:
             problems.append(f"backoff_limit={self.backoff_limit} should be >= 0")
+        if isinstance(self.attempt, bool) or not isinstance(self.attempt, int) or self.attempt < 1:
+            problems.append(f"attempt={self.attempt!r} should be the run's train attempt (an integer >= 1)")
         if problems:
             raise ConfigError("invalid MPIJob settings: " + "; ".join(problems))
         layout(self.world_size, self.gpus_per_worker)  # raises on an impossible layout
@@ -135,14 +138,14 @@ def _longest_suffix(workers: int) -> int:
     return max(len("-launcher"), len(f"-worker-{workers - 1}"))
 
 
-def launcher_command(run_id: str, world_size: int, attempt: int | None = None) -> list[str]:
+def launcher_command(run_id: str, world_size: int, attempt: int) -> list[str]:
     """``horovodrun`` over the MPI Operator's hostfile: MPI (+NCCL) in the GPU image, Gloo where MPI is absent.
 
     horovodrun passes the launcher's environment to every rank by name (``mpirun -x NAME``), so the
     database URL travels from the Secret to the ranks without ever being written out.
     """
     return ["horovodrun", "-np", str(world_size), "--hostfile", HOSTFILE, *horovodrun_options(),
-            *trainer_argv(run_id, attempt=attempt)]
+            *trainer_argv(run_id, attempt)]
 
 
 def database_env(secret: str, key: str) -> dict[str, Any]:
@@ -447,6 +450,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     render.add_argument("--node-selector", action="append", default=[], metavar="KEY=VALUE")
     render.add_argument("--toleration", action="append", default=[], metavar="KEY[=VALUE][:EFFECT]")
     render.add_argument("--active-deadline-seconds", type=int, default=86400)
+    render.add_argument("--attempt", type=int, default=1,
+                        help="the run's train attempt the trainer is told (pgtrain.runs.begin_attempt); a "
+                             "trainer of an older attempt than the run's cannot write")
     args = parser.parse_args(argv)
     try:
         settings = MPIJobSettings(
@@ -455,7 +461,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             database_secret_key=args.secret_key, worker_cpu=args.worker_cpu, worker_memory=args.worker_memory,
             node_selector=_key_values(args.node_selector, "node-selector"),
             tolerations=[_toleration(t) for t in args.toleration],
-            active_deadline_seconds=args.active_deadline_seconds,
+            active_deadline_seconds=args.active_deadline_seconds, attempt=args.attempt,
         )
         sys.stdout.write(render_yaml(build_mpijob(settings)))
     except ConfigError as exc:

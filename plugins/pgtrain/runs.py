@@ -179,7 +179,7 @@ def record_epoch(conn: psycopg.Connection, run_id: str, epoch: int, metrics: dic
                  train_loss = EXCLUDED.train_loss, train_accuracy = EXCLUDED.train_accuracy,
                  val_loss = EXCLUDED.val_loss, val_accuracy = EXCLUDED.val_accuracy,
                  seconds = EXCLUDED.seconds, metrics = EXCLUDED.metrics, recorded_at = now()""",
-            {"run_id": run_id, "epoch": epoch, **columns, "metrics": Jsonb(_json_safe(metrics))},
+            {"run_id": run_id, "epoch": epoch, **columns, "metrics": Jsonb(json_safe(metrics))},
         )
 
 
@@ -218,7 +218,7 @@ def set_init_version(conn: psycopg.Connection, run_id: str, version: int | None)
 _METRIC_COLUMNS = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "seconds")
 
 
-def _json_safe(metrics: dict[str, Any]) -> dict[str, Any]:
+def json_safe(metrics: dict[str, Any]) -> dict[str, Any]:
     """NaN and infinities as null: JSON has no spelling for them (the typed columns keep them)."""
     return {key: None if isinstance(value, float) and not math.isfinite(value) else value
             for key, value in metrics.items()}

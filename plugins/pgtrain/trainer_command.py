@@ -20,7 +20,6 @@ def horovodrun_options() -> list[str]:
     return ["--start-timeout", seconds, "--gloo-timeout-seconds", seconds]
 
 
-def trainer_argv(run_id: str, python: str = "python", attempt: int | None = None) -> list[str]:
+def trainer_argv(run_id: str, attempt: int, python: str = "python") -> list[str]:
     """``attempt``: the run's train attempt (pgtrain.runs.begin_attempt); its writes are fenced by it."""
-    argv = [python, "-m", "trainer", "--run-id", run_id]
-    return argv if attempt is None else [*argv, "--attempt", str(int(attempt))]
+    return [python, "-m", "trainer", "--run-id", run_id, "--attempt", str(int(attempt))]

@@ -8,7 +8,6 @@ import os
 import secrets
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -118,10 +117,6 @@ class SimulatedCluster:
 
     @staticmethod
     def wait_for(predicate: Callable[[], Any], timeout: float = 60, what: str = "condition") -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            result = predicate()
-            if result:
-                return result
-            time.sleep(0.1)
-        raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        from tests.support import wait_for
+
+        return wait_for(predicate, timeout, what)

@@ -31,6 +31,16 @@ def password_sentinel() -> str:
     return f"pw-sentinel-{uuid.uuid4().hex}"
 
 
+@pytest.fixture
+def namespace(k8s: SimulatedCluster, db_url: str, password_sentinel: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A namespace holding the Secret with the database URL; the Airflow side gets it as pgtrain_db."""
+    url = with_password(db_url, password_sentinel)
+    ns = k8s.new_namespace()
+    k8s.create_secret(ns, "pgtrain-db", {"url": url})
+    monkeypatch.setenv("AIRFLOW_CONN_PGTRAIN_DB", url)
+    return ns
+
+
 def with_password(url: str, password: str) -> str:
     """``postgresql://user@/db?host=...`` with a password added."""
     scheme, rest = url.split("://", 1)

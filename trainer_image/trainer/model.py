@@ -22,7 +22,8 @@ import torch
 from torch import nn
 
 from pgtrain.errors import ConfigError
-from pgtrain.model_spec import BUILTIN_MLP, ModelSpec
+from pgtrain.model_spec import BUILTIN_MLP
+from trainer.memory import available_bytes
 
 
 class Standardize(nn.Module):
@@ -79,14 +80,6 @@ def mlp(input_dim: int, output_dim: int, hidden_sizes: Sequence[int] = (50,)) ->
     return nn.Sequential(*layers[:-1])
 
 
-class MLP(PgtrainModel):
-    """The built-in model of a ModelSpec (classification): what ``pgtrain-models export`` loads into."""
-
-    def __init__(self, spec: ModelSpec) -> None:
-        super().__init__(mlp(spec.input_dim, spec.num_classes, spec.hidden_sizes), spec.input_dim, spec.num_classes)
-        self.spec = spec
-
-
 def resolve_factory(model_ref: str) -> Callable[..., nn.Module]:
     """``"mlp"`` or ``"package.module:factory"`` -> the callable; ConfigError naming the path if it cannot be had."""
     if model_ref == BUILTIN_MLP:
@@ -115,12 +108,20 @@ def build_model(model_ref: str, input_dim: int, output_dim: int, options: Mappin
 
     The factory's module is probed with a forward pass on a batch of 2 zero rows: it must return
     ``(2, output_dim)``.
+    A model larger than the memory this process can still use is refused before it is allocated (a
+    container over its limit is killed, not told): a refusal, which no retry would cure.
     """
     factory = resolve_factory(model_ref)
+    size = planned_size(factory, input_dim, output_dim, options)
+    available = available_bytes()
+    if size is not None and available is not None and size[1] > available:
+        raise ConfigError(_too_large(model_ref, size, f"this trainer has {_gib(available)} of memory available"))
     torch.manual_seed(seed)
     try:
         net = factory(input_dim=input_dim, output_dim=output_dim, **dict(options or {}))
     except Exception as error:
+        if _out_of_memory(error):
+            raise ConfigError(_too_large(model_ref, size, f"allocating it failed ({type(error).__name__})")) from error
         raise ConfigError(f"model {model_ref!r}: the factory raised {type(error).__name__}: {error} "
                           f"(called with input_dim={input_dim}, output_dim={output_dim}, options "
                           f"{dict(options or {})})") from error
@@ -129,6 +130,41 @@ def build_model(model_ref: str, input_dim: int, output_dim: int, options: Mappin
     model = PgtrainModel(net, input_dim, output_dim)
     _probe(model, model_ref)
     return model
+
+
+def planned_size(factory: Callable[..., nn.Module], input_dim: int, output_dim: int,
+                 options: Mapping[str, Any] | None) -> tuple[int, int] | None:
+    """(parameters, bytes of the state dict) of the factory's module, built on the meta device (no memory).
+
+    None when the factory cannot build there (it reads data, say): the real build reports its own errors.
+    """
+    try:
+        with torch.device("meta"):
+            net = factory(input_dim=input_dim, output_dim=output_dim, **dict(options or {}))
+    except Exception:
+        return None
+    if not isinstance(net, nn.Module):
+        return None
+    parameters = sum(p.numel() for p in net.parameters())
+    # The wrapper's buffers: normalizer and target mean/std, float32.
+    nbytes = sum(t.numel() * t.element_size() for t in net.state_dict().values()) + 8 * (input_dim + output_dim)
+    return parameters, nbytes
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    text = str(error).lower()
+    return (isinstance(error, (MemoryError, torch.OutOfMemoryError))
+            or (isinstance(error, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text)))
+
+
+def _too_large(model_ref: str, size: tuple[int, int] | None, why: str) -> str:
+    what = "of unknown size" if size is None else f"with {size[0]:,} parameters ({_gib(size[1])})"
+    return (f"model {model_ref!r} {what} cannot be allocated: {why}; make it smaller (hidden_sizes or "
+            "model_options) or give the trainer more memory (worker_memory on Kubernetes)")
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:,.1f} GiB"
 
 
 def _probe(model: PgtrainModel, model_ref: str) -> None:

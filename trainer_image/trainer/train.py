@@ -1,4 +1,4 @@
-"""python -m trainer --run-id RUN: one Horovod rank of a pgtrain run.
+"""python -m trainer --run-id RUN --attempt N: one Horovod rank of a pgtrain run.
 
 Builds the run's model (the MLP or a ``package.module:factory``), resumes from the run's latest
 checkpoint or warm-starts from a committed version (``init_from``), reads its manifest row, streams its
@@ -39,7 +39,8 @@ CHECKPOINT_FORMAT = 1
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.splitlines()[0])
     parser.add_argument("--run-id", required=True, help="the training run (pgtrain.training_runs.run_id)")
-    parser.add_argument("--attempt", type=int, default=None,
+    # Required: an unfenced trainer (started by hand) could overwrite a newer attempt's output.
+    parser.add_argument("--attempt", type=int, required=True,
                         help="the train attempt (pgtrain.runs.begin_attempt); writes of a stale attempt are refused")
     return parser.parse_args(argv)
 
@@ -211,12 +212,8 @@ def write_checkpoint(conn: psycopg.Connection, run: runs.Run, epoch: int, model:
         if buffer is not None:
             arrays[MOMENTUM_PREFIX + name] = buffer.detach().cpu().numpy()
     meta = {"format": CHECKPOINT_FORMAT, "epoch": epoch, "init_version": start.init_version, "plan": fingerprint,
-            "metrics": [_json_safe(m) for m in history]}
+            "metrics": [runs.json_safe(m) for m in history]}
     tensors.write_checkpoint(conn, run.run_id, epoch, arrays, meta)
-
-
-def _json_safe(metrics: dict[str, Any]) -> dict[str, Any]:
-    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in metrics.items()}
 
 
 # -- one epoch -------------------------------------------------------------------------------------------

@@ -168,7 +168,10 @@ class MPIJobOperator(KubernetesPodOperator):
             worker_memory=self.worker_memory, launcher_cpu=self.launcher_cpu,
             launcher_memory=self.launcher_memory, backoff_limit=self.backoff_limit,
             active_deadline_seconds=self.job_active_deadline_seconds,
-            ttl_seconds_after_finished=self.ttl_seconds_after_finished, attempt=self.attempt,
+            ttl_seconds_after_finished=self.ttl_seconds_after_finished,
+            # HorovodTrainOperator.before_submit sets the run's attempt; a plain MPIJobOperator has no database
+            # to begin one in (and dry_run never submits), so its trainer is told attempt 1.
+            attempt=self.attempt if self.attempt is not None else 1,
         )
         return mpijob.build_mpijob(settings, pod)
 
@@ -392,9 +395,9 @@ class MPIJobOperator(KubernetesPodOperator):
             if terminated is not None:
                 exit_status = f"\nlauncher container exited with code {terminated.exit_code} ({terminated.reason})"
         tail = "\n".join(self._tail) or "(no launcher output; set get_logs=True to capture it)"
-        verdict = self.trainer_verdict(context)
-        refused = verdict is not None and verdict[0] == "refused"
-        said = f"\ntrainer verdict: {verdict[0]}: {verdict[1]}" if verdict else ""
+        recorded = self.trainer_verdict(context)
+        refused = recorded is not None and recorded[0] == "refused"
+        said = f"\ntrainer verdict: {recorded[0]}: {recorded[1]}" if recorded else ""
         raise (MPIJobInputRefused if refused else MPIJobFailed)(
             f"MPIJob {self.job_namespace}/{self.job_name} failed: {verdict.reason.rstrip('/') or 'Failed'}: "
             f"{verdict.message}{said}{exit_status}\nlast {len(self._tail)} launcher log lines:\n{tail}")
