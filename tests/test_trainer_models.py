@@ -194,3 +194,12 @@ def test_a_bad_model_fails_the_run_before_any_data_is_read(autocommit, db_url, m
     assert not any("rank 0/1:" in line for line in lines)  # the shard was never loaded
     assert runs.epoch_metrics(autocommit, run.run_id) == []
     assert runs.get_run(autocommit, run.run_id).status == "refused"  # bad input: not retried
+
+
+def test_the_epoch_line_says_progress_metric_speed_and_eta():
+    from trainer.train import epoch_line
+
+    line = epoch_line(3, 10, {"train_loss": 0.5, "val_rmse": 1.25, "val_mae": 1.0, "val_r2": 0.8,
+                              "samples_per_second": 1234.4, "seconds": 2.0}, steps=7, regression=True)
+    assert line == ("epoch 3/10: train loss 0.5000, val rmse 1.2500 mae 1.0000 r2 0.8000, 7 steps, "
+                    "1234 samples/s, 2.00s, ETA 14s")

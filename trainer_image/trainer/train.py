@@ -314,8 +314,9 @@ def epoch_line(epoch: int, epochs: int, m: dict[str, Any], steps: int, regressio
                   f"r2 {show('val_r2')}"
     else:
         quality = f"train loss {m['train_loss']:.4f} acc {show('train_accuracy')}, val acc {show('val_accuracy')}"
+    eta = m["seconds"] * (epochs - epoch)  # at this epoch's pace
     return (f"epoch {epoch}/{epochs}: {quality}, {steps} steps, {m['samples_per_second'] or 0:.0f} samples/s, "
-            f"{m['seconds']:.2f}s")
+            f"{m['seconds']:.2f}s, ETA {eta:.0f}s")
 
 
 # -- the rank ----------------------------------------------------------------------------------------------
