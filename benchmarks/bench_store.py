@@ -8,8 +8,8 @@ same run: the same bytes COPYed in 16 MB bytea rows into a bare table, and COPYe
 preallocated buffer. Each phase runs in its own forked process, so its peak RSS is its own.
 
 - ``write_ratio_vs_raw_copy``: ``tensors.write_staged`` time / raw COPY in.
-- ``commit_ratio_vs_raw_copy``: ``model_store.commit_run`` (checks, the in-database copy of the staged chunks
-  to the version, deleting the staged ones) / raw COPY in.
+- ``commit_ratio_vs_raw_copy``: ``model_store.commit_run`` (checks, the version's tensor rows taking over the
+  staged blobs, deleting the staged rows: no tensor byte is copied) / raw COPY in.
 - ``load_ratio_vs_raw_copy``: ``model_store.load_tensors`` / raw COPY out.
 - ``ratio_vs_raw_copy``: (write + commit + load) / (raw COPY in + raw COPY out): the whole round trip.
 - ``peak_rss_over_tensor_bytes``: the largest peak RSS of the write, commit and load processes / tensor bytes.

@@ -52,13 +52,13 @@ DROP TRIGGER IF EXISTS refuse_stale_attempt ON pgtrain.training_runs;
 CREATE TRIGGER refuse_stale_attempt BEFORE UPDATE OR DELETE ON pgtrain.training_runs
     FOR EACH ROW EXECUTE FUNCTION pgtrain.refuse_stale_attempt();
 
--- Every table a trainer writes per run (some are created by 004): those that exist, keyed by run_id.
+-- Every table a trainer writes per run (checkpoints is created by 004): those that exist, keyed by run_id.
+-- Tensor bytes (004's tensor_chunks) are written in the transaction that first writes their layout rows here.
 DO $$
 DECLARE
     name text;
 BEGIN
-    FOREACH name IN ARRAY ARRAY['run_metrics', 'staged_parameters', 'staged_chunks', 'checkpoints',
-                                'checkpoint_chunks'] LOOP
+    FOREACH name IN ARRAY ARRAY['run_metrics', 'staged_parameters', 'checkpoints'] LOOP
         IF EXISTS (SELECT FROM pg_attribute
                    WHERE attrelid = to_regclass(format('pgtrain.%I', name)) AND attname = 'run_id'
                      AND NOT attisdropped) THEN

@@ -355,14 +355,19 @@ def custom(seed: int = 0) -> dict[str, np.ndarray]:
             "target.mean": np.zeros(3, np.float32), "target.std": np.ones(3, np.float32)}
 
 
-def test_commit_copies_staged_chunks_into_the_version_and_forgets_the_run_s_tensors(db_url, aconn, monkeypatch):
+def test_commit_hands_the_staged_blobs_to_the_version_without_copying_and_forgets_the_run_s(db_url, aconn,
+                                                                                           monkeypatch):
     from pgtrain import tensors
 
     monkeypatch.setattr(tensors, "CHUNK_BYTES", 32)
     arrays = custom()
     run_id = prepare_any(db_url, "r1", arrays, metrics={"val_accuracy": 0.5})
     tensors.write_checkpoint(aconn, run_id, 1, {"w": np.ones(3, np.float32)}, {"epoch": 1})
-    staged_chunks = aconn.execute("SELECT name, seq, md5(data) FROM pgtrain.staged_chunks ORDER BY 1, 2").fetchall()
+    chunks = ("SELECT t.name, c.seq, md5(c.data), c.ctid::text FROM pgtrain.tensor_chunks c "
+              "JOIN pgtrain.{} t USING (blob_id) ORDER BY 1, 2")
+    staged_chunks = aconn.execute(chunks.format("staged_parameters")).fetchall()
+    checkpoint_chunks = aconn.execute("SELECT count(*) FROM pgtrain.tensor_chunks").fetchone()[0] - len(staged_chunks)
+    assert checkpoint_chunks > 0
 
     result = commit_run(aconn, run_id, owner=OWNER)
 
@@ -371,10 +376,13 @@ def test_commit_copies_staged_chunks_into_the_version_and_forgets_the_run_s_tens
     assert set(loaded) == set(arrays)
     for name, array in arrays.items():
         assert loaded[name].dtype == array.dtype and loaded[name].tobytes() == array.tobytes(), name
-    assert aconn.execute("SELECT name, seq, md5(data) FROM pgtrain.model_chunks ORDER BY 1, 2").fetchall() \
-        == staged_chunks and len(staged_chunks) > len(arrays), "the same chunks, several per tensor"
-    for table in ("staged_parameters", "staged_chunks", "checkpoints", "checkpoint_chunks"):
+    # the very same rows (same ctid: not rewritten), several per tensor
+    assert aconn.execute(chunks.format("model_tensors")).fetchall() == staged_chunks
+    assert len(staged_chunks) > len(arrays)
+    for table in ("staged_parameters", "checkpoints"):
         assert aconn.execute(f"SELECT count(*) FROM pgtrain.{table}").fetchone() == (0,), table  # noqa: S608
+    assert aconn.execute("SELECT count(*) FROM pgtrain.tensor_chunks").fetchone() == (len(staged_chunks),), \
+        "the checkpoint's chunks are gone, the version's stay"
     assert result.metrics["parameter_count"] == sum(a.size for a in arrays.values())
 
 
@@ -393,7 +401,7 @@ def test_commit_checks_staged_tensors_against_the_recorded_model_layout(db_url, 
                   "net.steps has dtype int64, the model needs int32"):
         assert words in str(rejected.value)
     assert run_status(db_url, run_id)[0] == "rejected" and head_version(aconn, MODEL) is None
-    assert aconn.execute("SELECT count(*) FROM pgtrain.staged_chunks").fetchone() == (0,)
+    assert aconn.execute("SELECT count(*) FROM pgtrain.tensor_chunks").fetchone() == (0,)
     with pytest.raises(CommitRejected, match="net.head.bias"):  # committing again repeats the verdict
         commit_run(aconn, run_id, owner=OWNER)
 
@@ -488,7 +496,10 @@ def test_gc_keeps_the_newest_the_head_and_the_head_s_history_unless_forced(db_ur
     assert main(["gc", MODEL, "--keep", "1", "--force"]) == 0
     assert [v["version"] for v in list_versions(aconn, MODEL)] == [2, 6], "head 2 and newest 6 stay"
     assert aconn.execute("SELECT DISTINCT version FROM pgtrain.model_tensors ORDER BY 1").fetchall() == [(2,), (6,)]
-    assert aconn.execute("SELECT DISTINCT version FROM pgtrain.model_chunks ORDER BY 1").fetchall() == [(2,), (6,)]
+    assert aconn.execute("SELECT DISTINCT t.version FROM pgtrain.tensor_chunks JOIN pgtrain.model_tensors t "
+                         "USING (blob_id) ORDER BY 1").fetchall() == [(2,), (6,)]
+    assert aconn.execute("SELECT count(*) FROM pgtrain.tensor_chunks WHERE blob_id NOT IN "
+                         "(SELECT blob_id FROM pgtrain.model_tensors)").fetchone() == (0,), "no chunk left behind"
     assert load_tensors(aconn, MODEL)[1]["net.0.bias"][0] == 2.0
 
     assert main(["gc", MODEL, "--keep", "0", "--force"]) == 0
@@ -506,14 +517,14 @@ def test_a_commit_that_outlasts_its_lease_keeps_the_lock(db_url, aconn):
 
     run_id = prepare_run(db_url, "slow")
     blocker = psycopg.connect(db_url)
-    blocker.execute("LOCK TABLE pgtrain.model_chunks IN ACCESS EXCLUSIVE MODE")
+    blocker.execute("LOCK TABLE pgtrain.model_tensors IN ACCESS EXCLUSIVE MODE")
     outcome: list = []
     committer = threading.Thread(target=lambda: outcome.append(
         commit_run(psycopg.connect(db_url, autocommit=True), run_id, owner=OWNER, ttl=0.6)))
     committer.start()
     try:
         waiting = ("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                   "AND query LIKE 'INSERT INTO pgtrain.model_chunks%'")
+                   "AND query LIKE 'INSERT INTO pgtrain.model_tensors%'")
         while aconn.execute(waiting).fetchone()[0] == 0 and committer.is_alive():
             aconn.execute("SELECT pg_sleep(0.05)")
         # wait until the lease, renewed or not, would have ended without the commit holding the lock row
@@ -526,3 +537,44 @@ def test_a_commit_that_outlasts_its_lease_keeps_the_lock(db_url, aconn):
         committer.join(timeout=60)
     assert outcome and outcome[0].created and outcome[0].version == 1
     assert head_version(aconn, MODEL) == 1
+
+
+def test_a_commit_refuses_staged_tensors_rewritten_after_it_checked_them(db_url, aconn):
+    """A later train attempt rewrites the staged tensors while the commit waits for their rows: the commit
+    must not hand the version blobs it did not check (nor dangling ones); committing again takes the new ones."""
+    import threading
+
+    from pgtrain import tensors
+
+    run_id = prepare_any(db_url, "r1", custom(0), metrics={"val_accuracy": 0.5})
+    rewriter = psycopg.connect(db_url)
+    rewriter.execute("SELECT 1")  # an open transaction: write_staged's becomes a savepoint in it
+    tensors.write_staged(rewriter, run_id, custom(1))
+    outcome: list = []
+
+    def commit() -> None:
+        try:
+            outcome.append(commit_run(psycopg.connect(db_url, autocommit=True), run_id, owner=OWNER))
+        except Exception as error:  # noqa: BLE001 - the assertion below says what was expected
+            outcome.append(error)
+
+    committer = threading.Thread(target=commit)
+    committer.start()
+    try:
+        waiting = ("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                   "AND query LIKE 'SELECT name, blob_id FROM pgtrain.staged_parameters%'")
+        while aconn.execute(waiting).fetchone()[0] == 0 and committer.is_alive():
+            aconn.execute("SELECT pg_sleep(0.05)")
+        rewriter.commit()
+    finally:
+        rewriter.close()
+        committer.join(timeout=60)
+    assert len(outcome) == 1 and isinstance(outcome[0], PgtrainError), outcome
+    assert "were written again while it was being committed" in str(outcome[0])
+    assert list_versions(aconn, MODEL) == [] and run_status(db_url, run_id)[0] == "trained"
+
+    assert commit_run(aconn, run_id, owner=OWNER).version == 1
+    loaded = load_tensors(aconn, MODEL)[1]
+    assert all(loaded[n].tobytes() == a.tobytes() for n, a in custom(1).items())
+    assert aconn.execute("SELECT count(*) FROM pgtrain.tensor_chunks WHERE blob_id NOT IN "
+                         "(SELECT blob_id FROM pgtrain.model_tensors)").fetchone() == (0,), "no chunk left behind"

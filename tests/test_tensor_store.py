@@ -27,6 +27,12 @@ def small_chunks(monkeypatch) -> int:
     return 64
 
 
+STAGED_CHUNKS = ("SELECT {} FROM pgtrain.tensor_chunks JOIN pgtrain.staged_parameters p USING (blob_id) "
+                 "WHERE p.run_id = %s")
+CHECKPOINT_BLOBS = ("SELECT count(DISTINCT c.blob_id) FROM pgtrain.tensor_chunks c JOIN pgtrain.checkpoints k "
+                    "ON k.tensors @> jsonb_build_array(jsonb_build_object('blob_id', c.blob_id)) WHERE k.run_id = %s")
+
+
 def a_run(conn: psycopg.Connection, name: str = "r1") -> str:
     return plan_run(conn, "pgtrain_training", name, TrainingConfig(model_name="m")).run_id
 
@@ -68,10 +74,9 @@ def test_staged_round_trip_is_bit_for_bit_for_every_dtype_across_chunks(aconn, s
     tensors.write_staged(aconn, run_id, arrays)
 
     assert_same(tensors.read_staged(aconn, run_id), arrays)
-    chunks = dict(aconn.execute("SELECT name, count(*) FROM pgtrain.staged_chunks WHERE run_id = %s GROUP BY name",
-                                (run_id,)).fetchall())
+    chunks = dict(aconn.execute(STAGED_CHUNKS.format("name, count(*)") + " GROUP BY name", (run_id,)).fetchall())
     assert chunks["f32"] == 4 and chunks["u8"] == 1 and "empty" not in chunks
-    assert aconn.execute("SELECT max(length(data)) FROM pgtrain.staged_chunks").fetchone()[0] == small_chunks
+    assert aconn.execute("SELECT max(length(data)) FROM pgtrain.tensor_chunks").fetchone()[0] == small_chunks
     counted = {i.name: i.nonfinite for i in tensors.staged_layout(aconn, run_id)}
     assert counted["nan"] == 3 and counted["f32"] == 0 and counted["i64"] is None
 
@@ -82,7 +87,8 @@ def test_rewriting_staged_tensors_replaces_them(aconn, small_chunks):
     tensors.write_staged(aconn, run_id, {"a": np.full(10, 2.0, np.float32)})
 
     assert_same(tensors.read_staged(aconn, run_id), {"a": np.full(10, 2.0, np.float32)})
-    assert aconn.execute("SELECT count(*) FROM pgtrain.staged_chunks WHERE run_id = %s", (run_id,)).fetchone() == (1,)
+    assert aconn.execute(STAGED_CHUNKS.format("count(*)"), (run_id,)).fetchone() == (1,)
+    assert aconn.execute("SELECT count(*) FROM pgtrain.tensor_chunks").fetchone() == (1,), "the first write's are gone"
 
 
 def test_a_dtype_that_is_not_stored_is_refused_before_anything_is_written(aconn):
@@ -96,10 +102,11 @@ def test_a_dtype_that_is_not_stored_is_refused_before_anything_is_written(aconn)
 def test_a_missing_chunk_is_an_error_not_a_short_tensor(aconn, small_chunks):
     run_id = a_run(aconn)
     tensors.write_staged(aconn, run_id, {"w": np.arange(64, dtype=np.float32)})
-    aconn.execute("DELETE FROM pgtrain.staged_chunks WHERE run_id = %s AND seq = 1", (run_id,))
+    blob = "(SELECT blob_id FROM pgtrain.staged_parameters WHERE run_id = %s)"
+    aconn.execute(f"DELETE FROM pgtrain.tensor_chunks WHERE blob_id = {blob} AND seq = 1", (run_id,))  # noqa: S608
     with pytest.raises(Exception, match="misses chunk"):
         tensors.read_staged(aconn, run_id)
-    aconn.execute("DELETE FROM pgtrain.staged_chunks WHERE run_id = %s AND seq > 1", (run_id,))
+    aconn.execute(f"DELETE FROM pgtrain.tensor_chunks WHERE blob_id = {blob} AND seq > 1", (run_id,))  # noqa: S608
     with pytest.raises(Exception, match=r"incomplete tensors .* w \(64 of 256 bytes\)"):
         tensors.read_staged(aconn, run_id)
 
@@ -119,13 +126,12 @@ def test_checkpoint_is_replaced_read_and_deleted(aconn, small_chunks):
     assert epoch == 2 and meta == {"epoch": 2, "param_groups": [{"lr": 0.01}]}
     assert_same(arrays, second)
     assert aconn.execute("SELECT count(*) FROM pgtrain.checkpoints WHERE run_id = %s", (run_id,)).fetchone() == (1,)
-    assert aconn.execute("SELECT count(DISTINCT name) FROM pgtrain.checkpoint_chunks WHERE run_id = %s",
-                         (run_id,)).fetchone() == (1,), "the first checkpoint's chunks are gone"
+    assert aconn.execute(CHECKPOINT_BLOBS, (run_id,)).fetchone() == (1,), "the first checkpoint's chunks are gone"
+    others = aconn.execute(CHECKPOINT_BLOBS, (other,)).fetchone()
 
     tensors.delete_checkpoints(aconn, run_id)
     assert tensors.read_checkpoint(aconn, run_id) is None
-    assert aconn.execute("SELECT count(*) FROM pgtrain.checkpoint_chunks WHERE run_id = %s", (run_id,)).fetchone() \
-        == (0,)
+    assert aconn.execute("SELECT count(DISTINCT blob_id) FROM pgtrain.tensor_chunks").fetchone() == others
     assert_same(tensors.read_checkpoint(aconn, other)[1], first)
 
 
@@ -171,8 +177,8 @@ def test_migration_moves_001_rows_into_chunks_and_old_versions_keep_loading(make
         assert version == 1
         assert_same(arrays, {**renamed, **identity})
         assert_same(tensors.read_staged(conn, "d/staged"), {**renamed, **identity, "big": big})
-        assert conn.execute("SELECT count(*), max(length(data)) FROM pgtrain.staged_chunks "
-                            "WHERE name = 'big'").fetchone() == (2, 16 * 1024 * 1024)
+        assert conn.execute(STAGED_CHUNKS.format("count(*), max(length(data))") + " AND p.name = 'big'",
+                            ("d/staged",)).fetchone() == (2, 16 * 1024 * 1024)
         spec = conn.execute("SELECT spec FROM pgtrain.model_versions WHERE version = 1").fetchone()[0]
         assert (spec["model"], spec["model_options"], spec["input_dim"], spec["output_dim"], spec["task"]) == \
             ("mlp", {"hidden_sizes": [3]}, 4, 2, "classification")
@@ -249,3 +255,18 @@ def test_a_state_dict_over_1_gb_commits_and_loads_bit_for_bit_in_about_one_copy_
     # One copy of the tensors, the interpreter, and a chunk or two in flight; a second copy would be > 2x.
     assert figures["commit"]["peak"] < 1.5 * total
     assert figures["load"]["peak"] < 1.5 * total
+
+
+def test_chunks_go_with_the_last_row_that_references_them_whoever_deletes_it(aconn, small_chunks):
+    kept, doomed = a_run(aconn), a_run(aconn, "r2")
+    for run_id in (kept, doomed):
+        tensors.write_staged(aconn, run_id, {"w": np.arange(50, dtype=np.float32), "b": np.ones(3, np.float32)})
+        tensors.write_checkpoint(aconn, run_id, 1, {"w": np.zeros(40, np.float32)}, {})
+    per_run = aconn.execute("SELECT count(*) FROM pgtrain.tensor_chunks").fetchone()[0] // 2
+    assert per_run == 4 + 1 + 3  # 200 bytes of w, 12 of b, 160 of the checkpoint's w in chunks of 64
+
+    aconn.execute("DELETE FROM pgtrain.training_runs WHERE run_id = %s", (doomed,))  # cascades to both owners
+
+    assert aconn.execute("SELECT count(*) FROM pgtrain.tensor_chunks").fetchone() == (per_run,)
+    assert_same(tensors.read_staged(aconn, kept), {"w": np.arange(50, dtype=np.float32), "b": np.ones(3, np.float32)})
+    assert_same(tensors.read_checkpoint(aconn, kept)[1], {"w": np.zeros(40, np.float32)})

@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 import psycopg
-from psycopg import sql
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
@@ -33,8 +32,6 @@ from pgtrain.commit_checks import (
 from pgtrain.errors import CommitRejected, PgtrainError, StaleLockToken
 from pgtrain.locks import DEFAULT_TTL, Lease, LockManager, fenced
 from pgtrain.runs import epoch_metrics, get_run, set_status
-
-_MODEL_CHUNKS = sql.Identifier("pgtrain", "model_chunks")
 
 
 @dataclass(frozen=True)
@@ -67,8 +64,8 @@ def commit_run(conn: psycopg.Connection, run_id: str, owner: Mapping[str, Any] |
     do not match the run's model layout (missing, extra, shape, dtype) or hold NaN/Inf, or a failed
     quality gate, mark the run 'rejected' (with the reason) and raise CommitRejected; the head is left
     alone. A version whose model, task or widths differ from the head's is committed but does not move
-    the head (the run's status_reason says to promote it). The staged tensors are copied to the version
-    inside the database, and the run's staged tensors and checkpoint are deleted once it is committed
+    the head (the run's status_reason says to promote it). The version takes over the staged tensors'
+    blobs (no byte is copied), and the run's staged rows and checkpoint are deleted once it is committed
     or rejected. Raises LockTimeout when the model's lock cannot be taken within ``lock_timeout`` seconds;
     the lock's lease is renewed in the background for as long as the commit works.
     """
@@ -107,7 +104,7 @@ def commit_run(conn: psycopg.Connection, run_id: str, owner: Mapping[str, Any] |
     metrics = version_metrics(epochs, infos)
 
     rejection: str | None = None
-    # heartbeat=True: the lease is renewed every ttl/3 while the commit works, however long the copy takes.
+    # heartbeat=True: the lease is renewed every ttl/3 while the commit works, however long it waits.
     with LockManager(conn, ttl=ttl, owner=owner, heartbeat=True) as locks, \
             locks.lock(model_lock_name(run.model_name), timeout=lock_timeout) as lease, fenced(conn, lease):
         existing = _version_of_run(conn, run_id)  # a concurrent commit of this same run got here first
@@ -120,7 +117,7 @@ def commit_run(conn: psycopg.Connection, run_id: str, owner: Mapping[str, Any] |
         if rejection is not None:
             set_status(conn, run_id, "rejected", rejection)
         else:
-            version = _write_version(conn, run.model_name, run_id, lease, metrics, spec)
+            version = _write_version(conn, run.model_name, run_id, lease, metrics, spec, infos)
             reason = None
             if changed is None:
                 _move_head(conn, run.model_name, version, head, lease, "commit")
@@ -203,8 +200,8 @@ def version_layout(conn: psycopg.Connection, model_name: str, version: int | Non
                            (model_name, version)).fetchone()
         if row is None:
             raise PgtrainError(_no_version(conn, model_name, version))
-        infos = [tensors.TensorInfo(n, tuple(s), d, b) for n, s, d, b in conn.execute(
-            """SELECT name, shape, dtype, nbytes FROM pgtrain.model_tensors
+        infos = [tensors.TensorInfo(n, tuple(s), d, b, blob_id=i) for n, s, d, b, i in conn.execute(
+            """SELECT name, shape, dtype, nbytes, blob_id FROM pgtrain.model_tensors
                WHERE model_name = %s AND version = %s ORDER BY name""", (model_name, version))]
     return version, row[0] or {}, infos
 
@@ -217,7 +214,7 @@ def load_tensors(conn: psycopg.Connection, model_name: str, version: int | None 
     """
     with conn.transaction():
         version, _, infos = version_layout(conn, model_name, version)
-        arrays = tensors.read_chunks(conn, _MODEL_CHUNKS, {"model_name": model_name, "version": version}, infos)
+        arrays = tensors.read_chunks(conn, infos, f"version {version} of model {model_name!r}")
     return version, arrays
 
 
@@ -271,7 +268,7 @@ def collect_garbage(conn: psycopg.Connection, model_name: str, keep: int, force:
                    WHERE model_name = %s""", (model_name,)) for v in row if v is not None}
         doomed = sorted(set(versions) - kept)
         if doomed:
-            # model_chunks go with their model_tensors rows (ON DELETE CASCADE)
+            # their blobs' chunks go with the model_tensors rows (004's drop_unreferenced_chunks trigger)
             conn.execute("DELETE FROM pgtrain.model_tensors WHERE model_name = %s AND version = ANY(%s)",
                          (model_name, doomed))
             conn.execute("DELETE FROM pgtrain.model_versions WHERE model_name = %s AND version = ANY(%s)",
@@ -370,8 +367,15 @@ def _head_for_update(conn: psycopg.Connection, model_name: str) -> dict[str, Any
 
 
 def _write_version(conn: psycopg.Connection, model_name: str, run_id: str, lease: Lease,
-                   metrics: dict[str, Any], spec: dict[str, Any]) -> int:
-    """The next version of the model: its row, and the run's staged tensors copied inside the database."""
+                   metrics: dict[str, Any], spec: dict[str, Any], checked: list[tensors.TensorInfo]) -> int:
+    """The next version of the model: its row, and tensor rows that take over the run's staged blobs (the
+    ``checked`` ones: a train attempt that staged others since is refused). No tensor byte is copied."""
+    # FOR UPDATE: a rewrite or delete of the staged rows waits for this commit, which then has removed them.
+    staged = conn.execute("SELECT name, blob_id FROM pgtrain.staged_parameters WHERE run_id = %s ORDER BY name "
+                          "FOR UPDATE", (run_id,)).fetchall()
+    if staged != [(i.name, i.blob_id) for i in checked]:
+        raise PgtrainError(f"the staged parameters of run {run_id!r} were written again while it was being "
+                           "committed (a later train attempt?); commit the run again")
     newest_version, newest_token = conn.execute(
         """SELECT coalesce(max(version), 0), coalesce(max(fencing_token), 0)
            FROM pgtrain.model_versions WHERE model_name = %s""",
@@ -386,14 +390,10 @@ def _write_version(conn: psycopg.Connection, model_name: str, run_id: str, lease
            VALUES (%s, %s, %s, %s, %s, %s)""",
         (model_name, version, run_id, lease.token, Jsonb(metrics), Jsonb(spec)),
     )
+    # The staged rows are deleted after this (_discard_run_tensors); their blobs stay, referenced from here.
     conn.execute(
-        """INSERT INTO pgtrain.model_tensors (model_name, version, name, shape, dtype, nbytes)
-           SELECT %s, %s, name, shape, dtype, nbytes FROM pgtrain.staged_parameters WHERE run_id = %s""",
-        (model_name, version, run_id),
-    )
-    conn.execute(
-        """INSERT INTO pgtrain.model_chunks (model_name, version, name, seq, data)
-           SELECT %s, %s, name, seq, data FROM pgtrain.staged_chunks WHERE run_id = %s""",
+        """INSERT INTO pgtrain.model_tensors (model_name, version, name, shape, dtype, nbytes, blob_id)
+           SELECT %s, %s, name, shape, dtype, nbytes, blob_id FROM pgtrain.staged_parameters WHERE run_id = %s""",
         (model_name, version, run_id),
     )
     return version
