@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import json
 import re
 import shutil
 import subprocess
@@ -103,3 +104,38 @@ def test_build_context_holds_what_the_image_copies_and_no_airflow(dockerfile):
     for path in context:
         if path.endswith(".py"):
             assert not re.search(r"^\s*(from|import)\s+airflow\b", (REPO / path).read_text(), re.MULTILINE), path
+
+
+def test_every_module_the_trainer_loads_comes_from_the_images_requirements():
+    """What a rank imports to read its run (config validation included) and train must be installed in the
+    image by trainer_image/requirements.txt (directly or as a dependency), or by the Horovod build."""
+    import importlib.metadata as metadata
+
+    from packaging.requirements import Requirement
+
+    probe = ("import json, sys, trainer.train, trainer.model; from pgtrain.config import TrainingConfig; "
+             "TrainingConfig.from_mapping({}); print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))")
+    loaded = json.loads(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                                       check=True).stdout.splitlines()[-1])
+    wanted = [Requirement(line) for line in (REPO / "trainer_image" / "requirements.txt").read_text().splitlines()
+              if line.strip() and not line.startswith("#")] + [Requirement("horovod")]
+    installed: set[str] = set()
+    while wanted:  # the requirements, with their extras, and everything they pull in
+        wanted_now = wanted.pop()
+        name = wanted_now.name.lower().replace("_", "-")
+        if name in installed:
+            continue
+        installed.add(name)
+        for spec in metadata.requires(name) or []:
+            requirement = Requirement(spec)
+            if requirement.marker is None or any(requirement.marker.evaluate({"extra": extra})
+                                                 for extra in [*wanted_now.extras, ""]):
+                wanted.append(requirement)
+    owners = metadata.packages_distributions()
+    # Imported only when present (try/except ImportError): jsonschema's format checkers, torch's dill support.
+    optional = {"arrow", "isoduration", "idna", "dateutil", "dill"}
+    third_party = [m for m in loaded if m not in sys.stdlib_module_names and m in owners
+                   and m not in ("pgtrain", "trainer", *optional)]
+    missing = {m: owners[m] for m in third_party
+               if not {d.lower().replace("_", "-") for d in owners[m]} & installed}
+    assert "jsonschema" in third_party and not missing, sorted(missing)
