@@ -11,12 +11,12 @@ STAMP := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): requirements.txt trainer_image/requirements.txt trainer_image/build_horovod.sh pyproject.toml
+$(STAMP): requirements.txt requirements-dev.txt trainer_image/requirements.txt trainer_image/build_horovod.sh pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip wheel setuptools
 	# torch pinned first: the CPU wheel, never a multi-GB CUDA build pulled in by a range
 	$(PY) -m pip install -q torch==2.13.0 -r trainer_image/requirements.txt
-	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q -r requirements-dev.txt
 	$(PY) -m pip install -q cloudpickle psutil pyyaml packaging cffi
 	$(PY) -m pip install -q --no-deps "$$(bash trainer_image/build_horovod.sh $(PY) $(WHEEL_CACHE) | tail -n1)"
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .

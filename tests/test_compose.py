@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 
 import yaml
 
@@ -32,3 +33,23 @@ def test_compose_takes_every_password_from_the_environment():
         assert match.group(2).startswith("${"), f"literal secret for {match.group(1)}"
     for url in re.findall(r"postgresql(?:\+\w+)?://[^\s]+", text):
         assert ":${" in url, f"URL with a literal password: {url}"
+
+
+def test_compose_file_follows_the_compose_specification():
+    """No Docker engine here: the file is checked against the compose spec's JSON schema (vendored by
+    check-jsonschema, no download)."""
+    check = REPO / ".venv" / "bin" / "check-jsonschema"
+    result = subprocess.run([str(check), "--builtin-schema", "vendor.compose-spec", str(REPO / "docker-compose.yaml")],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_long_running_service_has_a_health_check_and_restarts():
+    services = COMPOSE["services"]
+    for name in ("postgres", "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer"):
+        assert services[name].get("healthcheck", {}).get("test"), name
+        assert services[name].get("restart") == "always", name
+    assert services["airflow-init"]["restart"] == "no"
+    environment = services["airflow-scheduler"]["environment"]
+    assert environment["AIRFLOW__CORE__FERNET_KEY"].startswith("${")
+    assert "AIRFLOW_FERNET_KEY=" in (REPO / ".env.example").read_text()

