@@ -13,8 +13,8 @@ from torch import nn
 
 from pgtrain import runs, tensors
 from pgtrain.errors import ConfigError, TrainingFailed
+from pgtrain.memory import available_bytes
 from tests.support import planned_run, run_job, seed_samples
-from trainer.memory import available_bytes
 from trainer.model import PgtrainModel, build_model, planned_size, resolve_factory, state_layout
 from trainer.train import steps_per_epoch
 

@@ -11,6 +11,7 @@ import os
 
 from pgtrain.config import TrainingConfig
 from pgtrain.errors import ConfigError
+from pgtrain.memory import available_bytes
 
 # Bytes a float32 parameter costs while training: the weight, its gradient, the momentum buffer, and
 # Horovod's fusion copy of the gradient.
@@ -20,18 +21,6 @@ TRAINING_BYTES_PER_PARAMETER = 4 * 4
 def local_slots() -> int:
     """Ranks this machine runs side by side: its usable CPUs."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def available_memory() -> int:
-    """Bytes of memory free for new processes (MemAvailable), or 0 when unknown."""
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 def mlp_parameter_count(input_dim: int, hidden_sizes: tuple[int, ...], output_dim: int) -> int:
@@ -54,7 +43,7 @@ def check_model_size(config: TrainingConfig, input_dim: int, output_dim: int) ->
         return
     parameters = mlp_parameter_count(input_dim, tuple(config.hidden_sizes), output_dim)
     needed = parameters * TRAINING_BYTES_PER_PARAMETER * config.world_size
-    available = available_memory()
+    available = available_bytes()
     if available and needed > available:
         raise ConfigError(
             f"hidden_sizes {list(config.hidden_sizes)} make an mlp of {parameters:,} parameters; training it on "

@@ -135,13 +135,12 @@ def run_local(run_id: str, world_size: int, database_url: str, log: logging.Logg
     if returncode == 0:
         return
     with connect(database_url) as conn:
-        run = runs.get_run(conn, run_id)
-    verdict = run.status_reason if run.attempt == attempt and run.status in ("refused", "failed") else None
-    if verdict is not None and run.status == "refused":
-        raise TrainingInputError(f"run {run_id} cannot train on its planned input: {verdict}")
+        verdict = runs.trainer_verdict(conn, run_id, attempt)
+    if verdict is not None and verdict[0] == "refused":
+        raise TrainingInputError(f"run {run_id} cannot train on its planned input: {verdict[1]}")
     raise TrainingFailed(
         f"the Horovod job of run {run_id} exited with status {returncode}"
-        + (f": {verdict}" if verdict else "") + "; last output lines:\n" + "\n".join(tail)
+        + (f": {verdict[1]}" if verdict else "") + "; last output lines:\n" + "\n".join(tail)
     )
 
 

@@ -57,21 +57,20 @@ def check_model(config: TrainingConfig, settings: AuthorSettings) -> None:
         )
 
 
-def check_run(conn: psycopg.Connection, config: TrainingConfig, settings: AuthorSettings) -> None:
-    """Refuse a run whose model, size or source the author has not allowed."""
+def check_run(conn: psycopg.Connection, config: TrainingConfig, settings: AuthorSettings) -> tuple[str, str]:
+    """Refuse a run whose model, size or source the author has not allowed; returns the source's (schema, table)."""
     check_model(config, settings)
     if config.world_size > settings.max_world_size:
         raise ConfigError(f"world_size {config.world_size} is more than the {settings.max_world_size} ranks this "
                           "DAG's author allows (max_world_size in the pgtrain settings file)")
-    check_source(conn, config.source_table, settings)
+    return check_source(conn, config.source_table, settings)
 
 
 def admit(conn: psycopg.Connection, config: TrainingConfig, settings: AuthorSettings) -> TrainingConfig:
     """The run's config as it is recorded: checked against the author's settings, the source pinned to the
     schema-qualified, quoted name it resolved to (a later search_path cannot point it elsewhere), and the
     author's quality gate in force."""
-    check_run(conn, config, settings)
-    schema, table = resolve_relation(conn, config.source_table)
+    schema, table = check_run(conn, config, settings)
     pinned = sql.Identifier(schema, table).as_string(conn)
     return dataclasses.replace(config, source_table=pinned, **settings.quality_gate)
 

@@ -116,6 +116,15 @@ def mark_training(conn: psycopg.Connection, run_id: str) -> None:
         )
 
 
+def trainer_verdict(conn: psycopg.Connection, run_id: str, attempt: int | None = None) -> tuple[str, str] | None:
+    """(status, reason) the trainer recorded when it stopped, 'refused' or 'failed', if it did (for ``attempt``,
+    when given: begin_attempt clears an earlier attempt's verdict, and a later attempt's is not this one's)."""
+    run = get_run(conn, run_id)
+    if run.status in ("refused", "failed") and run.status_reason and attempt in (None, run.attempt):
+        return run.status, run.status_reason
+    return None
+
+
 def record_verdict(conn: psycopg.Connection, run_id: str, status: str, reason: str) -> None:
     """The trainer's verdict before it exits: 'refused' (bad input) or 'failed' (a crash), with the reason.
 

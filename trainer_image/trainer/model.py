@@ -22,29 +22,28 @@ import torch
 from torch import nn
 
 from pgtrain.errors import ConfigError
+from pgtrain.memory import available_bytes
 from pgtrain.model_spec import BUILTIN_MLP
-from trainer.memory import available_bytes
 
 
-class Standardize(nn.Module):
-    """(x - mean) / std with statistics of the training rows, kept in the state dict so a version is usable alone."""
+class _Scale(nn.Module):
+    """A mean and a std per feature, kept in the state dict so a version is usable alone."""
 
     def __init__(self, dim: int) -> None:
         super().__init__()
         self.register_buffer("mean", torch.zeros(dim))
         self.register_buffer("std", torch.ones(dim))
+
+
+class Standardize(_Scale):
+    """(x - mean) / std with statistics of the training rows."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return (x - self.mean) / self.std
 
 
-class Unstandardize(nn.Module):
+class Unstandardize(_Scale):
     """z * std + mean: from the network's standardized output back to the target's units."""
-
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.register_buffer("mean", torch.zeros(dim))
-        self.register_buffer("std", torch.ones(dim))
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         return z * self.std + self.mean

@@ -58,8 +58,7 @@ def compute_shards(training_run: str, conn_id: str = DEFAULT_CONN_ID) -> dict[st
         run = runs.get_run(conn, training_run)
         policy.check_run(conn, run.config, load_settings())
         plan = manifest.plan_shards(conn, run)
-        planned = runs.get_run(conn, training_run)
-    capacity.check_model_size(run.config, planned.input_dim, planned.output_dim)
+    capacity.check_model_size(run.config, plan.input_dim, plan.output_dim)
     for shard in plan.shards:
         log.info("rank %d: keys %s..%s, %d rows (%d training)", shard.rank, shard.key_lo, shard.key_hi,
                  shard.row_count, shard.train_count)

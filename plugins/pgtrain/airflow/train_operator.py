@@ -111,7 +111,4 @@ class HorovodTrainOperator(MPIJobOperator):
         from pgtrain.db import connect
 
         with connect(database_url(self.conn_id)) as conn:
-            run = runs.get_run(conn, self._training_run_id(context))
-        if run.status in ("refused", "failed") and run.status_reason:
-            return run.status, run.status_reason
-        return None
+            return runs.trainer_verdict(conn, self._training_run_id(context), self.attempt)
