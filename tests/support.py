@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -63,3 +64,39 @@ def wait_for(check: Callable[[], Any], seconds: float, what: str) -> Any:
             return result
         time.sleep(0.1)
     raise AssertionError(f"gave up after {seconds:g} s waiting for {what}")
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:  # gone, or not ours to read
+        return b""
+
+
+class ProcessWatch:
+    """Reads every process's command line and environment, over and over, looking for a secret."""
+
+    def __init__(self, secret: str, run_id: str) -> None:
+        self.secret = secret.encode()
+        self.run_id = run_id.encode()
+        self.leaks: list[str] = []
+        self.rank_scans = 0
+        self.gloo_command_lines = 0
+        self.passfiles: set[str] = set()
+
+    def scan(self) -> None:
+        for proc in Path("/proc").glob("[0-9]*"):
+            cmdline, environ = _read(proc / "cmdline"), _read(proc / "environ")
+            for what, text in (("command line", cmdline), ("environment", environ)):
+                if self.secret in text:
+                    shown = cmdline.replace(bytes(1), b" ")[:300]
+                    self.leaks.append(f"{what} of pid {proc.name}: {shown!r}")
+            if b"HOROVOD_RANK=" in cmdline and self.run_id in cmdline:  # Gloo's `sh -c env ...` line
+                self.gloo_command_lines += 1
+            if b"trainer" in cmdline and self.run_id in cmdline and b"horovodrun" not in cmdline:
+                variables = dict(v.split(b"=", 1) for v in environ.split(b"\0") if b"=" in v)
+                if b"PGPASSFILE" in variables:
+                    self.rank_scans += 1
+                    self.passfiles.add(variables[b"PGPASSFILE"].decode())
+                if b"PGPASSWORD" in variables:
+                    self.leaks.append(f"PGPASSWORD in the environment of rank process {proc.name}")

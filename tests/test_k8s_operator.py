@@ -13,6 +13,7 @@ import multiprocessing
 import os
 import signal
 import threading
+import time
 
 import psycopg
 import pytest
@@ -24,7 +25,7 @@ from pgtrain.airflow.train_operator import HorovodTrainOperator
 from tests.k8s_sim import fixtures
 from tests.k8s_sim.airflow_context import FakeTaskStateStore, task_context
 from tests.k8s_sim.validation import assert_cluster_accepted_every_manifest
-from tests.support import planned_run, seed_samples
+from tests.support import ProcessWatch, planned_run, seed_samples
 
 pytestmark = pytest.mark.horovod
 k8s_cluster, k8s, password_sentinel, namespace = (fixtures.k8s_cluster, fixtures.k8s, fixtures.password_sentinel,
@@ -127,7 +128,8 @@ def test_missing_secret_fails_fast_with_advice(k8s, db_url):
     ns = k8s.new_namespace()  # no Secret created here
     operator = MPIJobOperator(task_id="train", namespace=ns, image=IMAGE, training_run_id="x/y", world_size=2,
                               startup_timeout_seconds=300, poll_interval=0.3)
-    with pytest.raises(MPIJobStartupTimeout, match=r'CreateContainerConfigError: secret "pgtrain-db" not found.*'
+    with pytest.raises(MPIJobStartupTimeout, match=r'FailedMount: MountVolume.SetUp failed for volume '
+                                                   r'"pgtrain-database" : secret "pgtrain-db" not found.*'
                                                    r"Create the Secret 'pgtrain-db'"):
         operator.execute(task_context(DAG_ID, "no-secret"))
     k8s.wait_for(lambda: not k8s.mpijobs(ns), 10, "the job to be deleted")
@@ -187,6 +189,31 @@ def test_retry_reattaches_to_the_running_job(k8s, namespace, db_url, password_se
     k8s.wait_for(lambda: not k8s.mpijobs(namespace), 10, "on_finish_action=delete_pod to delete the job")
     assert_no_secret_leaked(k8s, namespace, password_sentinel, task_log)
     assert_cluster_accepted_every_manifest(k8s, namespace)
+
+
+def test_the_password_is_on_no_command_line_or_environment_while_pods_train(k8s, namespace, db_url,
+                                                                             password_sentinel):
+    """The Secret is mounted as a file: Gloo's `sh -c env K=V ...` rank command lines carry only its path."""
+    run_id = plan(db_url, "no-leak", epochs=4)
+    errors: list[BaseException] = []
+
+    def train() -> None:
+        try:
+            train_operator(namespace, training_run_id=run_id).execute(task_context(DAG_ID, "no-leak"))
+        except BaseException as error:  # reported by the asserts below
+            errors.append(error)
+
+    watch = ProcessWatch(password_sentinel, run_id)
+    worker = threading.Thread(target=train)
+    worker.start()
+    while worker.is_alive():
+        watch.scan()
+        time.sleep(0.05)
+    worker.join()
+    assert not errors, errors
+    assert not watch.leaks, watch.leaks
+    assert watch.gloo_command_lines >= 1  # the ranks ran while we looked
+    assert staged(db_url, run_id) > 0  # and they connected with the URL read from the mounted file
 
 
 def test_deferrable_mode_hands_the_wait_to_the_trigger(k8s, namespace, db_url, capfd):
@@ -263,7 +290,7 @@ def test_deferred_missing_secret_fails_fast_like_the_synchronous_path(k8s, db_ur
     # Far below the hour of startup timeout: the trigger sees the container that can never start.
     event = asyncio.run(asyncio.wait_for(first_event(), 120))
     assert event["status"] == "cannot_start" and 'secret "pgtrain-db" not found' in event["message"], event
-    with pytest.raises(MPIJobStartupTimeout, match=r'CreateContainerConfigError: secret "pgtrain-db" not found.*'
+    with pytest.raises(MPIJobStartupTimeout, match=r'FailedMount: .*secret "pgtrain-db" not found.*'
                                                    r"Create the Secret 'pgtrain-db'"):
         MPIJobOperator(task_id="train", namespace=ns, deferrable=True).execute_complete(context, event)
     k8s.wait_for(lambda: not k8s.mpijobs(ns), 10, "the job to be deleted")

@@ -13,7 +13,7 @@ import yaml
 
 from pgtrain import mpijob
 from pgtrain.errors import ConfigError
-from pgtrain.trainer_command import DATABASE_URL_ENV, trainer_argv
+from pgtrain.trainer_command import DATABASE_URL_ENV, DATABASE_URL_FILE_ENV, trainer_argv
 from tests.k8s_sim.validation import assert_valid_mpijob
 
 LAYOUTS = [(1, 1), (2, 1), (2, 4), (8, 4), (16, 8), (64, 8), (1024, 1)]
@@ -69,13 +69,35 @@ def test_pod_templates_are_valid_kubernetes(world_size, gpus):
                                                           "effect": "NoSchedule"}])))
 
 
-def test_database_url_only_from_the_secret():
+def test_database_url_only_from_the_secret_mounted_as_a_file():
     manifest = mpijob.build_mpijob(settings(database_secret="team-db", database_secret_key="dsn"))
     for role in ("Launcher", "Worker"):
+        spec = manifest["spec"]["mpiReplicaSpecs"][role]["template"]["spec"]
         env = {e["name"]: e for e in container(manifest, role)["env"]}
-        assert env[DATABASE_URL_ENV] == {"name": DATABASE_URL_ENV,
-                                         "valueFrom": {"secretKeyRef": {"name": "team-db", "key": "dsn"}}}
+        assert DATABASE_URL_ENV not in env  # Horovod's Gloo launcher would put an env var on `ps`-visible lines
+        assert env[DATABASE_URL_FILE_ENV] == {"name": DATABASE_URL_FILE_ENV, "value": "/var/run/secrets/pgtrain/url"}
+        (volume,) = [v for v in spec["volumes"] if v["name"] == mpijob.DATABASE_VOLUME]
+        assert volume["secret"] == {"secretName": "team-db", "items": [{"key": "dsn", "path": "url"}],
+                                    "defaultMode": 0o400}
+        assert {"name": mpijob.DATABASE_VOLUME, "mountPath": "/var/run/secrets/pgtrain", "readOnly": True} in \
+            container(manifest, role)["volumeMounts"]
     assert mpijob.credential_literals(manifest) == []
+
+
+def test_a_url_file_is_read_and_its_problems_explained(tmp_path, monkeypatch):
+    from pgtrain.db import database_url
+
+    monkeypatch.delenv(DATABASE_URL_ENV, raising=False)
+    url_file = tmp_path / "url"
+    url_file.write_text("postgresql://trainer:s3cret@db/training\n")
+    monkeypatch.setenv(DATABASE_URL_FILE_ENV, str(url_file))
+    assert database_url() == "postgresql://trainer:s3cret@db/training"
+    url_file.write_text("")
+    with pytest.raises(ConfigError, match="is empty"):
+        database_url()
+    monkeypatch.setenv(DATABASE_URL_FILE_ENV, str(tmp_path / "missing"))
+    with pytest.raises(ConfigError, match="is the Secret with the database URL mounted there"):
+        database_url()
 
 
 def test_importing_the_module_does_not_load_the_database_driver():
@@ -93,7 +115,7 @@ def test_credential_literals_are_found_and_rejected():
     container(manifest, "Launcher")["env"][0] = {"name": DATABASE_URL_ENV, "value": "postgresql://db/x"}
     with pytest.raises(ConfigError) as error:
         mpijob.validate_mpijob(manifest)
-    assert "must come from a Secret" in str(error.value) and "looks like a credential" in str(error.value)
+    assert "must come from the Secret mounted at" in str(error.value) and "looks like a credential" in str(error.value)
     assert mpijob.credential_literals({"dsn": "host=db password=hunter2"})
     assert not mpijob.credential_literals({"url": "postgresql://u@/db?host=/tmp"})
 
@@ -205,6 +227,17 @@ def test_watch_step_fails_fast_on_a_container_that_can_never_start():
     pods = [_pod("job-launcher", {"reason": "CreateContainerConfigError", "message": 'secret "db" not found'})]
     verdict = mpijob.watch_step(_job(("Created", "", "")), pods, now=0, startup_deadline=3600)
     assert verdict.outcome == "cannot_start" and 'secret "db" not found' in verdict.message
+
+
+def test_watch_step_fails_fast_when_the_database_secret_cannot_be_mounted():
+    pods = [_pod("job-worker-0", {"reason": "ContainerCreating"})]
+    message = f'MountVolume.SetUp failed for volume "{mpijob.DATABASE_VOLUME}" : secret "db" not found'
+    failed_mount = {"reason": "FailedMount", "message": message,
+                    "involvedObject": {"kind": "Pod", "name": "job-worker-0"}}
+    other_pod = {**failed_mount, "involvedObject": {"kind": "Pod", "name": "another-job-worker-0"}}
+    verdict = mpijob.watch_step(_job(("Created", "", "")), pods, 0, 3600, events=[failed_mount])
+    assert verdict.outcome == "cannot_start" and verdict.message == f"job-worker-0: FailedMount: {message}"
+    assert mpijob.watch_step(_job(("Created", "", "")), pods, 0, 3600, events=[other_pod]).outcome == "waiting"
 
 
 def test_watch_step_times_out_only_a_job_that_never_started():

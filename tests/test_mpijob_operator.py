@@ -16,7 +16,7 @@ from pgtrain.airflow.mpijob_operator import MPIJobOperator
 from pgtrain.airflow.train_operator import HorovodTrainOperator
 from pgtrain.errors import ConfigError
 from pgtrain.settings import load_settings
-from pgtrain.trainer_command import DATABASE_URL_ENV
+from pgtrain.trainer_command import DATABASE_URL_ENV, DATABASE_URL_FILE_ENV
 from tests.k8s_sim.airflow_context import task_context
 from tests.k8s_sim.validation import assert_valid_mpijob
 
@@ -63,9 +63,12 @@ def test_both_templates_carry_what_kubernetes_pod_operator_builds(manifest):
         env = {e["name"]: e for e in container["env"]}
         assert env["NCCL_DEBUG"]["value"] == "WARN"
         assert env["WANDB_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "wandb", "key": "key"}
-        assert env[DATABASE_URL_ENV]["valueFrom"]["secretKeyRef"] == {"name": "pgtrain-db", "key": "url"}
-        assert container["volumeMounts"] == [{"name": "shm", "mountPath": "/dev/shm"}]
-        assert spec["volumes"] == [{"name": "shm", "emptyDir": {"medium": "Memory"}}]
+        assert DATABASE_URL_ENV not in env and env[DATABASE_URL_FILE_ENV]["value"] == mpijob.DATABASE_URL_FILE
+        assert container["volumeMounts"] == [{"name": "shm", "mountPath": "/dev/shm"},
+                                             {"name": mpijob.DATABASE_VOLUME, "mountPath": mpijob.DATABASE_MOUNT_PATH,
+                                              "readOnly": True}]
+        assert spec["volumes"] == [{"name": "shm", "emptyDir": {"medium": "Memory"}},
+                                   mpijob.database_volume("pgtrain-db", "url")]
         assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "H100"}
         assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
         assert spec["affinity"]["nodeAffinity"]

@@ -15,7 +15,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgtrain.errors import ConfigError
-from pgtrain.trainer_command import DATABASE_URL_ENV
+from pgtrain.trainer_command import DATABASE_URL_ENV, DATABASE_URL_FILE_ENV
 
 # The custom setting that carries a trainer's attempt on its connection; 007's triggers compare it
 # with training_runs.attempt and refuse writes of an older attempt.
@@ -28,8 +28,19 @@ _KEYWORD_SECRET = re.compile(r"(?:^|[\s?&])(?:ssl)?password\s*=\s*('(?:[^'\\]|\\
 
 
 def database_url(explicit: str | None = None) -> str:
-    """The training database URL: an explicit one, else ``$PGTRAIN_DATABASE_URL``."""
+    """The training database URL: an explicit one, else ``$PGTRAIN_DATABASE_URL``, else the contents of the
+    file ``$PGTRAIN_DATABASE_URL_FILE`` names (a Kubernetes Secret mounted into a pod)."""
     url = explicit or os.environ.get(DATABASE_URL_ENV)
+    if not url and os.environ.get(DATABASE_URL_FILE_ENV):
+        path = Path(os.environ[DATABASE_URL_FILE_ENV])
+        try:
+            url = path.read_text().strip()
+        except OSError as error:
+            raise ConfigError(f"{DATABASE_URL_FILE_ENV} names {path}, which cannot be read ({error.strerror}): "
+                              "is the Secret with the database URL mounted there?") from None
+        if not url:
+            raise ConfigError(f"{path} (from {DATABASE_URL_FILE_ENV}) is empty: the Secret's key must hold "
+                              "the database URL")
     if not url:
         raise ConfigError(
             f"no training database configured: set {DATABASE_URL_ENV} (for example "

@@ -24,7 +24,7 @@ from typing import Any
 
 from pgtrain import __version__
 from pgtrain.errors import ConfigError
-from pgtrain.trainer_command import DATABASE_URL_ENV, horovodrun_options, trainer_argv
+from pgtrain.trainer_command import DATABASE_URL_ENV, DATABASE_URL_FILE_ENV, horovodrun_options, trainer_argv
 
 API_GROUP = "kubeflow.org"
 API_VERSION = "v2beta1"
@@ -40,6 +40,11 @@ GPU_RESOURCE = "nvidia.com/gpu"
 CONTAINER_NAME = "trainer"
 HOSTFILE = "/etc/mpi/hostfile"  # the MPI Operator mounts its <job>-config ConfigMap at /etc/mpi
 SSH_AUTH_MOUNT_PATH = "/root/.ssh"
+# The Secret with the database URL is mounted as a file here (never an env var: Horovod's Gloo launcher
+# writes every env var into the ranks' `sh -c` command lines, where `ps` shows them).
+DATABASE_VOLUME = "pgtrain-database"
+DATABASE_MOUNT_PATH = "/var/run/secrets/pgtrain"
+DATABASE_URL_FILE = f"{DATABASE_MOUNT_PATH}/url"
 WORKER_COMMAND = ["/usr/sbin/sshd", "-De"]  # workers only serve SSH; the launcher starts ranks on them
 RUN_ID_ANNOTATION = "pgtrain.io/training-run-id"
 # The MPI Operator only accepts these (pkg/apis/kubeflow/validation); the launcher is a batch Job.
@@ -141,15 +146,32 @@ def _longest_suffix(workers: int) -> int:
 def launcher_command(run_id: str, world_size: int, attempt: int) -> list[str]:
     """``horovodrun`` over the MPI Operator's hostfile: MPI (+NCCL) in the GPU image, Gloo where MPI is absent.
 
-    horovodrun passes the launcher's environment to every rank by name (``mpirun -x NAME``), so the
-    database URL travels from the Secret to the ranks without ever being written out.
+    horovodrun passes the launcher's environment to every rank (``mpirun -x NAME``, or ``env K=V`` on
+    the ranks' command lines with Gloo); the database URL is not in it, only the path of the file the
+    Secret is mounted as on every pod.
     """
     return ["horovodrun", "-np", str(world_size), "--hostfile", HOSTFILE, *horovodrun_options(),
             *trainer_argv(run_id, attempt)]
 
 
-def database_env(secret: str, key: str) -> dict[str, Any]:
-    return {"name": DATABASE_URL_ENV, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+def database_volume(secret: str, key: str) -> dict[str, Any]:
+    """The Secret's key as the file DATABASE_URL_FILE, readable by the container's user only."""
+    return {"name": DATABASE_VOLUME,
+            "secret": {"secretName": secret, "items": [{"key": key, "path": "url"}], "defaultMode": 0o400}}
+
+
+def _with_database_secret(spec: dict[str, Any], container: dict[str, Any], settings: MPIJobSettings) -> None:
+    """Mount the URL's Secret into ``container`` and point the trainer at the file; drop any URL env var."""
+    spec["volumes"] = [v for v in spec.get("volumes") or [] if v.get("name") != DATABASE_VOLUME]
+    spec["volumes"].append(database_volume(settings.database_secret, settings.database_secret_key))
+    mounts = [m for m in container.get("volumeMounts") or [] if m.get("mountPath") != DATABASE_MOUNT_PATH
+              and m.get("name") != DATABASE_VOLUME]
+    container["volumeMounts"] = [*mounts, {"name": DATABASE_VOLUME, "mountPath": DATABASE_MOUNT_PATH,
+                                           "readOnly": True}]
+    env = [e for e in container.get("env") or []
+           if e.get("name") not in (DATABASE_URL_ENV, DATABASE_URL_FILE_ENV, "PYTHONUNBUFFERED")]
+    container["env"] = [{"name": DATABASE_URL_FILE_ENV, "value": DATABASE_URL_FILE},
+                        {"name": "PYTHONUNBUFFERED", "value": "1"}, *env]
 
 
 def base_pod(settings: MPIJobSettings) -> dict[str, Any]:
@@ -224,9 +246,7 @@ def _replica_template(pod: Mapping[str, Any], settings: MPIJobSettings, labels: 
     container["image"] = container.get("image") or settings.image
     container["command"] = list(command)
     container.pop("args", None)
-    env = [e for e in container.get("env") or [] if e.get("name") not in (DATABASE_URL_ENV, "PYTHONUNBUFFERED")]
-    container["env"] = [database_env(settings.database_secret, settings.database_secret_key),
-                        {"name": "PYTHONUNBUFFERED", "value": "1"}, *env]
+    _with_database_secret(spec, container, settings)
     resources = copy.deepcopy(container.get("resources") or {})
     resources["requests"] = {**requests, **(resources.get("requests") or {})}
     resources["limits"] = {**limits, **(resources.get("limits") or {})}
@@ -283,8 +303,9 @@ def mpijob_problems(manifest: Mapping[str, Any]) -> Iterator[str]:
             if role == "Worker" and container.get("name") == CONTAINER_NAME and gpu != spec.get("slotsPerWorker"):
                 yield f"Worker {GPU_RESOURCE} limit {gpu!r} should equal slotsPerWorker {spec.get('slotsPerWorker')!r}"
             for env in container.get("env") or []:
-                if env.get("name") == DATABASE_URL_ENV and "value" in env:
-                    yield f"{role} sets {DATABASE_URL_ENV} literally; it must come from a Secret (secretKeyRef)"
+                if env.get("name") == DATABASE_URL_ENV:
+                    yield (f"{role} sets {DATABASE_URL_ENV}; the database URL must come from the Secret mounted at "
+                           f"{DATABASE_MOUNT_PATH} ({DATABASE_URL_FILE_ENV})")
     slots = spec.get("slotsPerWorker")
     if not isinstance(slots, int) or slots < 1:
         yield f"slotsPerWorker must be a positive integer, not {slots!r}"
@@ -361,13 +382,23 @@ def startup_problems(pods: Sequence[Mapping[str, Any]]) -> list[str]:
     return lines
 
 
-def fatal_start_problem(pods: Sequence[Mapping[str, Any]]) -> str | None:
-    """A container that can never start (no Secret, bad image name): no point waiting for the timeout."""
+def fatal_start_problem(pods: Sequence[Mapping[str, Any]], events: Sequence[Mapping[str, Any]] = ()) -> str | None:
+    """A container that can never start (no Secret, bad image name): no point waiting for the timeout.
+
+    ``events``: the pods' API-form events; a missing Secret shows there only (FailedMount), while the pod
+    waits in ContainerCreating.
+    """
     for pod in pods:
         for cs in (pod.get("status") or {}).get("containerStatuses") or []:
             waiting = (cs.get("state") or {}).get("waiting") or {}
             if waiting.get("reason") in ("CreateContainerConfigError", "InvalidImageName", "ErrImageNeverPull"):
                 return f"{pod['metadata']['name']}: {waiting['reason']}: {waiting.get('message') or ''}"
+    names = {pod["metadata"]["name"] for pod in pods}
+    for event in events:
+        message = event.get("message") or ""
+        if (event.get("reason") == "FailedMount" and (event.get("involvedObject") or {}).get("name") in names
+                and f'"{DATABASE_VOLUME}"' in message and ("not found" in message or "non-existent" in message)):
+            return f"{event['involvedObject']['name']}: FailedMount: {message}"
     return None
 
 
@@ -387,8 +418,9 @@ class WatchVerdict:
 
 
 def watch_step(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], now: float, startup_deadline: float,
-               started: bool = False) -> WatchVerdict:
-    """One step of watching a job (API-form job and pods), the same for the operator's loop and its trigger.
+               started: bool = False, events: Sequence[Mapping[str, Any]] = ()) -> WatchVerdict:
+    """One step of watching a job (API-form job, pods and their events), the same for the operator's loop
+    and its trigger.
 
     ``started``: the job was seen running before (a job that started is never timed out for startup).
     """
@@ -397,7 +429,7 @@ def watch_step(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], now: f
         return WatchVerdict("succeeded" if state.phase == "Succeeded" else "failed", state.message, state.reason)
     if started or state.phase == "Running":
         return WatchVerdict("running", state.message, state.reason)
-    fatal = fatal_start_problem(pods)
+    fatal = fatal_start_problem(pods, events)
     if fatal is not None:
         return WatchVerdict("cannot_start", fatal)
     if now >= startup_deadline:

@@ -1,13 +1,16 @@
 """The trainer's command line, shared by the local launcher and the MPIJob launcher.
 
 Everything else the trainer needs is in the run record (config snapshot, manifest); the database
-URL comes from the environment (``PGTRAIN_DATABASE_URL``), never from the command line.
+URL comes from the environment (``PGTRAIN_DATABASE_URL``) or, in pods, from a file mounted from a Secret
+(``PGTRAIN_DATABASE_URL_FILE``), never from the command line.
 """
 
 from __future__ import annotations
 
 # The one environment variable that carries the training database URL to every pgtrain process.
 DATABASE_URL_ENV = "PGTRAIN_DATABASE_URL"
+# Where a pod reads the URL instead: a path (not a secret), so launchers may pass it to ranks in the open.
+DATABASE_URL_FILE_ENV = "PGTRAIN_DATABASE_URL_FILE"
 
 # horovodrun's own timeouts default to 30 s: a rank importing torch on a busy machine, or rank 0 writing a
 # large checkpoint while the others wait in the next allreduce, takes longer than that and is not a failure.

@@ -8,7 +8,10 @@
 - Scheduler: one node with a fixed number of ``nvidia.com/gpu``; a pod that does not fit stays
   Pending with ``PodScheduled=False, Unschedulable`` as kube-scheduler reports it.
 - Kubelet: env from ``value``, ``secretKeyRef`` and ``envFrom.secretRef`` (a missing Secret gives
-  ``CreateContainerConfigError``); the launcher's command runs as real local processes with the
+  ``CreateContainerConfigError``); ``secret`` volumes written as files (``items``, ``defaultMode``) into a
+  per-pod directory the container's paths are mapped to (a missing Secret or key leaves the pod in
+  ContainerCreating with a ``FailedMount`` event, as the real kubelet does); the launcher's command
+  runs as real local processes with the
   "image" mapped to a local bin directory (the project's virtualenv) and ``/etc/mpi`` mapped to a
   local directory whose hostfile lists ``localhost`` with all the job's slots, so ``horovodrun``
   starts every rank on this machine (Gloo or MPI, whichever the local Horovod has). Worker pods
@@ -392,6 +395,11 @@ class Cluster:
         ns, pod_name = pod["metadata"]["namespace"], pod["metadata"]["name"]
         container = pod["spec"]["containers"][0]
         try:
+            mounts = self.mount_volumes(ns, pod, container)
+        except ApiError as exc:
+            self.failed_mount(ns, pod_name, container, exc.message)
+            return
+        try:
             env = self.container_env(ns, pod, container)
         except ApiError as exc:
             waiting = _waiting(container, "CreateContainerConfigError", exc.message)
@@ -400,10 +408,10 @@ class Cluster:
         is_launcher = pod["metadata"]["labels"].get(JOB_ROLE) == "launcher"
         if is_launcher:
             job = pod["metadata"]["labels"][JOB_NAME]
-            mapped = self.config_dir(ns, job)
-            argv = [_map_path(_expand(a, env), mapped)
+            mounts[CONFIG_MOUNT] = self.config_dir(ns, job)
+            argv = [_map_path(_expand(a, env), mounts)
                     for a in [*(container.get("command") or []), *(container.get("args") or [])]]
-            env = {k: _map_path(v, mapped) for k, v in env.items()}
+            env = {k: _map_path(v, mounts) for k, v in env.items()}
             workdir = self.state_dir / "pods" / ns / pod_name
             workdir.mkdir(parents=True, exist_ok=True)
             env.setdefault("HOME", str(workdir))
@@ -450,6 +458,46 @@ class Cluster:
                 env[item["name"]] = data[ref["key"]]
         return env
 
+    def mount_volumes(self, ns: str, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, Path]:
+        """Write the container's ``secret`` volumes under the pod's directory; mountPath -> local directory."""
+        volumes = {v["name"]: v for v in pod["spec"].get("volumes") or []}
+        mounts: dict[str, Path] = {}
+        for mount in container.get("volumeMounts") or []:
+            source = (volumes.get(mount["name"]) or {}).get("secret")
+            if source is None:
+                continue
+            prefix = f'MountVolume.SetUp failed for volume "{mount["name"]}" : '
+            try:
+                data = self.secret_data(ns, source["secretName"])
+            except ApiError as exc:
+                raise ApiError(exc.code, exc.reason, prefix + exc.message) from None
+            items = source.get("items") or [{"key": key, "path": key} for key in data]
+            directory = self.state_dir / "pods" / ns / pod["metadata"]["name"] / "volumes" / mount["name"]
+            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            for item in items:
+                if item["key"] not in data:
+                    raise ApiError(422, "Invalid", prefix + f"references non-existent secret key: {item['key']}")
+                path = directory / item["path"]
+                path.write_text(data[item["key"]])
+                path.chmod(item.get("mode", source.get("defaultMode", 0o644)))
+            mounts[mount["mountPath"]] = directory
+        return mounts
+
+    def failed_mount(self, ns: str, pod_name: str, container: dict[str, Any], message: str) -> None:
+        """ContainerCreating, and a FailedMount Warning event on the pod (counted, as the kubelet does)."""
+        event_name = f"{pod_name}.failedmount"
+        try:
+            self.store.update("events", ns, event_name, lambda e: e.update(count=e["count"] + 1, lastTimestamp=now()))
+        except ApiError:
+            self.store.create("events", ns, {
+                "apiVersion": "v1", "kind": "Event", "metadata": {"name": event_name},
+                "involvedObject": {"kind": "Pod", "namespace": ns, "name": pod_name},
+                "reason": "FailedMount", "message": message, "type": "Warning", "count": 1,
+                "source": {"component": "kubelet"}, "firstTimestamp": now(), "lastTimestamp": now()},
+                actor="kubelet")
+        waiting = _waiting(container, "ContainerCreating", None)
+        self.store.update("pods", ns, pod_name, lambda p: p["status"].update(containerStatuses=[waiting]))
+
     def secret_data(self, ns: str, name: str) -> dict[str, str]:
         try:
             secret = self.store.get("secrets", ns, name)
@@ -495,8 +543,9 @@ def _expand(text: str, env: dict[str, str]) -> str:
                   lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), text)
 
 
-def _map_path(text: str, config_dir: Path) -> str:
-    """The /etc/mpi volume mount, seen from this machine."""
-    if text == CONFIG_MOUNT or text.startswith(CONFIG_MOUNT + "/"):
-        return str(config_dir) + text[len(CONFIG_MOUNT):]
+def _map_path(text: str, mounts: dict[str, Path]) -> str:
+    """A container path under one of the pod's mounts, seen from this machine."""
+    for mount_path, local in mounts.items():
+        if text == mount_path or text.startswith(mount_path + "/"):
+            return str(local) + text[len(mount_path):]
     return text

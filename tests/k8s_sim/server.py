@@ -3,7 +3,7 @@
 MPIJobs (``/apis/kubeflow.org/v2beta1``: create, get, list by label, merge-patch, delete with
 propagation policy, ``/status``), pods (list by label, get, delete, ``/log`` with follow, since
 and tail, streamed with chunked encoding as the real API server does), Secrets (create, get,
-delete) and an empty event list. Bearer-token auth as in a kubeconfig. ``/sim/...`` paths are
+delete), events (with involvedObject field selectors). Bearer-token auth as in a kubeconfig. ``/sim/...`` paths are
 the double's own controls (history of API calls, GPU capacity) and exist in no real cluster.
 """
 
@@ -182,7 +182,7 @@ class SimServer(ThreadingHTTPServer):
         if name is None:
             if method == "GET":
                 api_version, kind = LIST_KINDS[resource]
-                items = [] if resource == "events" else store.list(resource, ns, query.get("labelSelector"))
+                items = store.list(resource, ns, query.get("labelSelector"))
                 items = [o for o in items if _fields_match(o, query.get("fieldSelector"))]
                 return {"apiVersion": api_version, "kind": kind, "metadata": {"resourceVersion": now()},
                         "items": items}
@@ -237,7 +237,9 @@ class SimServer(ThreadingHTTPServer):
 
 def _fields_match(obj: dict[str, Any], selector: str | None) -> bool:
     """``status.phase!=Failed``-style field selectors (the ones KPO's helpers send)."""
-    fields = {"status.phase": (obj.get("status") or {}).get("phase"), "metadata.name": obj["metadata"]["name"]}
+    involved = obj.get("involvedObject") or {}
+    fields = {"status.phase": (obj.get("status") or {}).get("phase"), "metadata.name": obj["metadata"]["name"],
+              "involvedObject.kind": involved.get("kind"), "involvedObject.name": involved.get("name")}
     return matches({k: v for k, v in fields.items() if v is not None}, selector)
 
 

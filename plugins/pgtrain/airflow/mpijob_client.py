@@ -71,6 +71,16 @@ class MPIJobClient:
         """The job's pods in API form, as ``mpijob.watch_step`` reads them."""
         return [PodGenerator.serialize_pod(pod) for pod in self.pods(name)]
 
+    def pod_events(self, pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The events of these (API-form) pods, in API form: a missing Secret volume shows only there."""
+        if not pods:
+            return []
+        names = {pod["metadata"]["name"] for pod in pods}
+        listed = generic_api_retry(self.hook.core_v1_client.list_namespaced_event)(
+            self.namespace, field_selector="involvedObject.kind=Pod")
+        events = self.hook.core_v1_client.api_client.sanitize_for_serialization(listed)["items"]
+        return [e for e in events if (e.get("involvedObject") or {}).get("name") in names]
+
     def launcher_pod(self, name: str) -> V1Pod | None:
         """The newest launcher pod (with backoffLimit > 0 the launcher Job may have made several)."""
         return max(self.pods(name, "launcher"), key=lambda p: p.metadata.creation_timestamp, default=None)

@@ -70,7 +70,7 @@ class MPIJobOperator(KubernetesPodOperator):
     :param world_size: Horovod ranks = GPUs in total (templated)
     :param gpus_per_worker: GPUs and MPI slots per worker pod (templated)
     :param database_secret: Secret in the job's namespace whose ``database_secret_key`` is the
-        database URL; it reaches the pods as ``PGTRAIN_DATABASE_URL`` through ``secretKeyRef``
+        database URL; it is mounted into the pods as a file (``PGTRAIN_DATABASE_URL_FILE``), never an env var
     :param worker_cpu, worker_memory: requests of each worker (GPUs are set from the layout)
     :param launcher_cpu, launcher_memory: the launcher's small requests (it gets no GPU)
     :param backoff_limit, active_deadline_seconds, ttl_seconds_after_finished: the MPIJob's runPolicy
@@ -332,7 +332,7 @@ class MPIJobOperator(KubernetesPodOperator):
                     self._stream_launcher_log(launcher, follow=True)
                     continue  # the launcher ended: read the job's verdict right away
             pods = [] if started else self.jobs.pod_dicts(self.job_name)
-            verdict = mpijob.watch_step(job, pods, time.time(), deadline, started)
+            verdict = mpijob.watch_step(job, pods, time.time(), deadline, started, self.jobs.pod_events(pods))
             if verdict.done:
                 return verdict
             started = verdict.outcome == "running"

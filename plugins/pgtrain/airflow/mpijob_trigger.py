@@ -82,11 +82,17 @@ class MPIJobTrigger(BaseTrigger):
                         group=mpijob.API_GROUP, version=mpijob.API_VERSION, plural=mpijob.PLURAL,
                         namespace=self.namespace, name=self.name)
                     pods: list[dict[str, Any]] = []
+                    events: list[dict[str, Any]] = []
                     if not started:
                         listed = await CoreV1Api(api).list_namespaced_pod(
                             self.namespace, label_selector=f"{mpijob.JOB_NAME_LABEL}={self.name}")
                         pods = api.sanitize_for_serialization(listed)["items"]
-                verdict = mpijob.watch_step(job, pods, time.time(), self.startup_deadline, started)
+                        names = {pod["metadata"]["name"] for pod in pods}
+                        listed = await CoreV1Api(api).list_namespaced_event(
+                            self.namespace, field_selector="involvedObject.kind=Pod")
+                        events = [e for e in api.sanitize_for_serialization(listed)["items"]
+                                  if (e.get("involvedObject") or {}).get("name") in names]
+                verdict = mpijob.watch_step(job, pods, time.time(), self.startup_deadline, started, events)
                 if verdict.done:
                     yield self._event(verdict.outcome, verdict.message, reason=verdict.reason)
                     return
