@@ -1,34 +1,53 @@
-"""Loader benchmark: pgtrain's COPY BINARY loader against the original fetchall() path and the raw COPY.
+"""Loader benchmark: load_shard against the plain COPY floor and the peers, every measurement in a fresh process.
 
-    .venv/bin/python benchmarks/bench_loader.py [ROWS [DIM]]   # default 1,000,000 x 100
-    PGTRAIN_BENCH_ROWS / PGTRAIN_BENCH_DIM also set the size; embedded PostgreSQL unless
-    PGTRAIN_BENCH_DATABASE_URL. PGTRAIN_BENCH_FETCHALL_ROWS times the (slow, ~3.5 GB at 1M x 100) fetchall
-    baseline on only the first N rows and compares rows per second.
+    .venv/bin/python benchmarks/bench_loader.py [ROWS [DIM]]   # default 500,000 x 100
+    PGTRAIN_BENCH_ROWS / PGTRAIN_BENCH_DIM set the size, PGTRAIN_BENCH_ROUNDS the rounds (default 3),
+    PGTRAIN_BENCH_LAYOUTS a comma-separated subset of the layouts, PGTRAIN_BENCH_CONTENDERS a subset of the
+    contenders; embedded PostgreSQL unless PGTRAIN_BENCH_DATABASE_URL. Peers need benchmarks/requirements.txt
+    (connectorx, pyarrow, asyncpg); a peer that is not installed is left out and said so.
 
-The same synthetic rows are stored twice, as real[] and as packed float32 bytea (bigint keys). Per format, in
-a fresh process: the peak RSS growth of a first load (VmHWM), then the raw COPY (pgtrain's own COPY statement,
-its bytes only drained) and load_shard alternate three times, the best of each kept.
-The baseline is the original sketch: SELECT features, label ... LIMIT/OFFSET, fetchall(), torch.tensor().
-For the breakdown: the drain of a plain one-COPY-row-per-sample COPY of the same rows, and the time to first
-touch fresh arrays of the tensors' size (page faults and zeroing, which the raw drain does not pay).
+The same synthetic rows (pgtrain.examples.synthetic) are stored three ways: ``real[]`` (float4_array), packed
+float32 ``bytea``, and DIM ``real`` columns (scalar_columns), bigint keys, integer labels; each table is planned
+as a one-rank run. Contenders, each timed in its own fresh process (imports and the connection before the
+clock; the whole call after it, so allocating and first touching the arrays counts), interleaved, their order
+rotated every round:
 
-loader.scalar_columns: ROWS / 2 rows (500,000 at full size) x DIM ``real`` columns (feature_columns), loaded
-with load_shard against a plain ``COPY (SELECT the same columns ORDER BY key) TO STDOUT (FORMAT BINARY)``
-drained in the same process (best of three each, alternating), and against fetchall() of the same columns.
+- ``copy_floor``: ``COPY (SELECT <feature columns>, label FROM t WHERE id BETWEEN <the shard's keys>) TO STDOUT
+  (FORMAT BINARY)`` drained with psycopg, nothing parsed: the floor every ratio is taken against, same round;
+- ``server_floor``: the same COPY ``TO '/dev/null'`` (the server alone; needs a superuser, as the embedded
+  server's is; reported as not measured otherwise);
+- ``pgtrain``: ``loader.load_shard`` (its COPY, numpy arrays, the validation flag);
+- ``pgtrain_no_prefault``: the same without the thread that maps the arrays' pages while the COPY streams
+  (diagnostic: what first touching fresh memory costs);
+- ``pgtrain_server``: pgtrain's batched COPY ``TO '/dev/null'`` (diagnostic: what its query costs the server);
+- peers producing the same arrays (features float32 rows x dim, labels int64): ``fetchall`` (the seed's way:
+  SELECT, fetchall(), arrays from the Python rows), ``connectorx_1`` / ``connectorx_2`` (``read_sql`` to
+  Arrow, 1 or 2 partitions on id, then numpy), ``asyncpg`` (``copy_from_query`` binary parsed with one numpy
+  dtype; bytea: ``fetch`` + ``frombuffer``).
+
+Every array-producing contender's checksum (integer sum of the float32 bit patterns, sum of the labels, rows)
+must be equal. Ratios are per round: contender seconds / copy_floor seconds of that round; figures are the min
+and the median over rounds. ``loader.<layout>.overhead_vs_raw_copy`` is pgtrain's median ratio;
+``loader.<layout>.vs_best_peer`` is pgtrain's median seconds / the fastest peer's median seconds.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-from common import bench_database, machine, report, stopwatch
+from common import bench_database, machine, report
 
-FORMATS = ("float4_array", "bytea")
-REPEATS = 3
+LAYOUTS = ("float4_array", "bytea", "scalar_columns")
+FLOORS = ("copy_floor", "server_floor")
+PEERS = ("fetchall", "connectorx_1", "connectorx_2", "asyncpg")
+CONTENDERS = (*FLOORS, "pgtrain", "pgtrain_no_prefault", "pgtrain_server", *PEERS)
 MB = 1 << 20
 
 
@@ -43,168 +62,160 @@ def _reset_peak() -> None:
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
 
 
-def measure_loader(url: str, run_id: str) -> dict[str, float]:
-    """In this (fresh) process: best raw-COPY drain and best load_shard, and one load's peak RSS growth."""
+def checksum(features, labels) -> list[int]:  # noqa: ANN001 (numpy arrays, imported in the measuring process)
+    """Order-independent and exact: the float32 bit patterns summed as integers, the labels summed, the rows."""
+    import numpy as np
+
+    bits = np.ascontiguousarray(features, np.float32).view(np.uint32)
+    return [int(bits.sum(dtype=np.uint64)), int(np.asarray(labels).sum(dtype=np.int64)), len(labels)]
+
+
+def _plain_select(spec: dict):  # noqa: ANN202 (a psycopg sql.Composed)
+    """SELECT the layout's feature column(s) and label of the shard's key range (no ORDER BY: a plain query)."""
+    from psycopg import sql
+
+    return sql.SQL("SELECT {}, label FROM {} WHERE id BETWEEN {} AND {}").format(
+        sql.SQL(", ").join(map(sql.Identifier, spec["columns"])), sql.Identifier(*spec["table"]),
+        sql.Literal(int(spec["lo"])), sql.Literal(int(spec["hi"])))
+
+
+def _copy_row_dtype(spec: dict):  # noqa: ANN202 (a numpy dtype)
+    """One row of the plain COPY's binary form (fixed width: no NULLs, every array of dim values)."""
+    import numpy as np
+
+    dim = spec["dim"]
+    if spec["layout"] == "float4_array":
+        features = [("flen", ">i4"), ("ndim", ">i4"), ("hasnull", ">i4"), ("elemtype", ">u4"), ("dim", ">i4"),
+                    ("lbound", ">i4"), ("x", [("elen", ">i4"), ("v", ">f4")], (dim,))]
+    elif spec["layout"] == "bytea":
+        features = [("flen", ">i4"), ("x", [("v", "<f4")], (dim,))]
+    else:
+        features = [("x", [("elen", ">i4"), ("v", ">f4")], (dim,))]
+    return np.dtype([("nfields", ">i2"), *features, ("llen", ">i4"), ("label", ">i4")])
+
+
+def measure(contender: str, url: str, spec: dict) -> dict:
+    """In this fresh process: one timed run of ``contender`` on the layout ``spec`` describes."""
     import numpy as np
     import psycopg
     from psycopg import sql
 
     from pgtrain import loader, manifest, runs
+    from pgtrain.source import planned_rows, read_xid_clock, snapshot_transaction
 
-    with psycopg.connect(url, autocommit=True) as conn:
-        run = runs.get_run(conn, run_id)
+    dim, rows, result = spec["dim"], spec["rows"], {}
+    plain = _plain_select(spec)
+    arrays = None
+    if contender in ("copy_floor", "server_floor", "pgtrain", "pgtrain_no_prefault", "pgtrain_server", "fetchall"):
+        conn = psycopg.connect(url, autocommit=True)
+        run = runs.get_run(conn, spec["run_id"])
         source = manifest.source_for(conn, run)
-        shard = runs.get_manifest(conn, run_id)[0]
+        shard = runs.get_manifest(conn, run.run_id)[0]
         cfg = run.config
+    if contender == "connectorx_1" or contender == "connectorx_2":
+        import connectorx
+        import psycopg.conninfo
 
-        def drain() -> int:
-            with loader.shard_copy(conn, source, shard, cfg.validation_fraction, cfg.seed) as copy:
-                return sum(map(len, copy))
+        info = psycopg.conninfo.conninfo_to_dict(url)
+        host = info.get("host", "localhost")
+        cx_url = (f"postgresql://{info.get('user', 'postgres')}@{host.replace('/', '%2F')}"
+                  f"{':' + str(info['port']) if info.get('port') and not host.startswith('/') else ''}"
+                  f"/{info['dbname']}")
+    before = _rss("VmRSS")
+    _reset_peak()
+    start = time.perf_counter()
+    if contender == "copy_floor":
+        with conn.cursor() as cur, cur.copy(sql.SQL("COPY ({}) TO STDOUT (FORMAT BINARY)").format(plain)) as copy:
+            result["bytes"] = sum(map(len, copy))
+    elif contender == "server_floor":
+        conn.execute(sql.SQL("COPY ({}) TO '/dev/null' (FORMAT BINARY)").format(plain))
+    elif contender in ("pgtrain", "pgtrain_no_prefault"):
+        if contender == "pgtrain_no_prefault":
+            loader.prefault_in_background = lambda arrays: None
+        data = loader.load_shard(conn, source, shard, dim, cfg.validation_fraction, cfg.seed, pin_memory=False)
+        arrays = (data.features, data.labels)
+    elif contender == "pgtrain_server":
+        with snapshot_transaction(conn):
+            clock = read_xid_clock(conn)
+            query = loader.batch_query(source, shard, planned_rows(source, clock, loader.ROWS_ALIAS),
+                                       cfg.validation_fraction, cfg.seed)
+            conn.execute(sql.SQL("COPY ({}) TO '/dev/null' (FORMAT BINARY)").format(query))
+    elif contender == "fetchall":
+        records = conn.execute(plain).fetchall()
+        if spec["layout"] == "float4_array":
+            features = np.array([f for f, _ in records], np.float32)
+        elif spec["layout"] == "bytea":
+            features = np.frombuffer(b"".join(f for f, _ in records), "<f4").reshape(len(records), dim)
+        else:
+            features = np.array([r[:-1] for r in records], np.float32)
+        arrays = (features, np.array([r[-1] for r in records], np.int64))
+    elif contender.startswith("connectorx"):
+        partitions = int(contender[-1])
+        query = plain.as_string(None)  # partitions need the partition column in the result
+        query = query if partitions == 1 else "SELECT id, " + query[len("SELECT "):]
+        table = connectorx.read_sql(cx_url, query, return_type="arrow",
+                                    **({"partition_on": "id", "partition_num": partitions} if partitions > 1 else {}))
+        labels = table.column("label").to_numpy().astype(np.int64)
+        if spec["layout"] == "float4_array":
+            values = table.column("features").combine_chunks().flatten()
+            features = values.to_numpy().reshape(len(labels), dim)
+        elif spec["layout"] == "bytea":
+            column = table.column("features").combine_chunks()
+            offsets = np.frombuffer(column.buffers()[1], np.int64, len(column) + 1, column.offset * 8)
+            assert (np.diff(offsets) == 4 * dim).all()
+            features = np.frombuffer(column.buffers()[2], "<f4", len(column) * dim, int(offsets[0])).reshape(
+                len(column), dim)
+        else:
+            features = np.column_stack([table.column(c).to_numpy() for c in spec["columns"]])
+        arrays = (features, labels)
+    elif contender == "asyncpg":
+        arrays = asyncio.run(_asyncpg(url, plain.as_string(None), spec))
+    else:
+        raise ValueError(contender)
+    seconds = time.perf_counter() - start
+    result |= {"seconds": seconds, "peak_rss_mb": (_rss("VmHWM") - before) / MB}
+    if arrays is not None:
+        features, labels = arrays
+        assert features.shape == (rows, dim) and features.dtype == np.float32, (features.shape, features.dtype)
+        result["checksum"] = checksum(features, labels)
+        result["tensor_mb"] = (features.nbytes + len(labels) * 9) / MB  # + int64 labels, bool is_validation
+    return result
 
-        def load() -> loader.ShardData:
-            return loader.load_shard(conn, source, shard, run.input_dim, cfg.validation_fraction, cfg.seed,
-                                     pin_memory=False)
 
-        def drain_plain() -> None:  # the straightforward COPY: one COPY row per sample (for comparison)
-            query = sql.SQL("COPY (SELECT {f}, {l} FROM {t} ORDER BY {k}) TO STDOUT (FORMAT BINARY)").format(
-                f=source.features, l=source.label, t=source.relation, k=source.key)
-            with conn.cursor() as cur, cur.copy(query) as copy:
-                sum(map(len, copy))
-
-        drain()  # warm the caches once
-        before = _rss("VmRSS")  # first, while no large array was ever allocated in this process
-        _reset_peak()
-        data = load()
-        peak = _rss("VmHWM") - before
-        tensors = data.features.nbytes + data.labels.nbytes + data.is_validation.nbytes
-        del data
-        with stopwatch() as elapsed:
-            drain_plain()
-        plain = elapsed()
-        with stopwatch() as elapsed:  # what first touching the tensors' memory costs here, for the breakdown
-            fresh = [np.empty((shard.row_count, run.input_dim), np.float32), np.empty(shard.row_count, np.int64),
-                     np.empty(shard.row_count, bool)]
-            for array in fresh:
-                array.fill(0)
-        touch = elapsed()
-        del fresh
-        drains, loads = [], []
-        for _ in range(REPEATS):
-            with stopwatch() as elapsed:
-                copy_bytes = drain()
-            drains.append(elapsed())
-            with stopwatch() as elapsed:
-                data = load()
-            loads.append(elapsed())
-            assert len(data.labels) == shard.row_count
-            del data
-    return {"drain_s": min(drains), "load_s": min(loads), "copy_mb": copy_bytes / MB, "peak_rss_mb": peak / MB,
-            "tensor_mb": tensors / MB, "rows": shard.row_count, "plain_copy_s": plain, "touch_s": touch}
-
-
-def measure_fetchall(url: str, table: str, rows: int, packed: bool) -> dict[str, float]:
-    """The original path: LIMIT/OFFSET query, fetchall(), Python lists, torch.tensor()."""
+async def _asyncpg(url: str, query: str, spec: dict):  # noqa: ANN202 (numpy arrays)
+    import asyncpg
     import numpy as np
-    import psycopg
-    import torch
-    from psycopg import sql
 
-    with psycopg.connect(url) as conn:
-        before = _rss("VmRSS")
-        _reset_peak()
-        with stopwatch() as elapsed:
-            records = conn.execute(sql.SQL("SELECT features, label FROM {} LIMIT %s OFFSET %s").format(
-                sql.Identifier(table)), (rows, 0)).fetchall()
-            if packed:
-                features = torch.tensor(np.stack([np.frombuffer(f, "<f4") for f, _ in records]))
-            else:
-                features = torch.tensor([f for f, _ in records])
-            labels = torch.tensor([label for _, label in records])
-        assert features.shape[0] == labels.shape[0] == rows
-    return {"seconds": elapsed(), "rows": rows, "peak_rss_mb": (_rss("VmHWM") - before) / MB}
+    conn = await asyncpg.connect(url)
+    try:
+        if spec["layout"] == "bytea":  # fetch + frombuffer
+            records = await conn.fetch(query)
+            features = np.frombuffer(b"".join(r[0] for r in records), "<f4").reshape(len(records), spec["dim"])
+            return features, np.array([r[1] for r in records], np.int64)
+        buffer = bytearray()
 
+        async def sink(chunk: bytes) -> None:
+            buffer.extend(chunk)
 
-def measure_scalar_columns(url: str, run_id: str) -> dict[str, float]:
-    """Scalar feature columns: best load_shard against the best drain of a plain COPY of the same columns."""
-    import psycopg
-    from psycopg import sql
-
-    from pgtrain import loader, manifest, runs
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        run = runs.get_run(conn, run_id)
-        source = manifest.source_for(conn, run)
-        shard = runs.get_manifest(conn, run_id)[0]
-        cfg = run.config
-        plain = sql.SQL("COPY (SELECT {c}, {l} FROM {t} ORDER BY {k}) TO STDOUT (FORMAT BINARY)").format(
-            c=sql.SQL(", ").join(map(sql.Identifier, source.column_names)), l=source.label, t=source.relation,
-            k=source.key)
-
-        def drain_plain() -> int:
-            with conn.cursor() as cur, cur.copy(plain) as copy:
-                return sum(map(len, copy))
-
-        drain_plain()  # warm the caches once
-        drains, loads = [], []
-        for _ in range(REPEATS):
-            with stopwatch() as elapsed:
-                copy_bytes = drain_plain()
-            drains.append(elapsed())
-            with stopwatch() as elapsed:
-                data = loader.load_shard(conn, source, shard, run.input_dim, cfg.validation_fraction, cfg.seed,
-                                         pin_memory=False)
-            loads.append(elapsed())
-            assert data.features.shape == (shard.row_count, len(source.column_names))
-            del data
-    return {"load_s": min(loads), "plain_copy_s": min(drains), "plain_copy_mb": copy_bytes / MB,
-            "rows": shard.row_count}
+        await conn.copy_from_query(query, output=sink, format="binary")
+        layout = _copy_row_dtype(spec)
+        records = np.frombuffer(buffer, layout, (len(buffer) - 21) // layout.itemsize, 19)  # header, trailer
+        return records["x"]["v"].astype(np.float32), records["label"].astype(np.int64)
+    finally:
+        await conn.close()
 
 
-def measure_fetchall_columns(url: str, table: list[str], columns: list[str], rows: int) -> dict[str, float]:
-    """The original path on scalar columns: SELECT the columns LIMIT/OFFSET, fetchall(), torch.tensor()."""
-    import psycopg
-    import torch
-    from psycopg import sql
-
-    with psycopg.connect(url) as conn, stopwatch() as elapsed:
-        records = conn.execute(sql.SQL("SELECT {}, label FROM {} LIMIT %s OFFSET %s").format(
-            sql.SQL(", ").join(map(sql.Identifier, columns)), sql.Identifier(*table)), (rows, 0)).fetchall()
-        features = torch.tensor([r[:-1] for r in records])
-        labels = torch.tensor([r[-1] for r in records])
-        assert features.shape == (rows, len(columns)) and labels.shape[0] == rows
-    return {"seconds": elapsed(), "rows": rows}
-
-
-def prepare_scalar_columns(url: str, rows: int, dim: int) -> tuple[str, list[str], list[str]]:
-    """A table of ``dim`` real columns planned as a one-rank run; returns (run id, table, column names)."""
-    import psycopg
-
-    from pgtrain import examples, manifest, runs
-    from pgtrain.config import TrainingConfig
-
-    features, labels = examples.synthetic(rows, dim, classes=10, seed=0)
-    table, names = ["public", "bench_scalar_columns"], [f"x{i}" for i in range(dim)]
-    with psycopg.connect(url, autocommit=True) as conn:
-        with stopwatch() as elapsed:
-            examples.load_scalar_table(conn, tuple(table), names, features, "label", labels, "integer",
-                                       feature_type="real")
-        print(f"  wrote {rows} rows x {dim} real columns in {elapsed():.1f} s", flush=True)
-        conn.execute("VACUUM ANALYZE public.bench_scalar_columns")
-        config = TrainingConfig(world_size=1, source_table=".".join(table), features_column=None,
-                                feature_columns=tuple(names), num_classes=10)
-        run = runs.plan_run(conn, "bench_loader", "scalar_columns", config)
-        manifest.plan_shards(conn, run)
-    return run.run_id, table, names
-
-
-def in_subprocess(function: str, *args: object) -> dict[str, float]:
-    proc = subprocess.run([sys.executable, __file__, "--measure", function, json.dumps(args)],
-                          stdout=subprocess.PIPE, text=True, check=True)
+def in_subprocess(contender: str, url: str, spec: dict) -> dict | str:
+    """The contender's figures, or why it could not run (the last line of its error)."""
+    command = ["nice", "-n", "5", sys.executable, __file__, "--measure", contender, url, json.dumps(spec)]
+    proc = subprocess.run(command, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
     return json.loads(proc.stdout.splitlines()[-1])
 
 
-def prepare(url: str, rows: int, dim: int) -> dict[str, str]:
-    """The same synthetic rows as real[] and as bytea tables, each planned as a one-rank run."""
+def prepare(url: str, rows: int, dim: int, layouts: list[str]) -> dict[str, dict]:
+    """The same synthetic rows in each layout's table, each planned as a one-rank run; returns their specs."""
     import psycopg
     from psycopg import sql
 
@@ -212,82 +223,109 @@ def prepare(url: str, rows: int, dim: int) -> dict[str, str]:
     from pgtrain.config import TrainingConfig
 
     features, labels = examples.synthetic(rows, dim, classes=10, seed=0)
-    keys = examples.synthetic_keys(rows)
-    run_ids = {}
+    specs = {}
     with psycopg.connect(url, autocommit=True) as conn:
-        for fmt in FORMATS:
-            table = ("public", f"bench_{fmt}")
-            examples.create_samples_table(conn, table, feature_format=fmt)
-            with stopwatch() as elapsed:
-                examples.insert_samples(conn, features, labels, table, keys=keys)
-            print(f"  wrote {rows} x {dim} rows as {fmt} in {elapsed():.1f} s", flush=True)
+        for layout in layouts:
+            table = ("public", f"bench_{layout}")
+            start = time.perf_counter()
+            if layout == "scalar_columns":
+                names = [f"x{i}" for i in range(dim)]
+                examples.load_scalar_table(conn, table, names, features, "label", labels, "integer",
+                                           feature_type="real")
+                params = {"features_column": None, "feature_columns": tuple(names)}
+            else:
+                names = ["features"]
+                examples.create_samples_table(conn, table, feature_format=layout)
+                examples.insert_samples(conn, features, labels, table, keys=examples.synthetic_keys(rows))
+                params = {}
             conn.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(*table)))
-            config = TrainingConfig(world_size=1, source_table=".".join(table), num_classes=10)
-            run = runs.plan_run(conn, "bench_loader", fmt, config)
-            manifest.plan_shards(conn, run)
-            run_ids[fmt] = run.run_id
-    return run_ids
+            print(f"  wrote {rows} x {dim} as {layout} in {time.perf_counter() - start:.1f} s", flush=True)
+            config = TrainingConfig(world_size=1, source_table=".".join(table), num_classes=10, **params)
+            run = runs.plan_run(conn, "bench_loader", layout, config)
+            shard = manifest.plan_shards(conn, run).shards[0]
+            specs[layout] = {"layout": layout, "table": table, "columns": names, "rows": rows, "dim": dim,
+                             "run_id": run.run_id, "lo": shard.key_lo, "hi": shard.key_hi}
+    return specs
+
+
+def summarize(layout: str, measured: dict[str, list[dict]], skipped: dict[str, str]) -> dict[str, float | str]:
+    """Per contender: min and median seconds, median ratio to the same round's copy_floor; pgtrain's ratios."""
+    floor = [m["seconds"] for m in measured["copy_floor"]]
+    figures: dict[str, float | str] = {}
+    checksums = {name: runs[0]["checksum"] for name, runs in measured.items() if runs and "checksum" in runs[0]}
+    for name, runs in measured.items():
+        if not runs:
+            continue
+        seconds = [m["seconds"] for m in runs]
+        ratios = [s / f for s, f in zip(seconds, floor, strict=False)]
+        key = f"loader.{layout}.{name}"
+        figures |= {f"{key}.seconds_min": round(min(seconds), 3),
+                    f"{key}.seconds_median": round(statistics.median(seconds), 3),
+                    f"{key}.ratio_to_floor_min": round(min(ratios), 3),
+                    f"{key}.ratio_to_floor_median": round(statistics.median(ratios), 3),
+                    f"{key}.peak_rss_mb": round(max(m["peak_rss_mb"] for m in runs), 1)}
+        assert all(m.get("checksum") == runs[0].get("checksum") for m in runs), f"{name}: checksums differ"
+    for name, reason in skipped.items():
+        figures[f"loader.{layout}.{name}.not_measured"] = reason[:200]
+    reference = checksums.get("pgtrain")
+    unequal = [name for name, value in checksums.items() if value != reference]
+    if unequal:
+        raise AssertionError(f"{layout}: checksums differ from pgtrain's: {unequal} ({checksums})")
+    pgtrain = [m["seconds"] for m in measured["pgtrain"]]
+    figures[f"loader.{layout}.overhead_vs_raw_copy"] = figures[f"loader.{layout}.pgtrain.ratio_to_floor_median"]
+    figures[f"loader.{layout}.overhead_vs_raw_copy_min"] = figures[f"loader.{layout}.pgtrain.ratio_to_floor_min"]
+    figures[f"loader.{layout}.copy_mb"] = round(measured["copy_floor"][0]["bytes"] / MB, 1)
+    figures[f"loader.{layout}.tensor_mb"] = round(measured["pgtrain"][0]["tensor_mb"], 1)
+    peers = {name: statistics.median(m["seconds"] for m in measured[name]) for name in PEERS if measured.get(name)}
+    if peers:
+        best = min(peers, key=peers.get)
+        figures[f"loader.{layout}.vs_best_peer"] = round(statistics.median(pgtrain) / peers[best], 3)
+        figures[f"loader.{layout}.best_peer"] = best
+    if measured.get("fetchall"):
+        figures[f"loader.{layout}.speedup_vs_fetchall"] = round(
+            statistics.median(m["seconds"] for m in measured["fetchall"]) / statistics.median(pgtrain), 2)
+    print(f"  {layout}: checksums equal across {sorted(checksums)}: {reference}", flush=True)
+    return figures
 
 
 def main() -> None:
     args = [int(a) for a in sys.argv[1:3]]
-    rows = args[0] if args else int(os.environ.get("PGTRAIN_BENCH_ROWS", 1_000_000))
+    rows = args[0] if args else int(os.environ.get("PGTRAIN_BENCH_ROWS", 500_000))
     dim = args[1] if len(args) > 1 else int(os.environ.get("PGTRAIN_BENCH_DIM", 100))
-    fetchall_rows = min(rows, int(os.environ.get("PGTRAIN_BENCH_FETCHALL_ROWS", rows)))
+    rounds = int(os.environ.get("PGTRAIN_BENCH_ROUNDS", 3))
+    layouts = [x for x in os.environ.get("PGTRAIN_BENCH_LAYOUTS", ",".join(LAYOUTS)).split(",") if x]
+    contenders = [x for x in os.environ.get("PGTRAIN_BENCH_CONTENDERS", ",".join(CONTENDERS)).split(",") if x]
+    contenders = [c for c in CONTENDERS if c in contenders or c in ("copy_floor", "pgtrain")]
     with bench_database() as (_, url):
-        print(f"loader benchmark: {rows} rows x {dim} features, {machine()}", flush=True)
-        run_ids = prepare(url, rows, dim)
-        baseline = in_subprocess("measure_fetchall", url, "bench_float4_array", fetchall_rows, False)
-        print(f"  original fetchall() path (real[]): {baseline}", flush=True)
-        figures: dict[str, float | int | str] = {
-            "loader.rows": rows, "loader.dim": dim, "loader.fetchall.seconds": round(baseline["seconds"], 3),
-            "loader.fetchall.rows": fetchall_rows,
-            "loader.fetchall.peak_rss_mb": round(baseline["peak_rss_mb"], 1)}
-        baseline_rate = baseline["rows"] / baseline["seconds"]
-        for fmt in FORMATS:
-            m = in_subprocess("measure_loader", url, run_ids[fmt])
-            print(f"  {fmt}: {m}", flush=True)
-            rate = m["rows"] / m["load_s"]
-            figures |= {
-                f"loader.{fmt}.rows_per_s": round(rate),
-                f"loader.{fmt}.load_seconds": round(m["load_s"], 3),
-                f"loader.{fmt}.raw_copy_seconds": round(m["drain_s"], 3),
-                f"loader.{fmt}.per_sample_copy_drain_seconds": round(m["plain_copy_s"], 3),
-                f"loader.{fmt}.first_touch_of_tensor_memory_seconds": round(m["touch_s"], 3),
-                f"loader.{fmt}.copy_mb": round(m["copy_mb"], 1),
-                f"loader.{fmt}.speedup_vs_fetchall": round(rate / baseline_rate, 1),
-                f"loader.{fmt}.overhead_vs_raw_copy": round(m["load_s"] / m["drain_s"], 3),
-                f"loader.{fmt}.peak_rss_mb": round(m["peak_rss_mb"], 1),
-                f"loader.{fmt}.tensor_mb": round(m["tensor_mb"], 1),
-                f"loader.{fmt}.peak_rss_vs_tensors": round(m["peak_rss_mb"] / m["tensor_mb"], 3),
-            }
-        packed = in_subprocess("measure_fetchall", url, "bench_bytea", fetchall_rows, True)
-        figures["loader.bytea.speedup_vs_fetchall_of_bytea"] = round(
-            figures["loader.bytea.rows_per_s"] / (packed["rows"] / packed["seconds"]), 1)
-        scalar_rows = max(1, rows // 2)
-        run_id, table, names = prepare_scalar_columns(url, scalar_rows, dim)
-        m = in_subprocess("measure_scalar_columns", url, run_id)
-        print(f"  scalar columns: {m}", flush=True)
-        columns_baseline = in_subprocess("measure_fetchall_columns", url, table, names,
-                                         min(scalar_rows, fetchall_rows))
-        print(f"  fetchall() of the scalar columns: {columns_baseline}", flush=True)
-        figures |= {
-            "loader.scalar_columns.rows": scalar_rows, "loader.scalar_columns.columns": dim,
-            "loader.scalar_columns.seconds": round(m["load_s"], 3),
-            "loader.scalar_columns.rows_per_s": round(m["rows"] / m["load_s"]),
-            "loader.scalar_columns.raw_copy_seconds": round(m["plain_copy_s"], 3),
-            "loader.scalar_columns.raw_copy_mb": round(m["plain_copy_mb"], 1),
-            "loader.scalar_columns.overhead_vs_raw_copy": round(m["load_s"] / m["plain_copy_s"], 3),
-            "loader.scalar_columns.fetchall_seconds": round(columns_baseline["seconds"], 3),
-            "loader.scalar_columns.speedup_vs_fetchall": round(
-                (m["rows"] / m["load_s"]) / (columns_baseline["rows"] / columns_baseline["seconds"]), 1),
-        }
+        print(f"loader benchmark: {rows} rows x {dim} features, {rounds} rounds, {machine()}, "
+              f"load average {os.getloadavg()[0]:.1f}", flush=True)
+        specs = prepare(url, rows, dim, layouts)
+        figures: dict[str, float | int | str] = {"loader.rows": rows, "loader.dim": dim, "loader.rounds": rounds}
+        for layout in layouts:
+            measured: dict[str, list[dict]] = {name: [] for name in contenders}
+            skipped: dict[str, str] = {}
+            for round_ in range(rounds):
+                shift = round_ % len(contenders)
+                for name in contenders[shift:] + contenders[:shift]:
+                    if name in skipped:
+                        continue
+                    result = in_subprocess(name, url, specs[layout])
+                    if isinstance(result, str):
+                        if name in ("copy_floor", "pgtrain"):
+                            raise RuntimeError(f"{layout} {name}: {result}")
+                        skipped[name] = result
+                        measured[name] = []
+                        print(f"  {layout} {name}: not measured: {result}", flush=True)
+                        continue
+                    measured[name].append(result)
+                    print(f"  {layout} round {round_ + 1} {name:<15} {result['seconds']:7.3f} s "
+                          f"peak {result['peak_rss_mb']:7.1f} MB", flush=True)
+            figures |= summarize(layout, measured, skipped)
     report(figures)
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--measure"]:
-        result = globals()[sys.argv[2]](*json.loads(sys.argv[3]))
-        print(json.dumps(result))
+        print(json.dumps(measure(sys.argv[2], sys.argv[3], json.loads(sys.argv[4]))))
     else:
         main()

@@ -1,15 +1,19 @@
-"""Bad rows, found by compute_shards in one pass before any rank starts: each kind named, counted, exemplified."""
+"""Bad rows, each kind named, counted, exemplified: found by compute_shards before any rank starts, except NaN,
+infinite and too large feature values (source.LOAD_KINDS), which the loader finds as the rows load (bad_rows='fail';
+with bad_rows='exclude' compute_shards finds them too, to leave them out)."""
 
 from __future__ import annotations
 
+import logging
 import re
 
 import numpy as np
 import psycopg
 import pytest
 
-from pgtrain import examples
+from pgtrain import examples, runs
 from pgtrain.errors import SourceError
+from pgtrain.source import LOAD_KINDS
 from tests import test_manifest as shards
 from tests.test_manifest import load_all, make_table, plan
 
@@ -57,17 +61,46 @@ def reported_kinds(message: str) -> dict[str, tuple[int, list[str]]]:
     return {kind: (int(count), keys.split(", ")) for kind, count, keys in found}
 
 
+def refusal(conn: psycopg.Connection, table: str, **params) -> tuple[str, bool]:
+    """The bad-row error of planning ``table`` (nothing written), else of loading its shards; and whether it came
+    from the loader."""
+    try:
+        run, _ = plan(conn, table, **params)
+    except SourceError as error:
+        assert conn.execute("SELECT count(*) FROM pgtrain.shard_manifest").fetchone()[0] == 0
+        return str(error), False
+    with pytest.raises(SourceError) as failure:
+        load_all(conn, run)
+    assert re.match(r"rank \d+ found \d+ rows with NaN, infinite or out-of-range features in its shard", str(
+        failure.value)), str(failure.value)
+    return str(failure.value), True
+
+
 @pytest.mark.parametrize("case", CASES)
-def test_each_kind_of_bad_row_fails_compute_shards_naming_count_and_keys(ac, case):
+def test_each_kind_of_bad_row_fails_the_run_naming_count_and_keys(ac, case):
     fmt, statements, params, expected = CASES[case]
     make_table(ac, "t", 40, fmt=fmt, not_null=False, gaps=False)
     for statement in statements:
         ac.execute(*(statement if isinstance(statement, tuple) else (statement,)))
-    with pytest.raises(SourceError, match=r"bad_rows='exclude'") as failure:
-        plan(ac, "public.t", world_size=2, **params)
-    assert reported_kinds(str(failure.value)) == {
-        kind: (len(keys), [str(k) for k in keys]) for kind, keys in expected.items()}, str(failure.value)
-    assert ac.execute("SELECT count(*) FROM pgtrain.shard_manifest").fetchone()[0] == 0
+    message, at_load = refusal(ac, "public.t", world_size=2, **params)
+    assert "bad_rows='exclude'" in message
+    assert reported_kinds(message) == {
+        kind: (len(keys), [str(k) for k in keys]) for kind, keys in expected.items()}, message
+    assert at_load == (set(expected) <= set(LOAD_KINDS))
+
+
+@pytest.mark.parametrize("fmt", ["float4_array", "bytea", "float8_array"])
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity"])
+def test_a_non_finite_value_in_the_last_of_1000_features_refuses_the_load(ac, fmt, value):
+    make_table(ac, "t", 30, dim=1000, fmt=fmt, gaps=False)
+    if fmt == "bytea":
+        packed = {"NaN": NAN, "Infinity": INF, "-Infinity": NEG_INF}[value]
+        ac.execute(CORRUPT_BYTEA + "29", {"value": packed, "at": 999})
+    else:
+        ac.execute("UPDATE t SET features[1000] = %s WHERE id = 29", (value,))
+    message, at_load = refusal(ac, "public.t", world_size=2)
+    assert at_load and message.startswith("rank 1 found 1 rows")
+    assert reported_kinds(message) == {"non_finite": (1, ["29"])}, message
 
 
 def test_a_null_key_is_a_bad_row(ac):
@@ -82,9 +115,9 @@ def test_a_null_key_is_a_bad_row(ac):
 def test_many_bad_rows_report_the_count_and_ten_examples(ac):
     make_table(ac, "t", 60, gaps=False)
     ac.execute("UPDATE t SET features[1] = 'NaN' WHERE id > 35")
-    with pytest.raises(SourceError, match=r"25 bad rows of 60") as failure:
-        plan(ac, "public.t")
-    count, keys = reported_kinds(str(failure.value))["non_finite"]
+    message, _ = refusal(ac, "public.t")
+    assert "25 bad rows of 60" in message
+    count, keys = reported_kinds(message)["non_finite"]
     assert count == 25 and len(keys) == 10 and set(keys) <= {str(k) for k in range(36, 61)}
 
 
@@ -129,7 +162,7 @@ def test_when_every_row_is_bad_excluding_them_leaves_nothing_to_train_on(ac):
         plan(ac, "public.t", bad_rows="exclude")
 
 
-def test_bad_rows_are_counted_in_one_pass_over_the_table(ac, db_url):
+def test_bad_rows_are_found_in_one_pass_and_named_in_one_more(ac, db_url):
     make_table(ac, "t", 100, not_null=False)
     ac.execute("UPDATE t SET features = NULL WHERE id < 30")
     ac.execute("VACUUM t")
@@ -143,7 +176,7 @@ def test_bad_rows_are_counted_in_one_pass_over_the_table(ac, db_url):
         with pytest.raises(SourceError):
             plan(ac, "public.t", input_dim=4)
         ac.execute("SELECT pg_stat_force_next_flush()")
-        assert scans() - before == 1
+        assert scans() - before == 2  # the lean check finds bad rows, a second scan names them by kind
 
 
 def test_a_given_input_dim_is_the_expected_length(ac):
@@ -194,13 +227,12 @@ def make_scalar_table(conn: psycopg.Connection, rows: int = 40) -> None:
 
 
 @pytest.mark.parametrize("case", SCALAR_CASES)
-def test_each_bad_scalar_value_fails_compute_shards_naming_kind_keys_and_columns(ac, case):
+def test_each_bad_scalar_value_fails_the_run_naming_kind_keys_and_columns(ac, case):
     change, keys, expected, columns, params = SCALAR_CASES[case]
     make_scalar_table(ac)
     ac.execute(f'UPDATE "Lab"."Rows" SET {change} WHERE id = ANY(%s)', (keys,))  # noqa: S608 (fixed test SQL)
-    with pytest.raises(SourceError, match=r"bad_rows='exclude'") as failure:
-        plan(ac, '"Lab"."Rows"', world_size=2, **{**SCALAR_PARAMS, **params})
-    message = str(failure.value)
+    message, at_load = refusal(ac, '"Lab"."Rows"', world_size=2, **{**SCALAR_PARAMS, **params})
+    assert "bad_rows='exclude'" in message and at_load == (set(expected) <= set(LOAD_KINDS))
     assert reported_kinds(message) == {kind: (len(k), [str(x) for x in k]) for kind, k in expected.items()}, message
     named = re.findall(r"feature columns with NULL, NaN, infinite or out-of-range values: (.*)$", message, re.M)
     assert named == ([", ".join(map(repr, columns))] if columns else []), message
@@ -232,6 +264,27 @@ def test_double_precision_array_values_beyond_float32_are_bad_rows(ac):
     ac.execute("UPDATE t SET features[1] = -3.41e38 WHERE id = 4")
     ac.execute("UPDATE t SET features[3] = 3.4028234e38 WHERE id = 5")  # the largest float32 values are fine
     ac.execute("UPDATE t SET features[1] = 'Infinity', features[2] = 1e39 WHERE id = 6")
-    with pytest.raises(SourceError) as failure:
-        plan(ac, "public.t")
-    assert reported_kinds(str(failure.value)) == {"out_of_range": (2, ["3", "4"]), "non_finite": (1, ["6"])}
+    message, at_load = refusal(ac, "public.t")
+    assert at_load and reported_kinds(message) == {"out_of_range": (2, ["3", "4"]), "non_finite": (1, ["6"])}
+
+
+@pytest.mark.horovod
+def test_a_rank_that_loads_a_nan_refuses_the_whole_job_for_good_with_the_report(autocommit, db_url):
+    from pgtrain import launch_local
+    from pgtrain.errors import TrainingInputError
+    from tests.support import planned_run, seed_samples
+
+    seed_samples(autocommit, rows=300, dim=8, classes=3)  # keys 1..300: rank 1 holds 151..300
+    autocommit.execute("UPDATE public.samples SET features[8] = 'NaN' WHERE id = 300")
+    run = planned_run(autocommit, world_size=2, epochs=2)  # compute_shards leaves the NaN to the loader
+
+    with pytest.raises(TrainingInputError) as failure:
+        launch_local.run_local(run.run_id, 2, db_url, logging.getLogger("test.nan"), timeout_seconds=300)
+
+    run = runs.get_run(autocommit, run.run_id)
+    assert run.status == "refused" and run.attempt == 1
+    assert run.status_reason.startswith("rank 1 found 1 rows with NaN"), run.status_reason
+    assert reported_kinds(run.status_reason) == {"non_finite": (1, ["300"])}
+    assert run.status_reason in str(failure.value)
+    assert autocommit.execute("SELECT count(*) FROM pgtrain.run_metrics WHERE run_id = %s",
+                              (run.run_id,)).fetchone()[0] == 0

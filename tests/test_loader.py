@@ -168,3 +168,23 @@ def test_an_array_target_of_the_wrong_width_is_excluded_and_never_loaded(ac):
     data = load_all(ac, run)
     labels = np.concatenate([d.labels for d in data])
     assert labels.shape == (49, 2) and 7.0 not in labels[:, 0]
+
+
+def test_prefaulting_maps_fresh_arrays_without_changing_rows_already_stored():
+    features = np.empty((300_000, 10), np.float32)  # 12 MB: more than one prefault chunk
+    features[:1000] = 7.0  # rows stored before (and while) the thread runs
+    thread = loader.prefault_in_background([features])
+    features[1000:2000] = 8.0
+    if thread is not None:
+        thread.join()
+    assert (features[:1000] == 7.0).all() and (features[1000:2000] == 8.0).all()
+    features[2000:] = 1.0
+    assert features.sum(dtype=np.float64) == 7000 * 10 + 8000 * 10 + 298_000 * 10
+
+
+@pytest.mark.parametrize("width", [1, 64, 1000])
+def test_non_finite_rows_are_counted_exactly_and_large_finite_sums_are_not_mistaken_for_them(width):
+    x = np.full((50, width), 3.0e38, np.float32)  # its sum overflows: every value is still finite
+    assert loader.non_finite_rows(x) == 0
+    x[7, -1], x[9, 0], x[9, -1] = np.nan, np.inf, -np.inf
+    assert loader.non_finite_rows(x) == 2

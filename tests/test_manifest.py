@@ -16,16 +16,17 @@ from pgtrain import examples, loader, manifest, runs
 from pgtrain.config import TrainingConfig
 from pgtrain.errors import PgtrainError, SourceError
 from pgtrain.source import (
+    XID_HORIZON,
     PlannedRows,
     Source,
     XidClock,
     bad_row,
     planned_rows,
-    prefer_index_order,
     resolve_source,
     seen_xmins,
     snapshot_transaction,
     widen_xid,
+    xmins_may_alias,
 )
 
 
@@ -129,17 +130,29 @@ def test_replanning_replaces_the_manifest(ac):
     assert sum(len(d.labels) for d in load_all(ac, run)) == 100
 
 
-@pytest.mark.parametrize("key_type", ["bigint", "uuid"])
-def test_the_boundary_pass_walks_the_key_index_and_sorts_nothing(ac, key_type):
+@pytest.mark.parametrize("key_type", ["bigint", "uuid", "text"])
+def test_the_key_pass_finds_the_keys_at_exact_positions_and_counts_each_shards_validation_rows(ac, key_type):
     make_table(ac, "t", 20_000, key_type=key_type)  # freshly loaded: no visibility map, planner statistics stale
+    ac.execute("UPDATE t SET label = 7 WHERE id IN (SELECT id FROM t ORDER BY id OFFSET 100 LIMIT 50)")
     source = resolve_source(ac, "public.t", "id", "features", "label")
     with snapshot_transaction(ac):
-        prefer_index_order(ac)  # as cut_shards does
         for exclude in (None, bad_row(source, 4, 3)):
-            query = manifest.boundary_query(source, 0.1, 0, 64, [1, 10_000, 20_000], exclude)
-            explain = "\n".join(row[0] for row in ac.execute(sql.SQL("EXPLAIN ") + query).fetchall())
-            assert "Index" in explain and "t_pkey" in explain, explain
-            assert "Sort" not in explain and "Seq Scan" not in explain, explain
+            where = sql.SQL("WHERE NOT {}").format(exclude) if exclude is not None else sql.SQL("")
+            numbered = sql.SQL("SELECT id::text, row_number() OVER (ORDER BY id), "
+                               "abs(mod(hashtextextended(id::text, 0), 1000000)) < 100000 FROM t {}").format(where)
+            expected = ac.execute(numbered).fetchall()
+            rows = len(expected)
+            assert rows == (20_000 if exclude is None else 19_950)
+            shards, batches = manifest.cut_shards(ac, source, rows, 3, 0.1, 0, 64, exclude)
+            assert [s.row_count for s in shards] == [len(p) for p in np.array_split(np.arange(rows), 3)]
+            first = 0
+            for shard, (starts, ends) in zip(shards, batches, strict=True):
+                mine = expected[first:first + shard.row_count]
+                assert (shard.key_lo, shard.key_hi) == (mine[0][0], mine[-1][0])
+                assert shard.val_count == sum(v for _, _, v in mine)
+                assert starts[0] == mine[0][0] and ends[-1] == mine[-1][0]
+                assert all(r[0] in starts for r in mine if r[1] % 64 == 1)  # the global grid of 64 rows
+                first += shard.row_count
 
 
 def test_rows_inserted_after_planning_are_not_read(ac, db_url):
@@ -259,6 +272,16 @@ def test_loading_needs_the_plan_and_its_own_transaction(ac):
 
 
 # --- the xid arithmetic behind "rows as of the planning snapshot" -------------------------------------------
+
+def test_raw_xmins_can_alias_only_once_the_xids_pass_a_32_bit_round():
+    young = XidClock("", 1000, 1010, 1010)
+    assert not xmins_may_alias(young)
+    below = (1 << 32) - XID_HORIZON  # its window ends at 2^32: no raw xmin (3 <= X < xmax) reaches it
+    assert not xmins_may_alias(XidClock("", below, below, below))
+    near = below + 10  # its window reaches past 2^32 + 3: a frozen row's raw xmin 3 may land in it
+    assert xmins_may_alias(XidClock("", near, near, near))
+    assert xmins_may_alias(XidClock("", (3 << 32) - 50, (3 << 32) - 50, (3 << 32) - 40))
+
 
 def test_widen_xid_crosses_the_32_bit_wrap():
     assert widen_xid(5, 10) == (1 << 32) + 5

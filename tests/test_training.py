@@ -17,7 +17,7 @@ from pgtrain.errors import TrainingFailed, TrainingInputError
 from pgtrain.model_spec import ModelSpec
 from tests.support import planned_run, run_job, seed_samples
 from trainer.model import build_model
-from trainer.train import MOMENTUM, epoch_batches, parse_args, steps_per_epoch
+from trainer.train import MOMENTUM, batch_and_rate, epoch_batches, parse_args, steps_per_epoch
 
 pytestmark = pytest.mark.horovod
 
@@ -55,8 +55,9 @@ def reference_training(autocommit: psycopg.Connection, run: runs.Run, loss_of) -
         targets = targets.double().reshape(len(targets), -1)
         model.target.mean.copy_(targets.mean(0).float())
         model.target.std.copy_(targets.std(0, unbiased=False).float())
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.learning_rate, momentum=MOMENTUM)
-    steps = steps_per_epoch(shards, config.batch_size)
+    batch_size, learning_rate = batch_and_rate(config, shards)  # the run's, or the auto ones
+    optimizer = torch.optim.SGD(model.parameters(), lr=learning_rate, momentum=MOMENTUM)
+    steps = steps_per_epoch(shards, batch_size)
     for epoch in range(1, config.epochs + 1):
         per_rank = [epoch_batches(train[r], steps, config.seed, epoch, r) for r in range(len(shards))]
         for step in range(steps):
@@ -132,6 +133,20 @@ def test_two_rank_sgd_equals_single_process_on_the_same_global_batches(autocommi
     assert [s.train_count for s in shards] == [48, 48]
     model, _ = reference_training(autocommit, run, lambda m, x, y: F.cross_entropy(m(x), y))
     assert_same_parameters(distributed, model, run)
+
+
+def test_the_auto_batch_and_learning_rate_train_as_the_reference_does(autocommit, db_url):
+    """batch_size and learning_rate left empty: 2,000 training rows a rank -> 40 rows a step and a learning rate
+    of 0.05 x 80 / 64, the same in the ranks as in the single-process reference."""
+    seed_samples(autocommit, rows=4000, dim=6, classes=3, seed=5)
+    run = planned_run(autocommit, world_size=2, epochs=1, hidden_sizes=[5], validation_fraction=0.0, seed=2)
+    assert (run.config.batch_size, run.config.learning_rate) == (None, None)
+    output = run_job(run, db_url)
+    assert batch_and_rate(run.config, runs.get_manifest(autocommit, run.run_id)) == (40, 0.0625)
+    assert any("batch 40 rows per rank (global 80), learning rate 0.0625, 50 steps per epoch" in line
+               for line in output)
+    model, _ = reference_training(autocommit, run, lambda m, x, y: F.cross_entropy(m(x), y))
+    assert_same_parameters(tensors.read_staged(autocommit, run.run_id), model, run)
 
 
 def test_two_rank_regression_equals_single_process_and_reports_its_metrics(autocommit, db_url):

@@ -23,6 +23,14 @@ INIT_FROM_WORDS = ("scratch", "head")
 TASKS = ("classification", "regression")
 
 _DATA, _MODEL, _TRAINING, _CLUSTER = "Data", "Model", "Training", "Cluster"
+
+# batch_size / learning_rate left empty (the defaults): a per-rank batch large enough that one gradient
+# allreduce per step costs little next to the step's compute (at batch 32, two CPU ranks spend most of each
+# step waiting in it: benchmarks/RESULTS.md), yet at least AUTO_STEPS_PER_EPOCH steps per epoch so that small
+# tables (the digits: 804 rows a rank -> 32) train as before; the learning rate scales linearly with the global
+# batch from 0.05 at 64 (2 ranks x 32), capped.
+AUTO_MIN_BATCH, AUTO_MAX_BATCH, AUTO_STEPS_PER_EPOCH = 32, 2048, 50
+BASE_LEARNING_RATE, BASE_GLOBAL_BATCH, MAX_AUTO_LEARNING_RATE = 0.05, 64, 0.8
 _OPTIONAL_NUMBER = {"type": ["number", "null"]}
 
 # name -> JSON schema (with default, title, description and form section) of each param.
@@ -78,16 +86,23 @@ PARAMETERS: dict[str, dict[str, Any]] = {
                            "description": "regression: train on the standardized target, predict in its units"},
     "epochs": {"default": 10, "type": "integer", "minimum": 1, "maximum": 10000, "section": _TRAINING,
                "title": "Epochs", "description": "passes over the training rows"},
-    "batch_size": {"default": 32, "type": "integer", "minimum": 1, "maximum": 1048576, "section": _TRAINING,
-                   "title": "Batch size per rank",
-                   "description": "rows per rank per step (global batch = world_size x batch_size)"},
-    "learning_rate": {"default": 0.05, "type": "number", "exclusiveMinimum": 0, "maximum": 10,
-                      "section": _TRAINING, "title": "Learning rate", "description": "SGD with momentum 0.9"},
+    "batch_size": {"default": None, "type": ["integer", "null"], "minimum": 1, "maximum": 1048576,
+                   "section": _TRAINING, "title": "Batch size per rank",
+                   "description": "rows per rank per step (global batch = world_size x batch_size); empty = "
+                                  f"auto: the largest shard's training rows / {AUTO_STEPS_PER_EPOCH}, between "
+                                  f"{AUTO_MIN_BATCH} and {AUTO_MAX_BATCH}"},
+    "learning_rate": {"default": None, "type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 10,
+                      "section": _TRAINING, "title": "Learning rate",
+                      "description": f"SGD with momentum 0.9; empty = {BASE_LEARNING_RATE} x global batch / "
+                                     f"{BASE_GLOBAL_BATCH} (linear scaling), at most {MAX_AUTO_LEARNING_RATE}"},
     "seed": {"default": 0, "type": "integer", "minimum": 0, "maximum": 2**31 - 1, "section": _TRAINING,
              "title": "Seed", "description": "initialization, split and shuffling seed"},
     "checkpoint_every": {"default": 1, "type": "integer", "minimum": 0, "maximum": 10000, "section": _TRAINING,
                          "title": "Checkpoint every",
                          "description": "epochs between checkpoints a retried train task resumes from; 0 = off"},
+    "force": {"default": False, "type": "boolean", "section": _TRAINING, "title": "Train even if unchanged",
+              "description": "scheduled (cron) runs skip training when no row of the source changed since the "
+                             "head version was trained; set this to train anyway"},
     "world_size": {"default": 2, "type": "integer", "minimum": 1, "maximum": 1024, "section": _CLUSTER,
                    "title": "Ranks", "description": "Horovod ranks (one per GPU on Kubernetes)"},
     "launcher": {"default": "local", "type": "string", "enum": ["local", "kubernetes"], "section": _CLUSTER,
@@ -136,10 +151,11 @@ class TrainingConfig:
     init_from: str | int = "scratch"
     standardize_target: bool = True
     epochs: int = 10
-    batch_size: int = 32
-    learning_rate: float = 0.05
+    batch_size: int | None = None
+    learning_rate: float | None = None
     seed: int = 0
     checkpoint_every: int = 1
+    force: bool = False
     max_accuracy_drop: float | None = None
     max_rmse_rise: float | None = None
     min_val_accuracy: float | None = None
@@ -175,6 +191,19 @@ class TrainingConfig:
             return {"hidden_sizes": list(self.hidden_sizes)}
         return dict(self.model_options)
 
+    def batch_size_for(self, largest_train_rows: int) -> int:
+        """Rows per rank per step: ``batch_size``, or the auto size for a largest shard of that many training rows."""
+        if self.batch_size is not None:
+            return self.batch_size
+        return min(AUTO_MAX_BATCH, max(AUTO_MIN_BATCH, largest_train_rows // AUTO_STEPS_PER_EPOCH))
+
+    def learning_rate_for(self, batch_size: int) -> float:
+        """``learning_rate``, or the linearly scaled one for ``world_size`` ranks of ``batch_size`` rows."""
+        if self.learning_rate is not None:
+            return self.learning_rate
+        scaled = BASE_LEARNING_RATE * self.world_size * batch_size / BASE_GLOBAL_BATCH
+        return min(MAX_AUTO_LEARNING_RATE, scaled)
+
     @property
     def init_version(self) -> int | None:
         """The version number init_from names, or None for scratch/head."""
@@ -193,6 +222,13 @@ def unknown_keys(values: dict[str, Any], known: dict[str, Any] = PARAMETERS) -> 
 
 def validate_params(values: dict[str, Any]) -> None:
     """Raise ConfigError listing every problem of ``values`` against PARAMETERS (JSON schema, full matches)."""
+    problems = param_problems(values)
+    if problems:
+        raise ConfigError("invalid training parameters: " + "; ".join(problems))
+
+
+def param_problems(values: dict[str, Any]) -> list[str]:
+    """One message per problem of ``values`` against PARAMETERS, each starting with the param's name."""
     import jsonschema  # Airflow depends on it; imported here so that parsing a DAG stays cheap
 
     problems = unknown_keys(values, _SCHEMA["properties"])
@@ -201,9 +237,7 @@ def validate_params(values: dict[str, Any]) -> None:
     for error in sorted(validator.iter_errors(known), key=lambda e: list(e.absolute_path)):
         where = ".".join(str(p) for p in error.absolute_path) or "params"
         problems.append(f"{where}: {_short(error)}")
-    problems += _pattern_tails(known)
-    if problems:
-        raise ConfigError("invalid training parameters: " + "; ".join(problems))
+    return problems + _pattern_tails(known)
 
 
 def _short(error: Any) -> str:

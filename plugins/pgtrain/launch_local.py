@@ -59,8 +59,11 @@ def horovodrun_path() -> str:
 
 
 def local_command(run_id: str, world_size: int, attempt: int) -> list[str]:
+    """horovodrun through ``pgtrain.horovodrun`` (the same launcher, without its import of torch to probe the
+    build: 1.5-5 s of every train task on 2 cores, benchmarks/RESULTS.md)."""
+    horovodrun_path()  # installed, or the clear error
     return [
-        horovodrun_path(), "--gloo", "-np", str(world_size), "-H", f"localhost:{world_size}",
+        sys.executable, "-m", "pgtrain.horovodrun", "--gloo", "-np", str(world_size), "-H", f"localhost:{world_size}",
         *horovodrun_options(), *trainer_argv(run_id, attempt, python=sys.executable),
     ]
 

@@ -11,7 +11,12 @@ key range, only rows visible to the planning snapshot, and the rows counted must
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import mmap
 import struct
+import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -47,6 +52,7 @@ if TYPE_CHECKING:
 _BATCH_HEADER = struct.Struct(">hiqi")  # field count, length of count (8), count, length of payload
 ELEMENT_TYPES = {"float4_array": (700, ">f4"), "float8_array": (701, ">f8")}  # array format: (type oid, dtype)
 SCALAR_DTYPES = {"f4": ">f4", "f8": ">f8"}  # float4send, float8send
+WIRE_ARRAYS = {"f4": "float4_array", "f8": "float8_array"}  # scalar feature columns travel as one array per wire
 ROWS_ALIAS = "_pgtrain_rows"  # the source table in batch_query
 
 
@@ -79,8 +85,8 @@ def source_feature_fields(source: Source, dim: int) -> list[tuple[Any, ...]]:
     """numpy fields of a row's features as ``source.feature_payload`` sends them."""
     if source.feature_format != COLUMNS:
         return feature_fields(source.feature_format, dim)
-    return [(f"x_{wire}", SCALAR_DTYPES[wire], (len(positions),))
-            for wire, positions in feature_groups(source).items()]
+    return [field for wire, positions in feature_groups(source).items()
+            for field in feature_fields(WIRE_ARRAYS[wire], len(positions), prefix=f"{wire}_")]
 
 
 def target_fields(source: Source, output_dim: int | None) -> list[tuple[Any, ...]]:
@@ -103,7 +109,8 @@ def batch_query(source: Source, shard: Shard, visible: sql.Composable, validatio
 
     ``visible``: SQL that keeps the planned rows, on the source table aliased ROWS_ALIAS (``planned_rows``).
     The batch list is sorted (a few thousand keys), then each batch is one range scan of the key index whose
-    rows are concatenated in key order: nothing the size of the shard is ever sorted or materialized.
+    rows are concatenated in key order: nothing the size of the shard is ever sorted or materialized. The short
+    tail of a row is joined first, so its features are copied once (``||`` copies both sides).
     """
     plan = _plan(source)
     filters = [visible]
@@ -117,7 +124,7 @@ def batch_query(source: Source, shard: Shard, visible: sql.Composable, validatio
                  WHERE s.run_id = {run} AND s.rank = {rank} ORDER BY b.i) AS _pgtrain_batch
            CROSS JOIN LATERAL (
              SELECT count(*) AS n,
-                    string_agg({features} || {target} || boolsend({is_val}), ''::bytea
+                    string_agg({features} || ({target} || boolsend({is_val})), ''::bytea
                                ORDER BY {key}) AS payload
              FROM {rel} AS {rows} WHERE {in_batch} AND {filters}) AS _pgtrain_packed
            ORDER BY _pgtrain_batch.i"""
@@ -160,17 +167,74 @@ def load_shard(conn: psycopg.Connection, source: Source, shard: Shard, dim: int,
     layout = record_dtype(source, dim, plan.output_dim)
     targets = None if source.target_format == "label" else plan.output_dim
     out = _allocate(shard.row_count, dim, _cuda_available() if pin_memory is None else pin_memory, targets)
+    # Fresh arrays' pages are mapped (and zeroed by the kernel) on first write: in a thread, while the COPY
+    # streams, rather than one page fault at a time in the loop below.
+    prefault = None if out.pinned else prefault_in_background([out.features, out.labels, out.is_validation])
     groups = feature_groups_of(source, dim)
-    filled = 0
-    with shard_copy(conn, source, shard, validation_fraction, seed) as copy:
-        for block in copy_binary.rows(copy):
-            filled = _store(block, layout, out, filled, shard, groups)
+    filled = non_finite = 0
+    try:
+        with shard_copy(conn, source, shard, validation_fraction, seed) as copy, np.errstate(over="ignore"):
+            for block in copy_binary.rows(copy):
+                filled, found = _store(block, layout, out, filled, shard, groups)
+                non_finite += found
+    finally:
+        if prefault is not None:
+            prefault.join()
     if filled != shard.row_count:
         raise SourceError(
             f"rank {shard.rank} read {filled} rows in its key range but the manifest planned {shard.row_count}: "
             "rows were deleted or updated after compute_shards; re-run the DAG run from compute_shards"
         )
+    if non_finite:
+        from pgtrain.manifest import load_refusal  # manifest imports this module
+
+        raise load_refusal(conn, source, shard.rank, non_finite)
     return out
+
+
+def non_finite_rows(features: np.ndarray) -> int:
+    """How many rows of ``features`` (float32, rows x dim) hold a NaN or an infinity (a float8 or numeric value
+    beyond float32's range is one once stored): one sum, which is finite unless some value is not or the sum
+    overflows, then the exact count only in those cases."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(features.sum(dtype=np.float32)):
+            return 0
+    return int(np.count_nonzero(~np.isfinite(features).all(axis=1)))
+
+
+_MADV_POPULATE_WRITE = 23  # Linux >= 5.14: map pages writable (zeroed if new) without changing their contents
+_PREFAULT_CHUNK = 8 << 20
+
+
+def prefault_in_background(arrays: list[np.ndarray]) -> threading.Thread | None:
+    """Map the pages of ``arrays`` in a thread (madvise MADV_POPULATE_WRITE, chunk by chunk from the start, the
+    GIL released), so the loop that fills them rarely takes a page fault; None where Linux cannot. It never
+    writes to the arrays: rows stored meanwhile are safe."""
+    if not sys.platform.startswith("linux"):
+        return None
+    thread = threading.Thread(target=_populate, args=(arrays,), name="pgtrain-prefault", daemon=True)
+    thread.start()
+    return thread
+
+
+def _populate(arrays: list[np.ndarray]) -> None:
+    madvise = _libc_madvise()
+    page = mmap.PAGESIZE
+    for array in arrays:
+        start, end = array.ctypes.data, array.ctypes.data + array.nbytes
+        at = -(-start // page) * page
+        while at + page <= end:
+            size = min(_PREFAULT_CHUNK, (end - at) // page * page)
+            if madvise(at, size, _MADV_POPULATE_WRITE) != 0:
+                return  # an older kernel: the loop takes the faults itself
+            at += size
+
+
+@functools.cache
+def _libc_madvise() -> Any:
+    madvise = ctypes.CDLL(None, use_errno=True).madvise  # ctypes releases the GIL around the call
+    madvise.argtypes, madvise.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    return madvise
 
 
 def _positions(positions: list[int], dim: int) -> slice | list[int]:
@@ -179,8 +243,9 @@ def _positions(positions: list[int], dim: int) -> slice | list[int]:
 
 
 def _store(block: memoryview, layout: np.dtype, out: ShardData, filled: int, shard: Shard,
-           groups: list[tuple[str, slice | list[int]]]) -> int:
-    """Copy one COPY row (a batch) into ``out`` from row ``filled``; returns the new fill level.
+           groups: list[tuple[str, slice | list[int]]]) -> tuple[int, int]:
+    """Copy one COPY row (a batch) into ``out`` from row ``filled``; returns the new fill level and how many of
+    the batch's rows have a NaN or infinite feature (``non_finite_rows``).
 
     ``groups``: for scalar feature columns, (record field, positions in the features row) per wire type.
     """
@@ -188,7 +253,7 @@ def _store(block: memoryview, layout: np.dtype, out: ShardData, filled: int, sha
     if fields != 2 or count_len != 8:
         raise SourceError(f"rank {shard.rank}: unexpected COPY row layout ({fields} fields)")
     if count == 0:
-        return filled
+        return filled, 0
     if payload_len != count * layout.itemsize:
         raise SourceError(
             f"rank {shard.rank}: a batch of {count} rows holds {payload_len} bytes, not {count} x "
@@ -204,7 +269,11 @@ def _store(block: memoryview, layout: np.dtype, out: ShardData, filled: int, sha
     span = slice(filled, filled + count)
     if "ndim" in layout.names:
         _check_arrays(records, "", out.features.shape[1], shard, "feature")
+    for name, positions in groups:  # scalar feature columns: one array per wire type
+        width = out.features.shape[1] if isinstance(positions, slice) else len(positions)
+        _check_arrays(records, name.removesuffix("x"), width, shard, "feature")
     fill_features(records, out.features[span], groups)
+    non_finite = non_finite_rows(out.features[span])
     if "label" in layout.names:
         out.labels[span] = records["label"]
     elif "y" in layout.names:
@@ -213,7 +282,7 @@ def _store(block: memoryview, layout: np.dtype, out: ShardData, filled: int, sha
         _check_arrays(records, "t_", out.labels.shape[1], shard, "target")
         out.labels[span] = records["t_x"]["v"]
     out.is_validation[span] = records["val"]
-    return filled + count
+    return filled + count, non_finite
 
 
 def fill_features(records: np.ndarray, target: np.ndarray, groups: list[tuple[str, slice | list[int]]]) -> None:
@@ -223,7 +292,7 @@ def fill_features(records: np.ndarray, target: np.ndarray, groups: list[tuple[st
     """
     if groups:
         for name, positions in groups:
-            target[:, positions] = records[name]
+            target[:, positions] = records[name]["v"]
     elif "ndim" in records.dtype.names:
         target[:] = records["x"]["v"]
     else:
@@ -232,7 +301,7 @@ def fill_features(records: np.ndarray, target: np.ndarray, groups: list[tuple[st
 
 def feature_groups_of(source: Source, dim: int) -> list[tuple[str, slice | list[int]]]:
     """``fill_features``'s groups for ``source`` (empty unless its features are scalar columns)."""
-    return [(f"x_{wire}", _positions(positions, dim)) for wire, positions in feature_groups(source).items()]
+    return [(f"{wire}_x", _positions(positions, dim)) for wire, positions in feature_groups(source).items()]
 
 
 def _check_arrays(records: np.ndarray, prefix: str, width: int, shard: Shard, what: str) -> None:

@@ -1,11 +1,13 @@
 """compute_shards: check the source rows, then cut them into balanced keyset ranges, one per rank.
 
-Everything happens in one REPEATABLE READ snapshot, in two passes over the table:
+Everything happens in one REPEATABLE READ snapshot:
 
-1. ``check_rows``: one sequential scan that counts the rows, infers the label range, finds every bad row
-   (by kind, with example keys) and notes the xmins the loader needs to read this snapshot again;
-2. ``cut_shards``: one ordered pass over the key's unique index (no sort of the table's rows) that numbers
-   the rows and keeps only the shard and batch boundaries.
+1. ``check_rows``: one lean sequential scan that counts the rows, infers the label range and counts the bad
+   rows and the rows whose xmin needs noting; only when there are some, a second scan names every bad row's
+   kind with example keys and notes those xmins. NaN/infinite/too large feature values are left to the loader
+   with bad_rows='fail' (``source.LOAD_KINDS``);
+2. ``cut_shards``: one pass that sorts the keys (as ``percentile_disc`` does) and returns only those at the
+   shard and batch boundaries, then one range scan of the key index per shard counting its validation rows.
 
 The snapshot, the bad-row report and each rank's batch boundaries are stored with the manifest
 (``pgtrain.shard_plans`` / ``shard_batches``), so every rank reads exactly the planned rows, once.
@@ -36,13 +38,15 @@ from pgtrain.source import (
     column_checks,
     feature_length,
     is_validation,
-    prefer_index_order,
+    key_range,
+    planned_rows,
     read_xid_clock,
     row_checks,
     seen_xmins,
     snapshot_transaction,
     source_from_config,
     target_length,
+    xmins_may_alias,
 )
 
 # Rows the loader receives per COPY row: about this many bytes, within these bounds.
@@ -113,7 +117,8 @@ def plan_shards(conn: psycopg.Connection, run: runs.Run, *, input_dim: int | Non
         clock = read_xid_clock(conn)
         dim = _feature_width(conn, source, given_dim)
         outputs = _target_width(conn, source)
-        check = check_rows(conn, source, dim, config.num_classes, clock, outputs)
+        check = check_rows(conn, source, dim, config.num_classes, clock, outputs,
+                           values=config.bad_rows == "exclude")
         rows = _usable_rows(source, check, dim, config, length_given=bool(given_dim), outputs=outputs)
         num_classes = (config.num_classes or _inferred_classes(source, check)) if outputs is None else None
         output_dim = outputs or num_classes
@@ -159,9 +164,31 @@ def sample_length(conn: psycopg.Connection, source: Source, length: sql.Composab
 
 
 def check_rows(conn: psycopg.Connection, source: Source, dim: int, num_classes: int | None,
-               clock: XidClock, output_dim: int | None = None) -> RowCheck:
-    """One scan of the table: row count, largest good label, each bad-row kind's count and example keys, and
-    (scalar feature columns) which columns hold bad values."""
+               clock: XidClock, output_dim: int | None = None, *, values: bool = True,
+               where: sql.Composable | None = None) -> RowCheck:
+    """Row count, largest good label, each bad-row kind's count and example keys, and (scalar feature columns)
+    which columns hold bad values; ``values=False`` leaves the kinds of LOAD_KINDS to the loader; ``where``
+    (SQL) restricts the rows checked.
+
+    One lean scan counts the rows and the bad ones; only when it finds some (or rows whose xmin needs noting)
+    does a second scan break them down by kind with example keys, then with every kind (so a report names the
+    NaN rows too, whoever would have found them).
+    """
+    checks = row_checks(source, dim, num_classes, output_dim, values=values)
+    restrict = sql.SQL("WHERE {}").format(where) if where is not None else sql.SQL("")
+    xmin_age = alias_xmin_age(source, clock)
+    # age() is parallel restricted and costs more than the other checks together: counted only when a raw xmin
+    # can alias at all (source.xmins_may_alias), so the lean scan may run in parallel.
+    aliasing = (sql.SQL("count(*) FILTER (WHERE {} IS NOT NULL)").format(xmin_age) if xmins_may_alias(clock)
+                else sql.SQL("0"))
+    total, bad, max_label, aliased = conn.execute(sql.SQL(
+        """SELECT count(*), count(*) FILTER (WHERE {any_bad}), {max_label}, {aliasing}
+           FROM {rel} {where}""").format(
+        any_bad=sql.SQL(" OR ").join(checks.values()), rel=source.relation, where=restrict, aliasing=aliasing,
+        max_label=sql.SQL("max({})").format(source.label) if source.target_format == "label" else sql.SQL("NULL"))
+    ).fetchone()
+    if not bad and not aliased:
+        return RowCheck(total, 0, max_label, {}, [])
     checks = row_checks(source, dim, num_classes, output_dim)
     flags = [sql.Identifier(f"is_{kind}") for kind in checks]
     any_bad = sql.SQL(" OR ").join(flags)
@@ -169,12 +196,12 @@ def check_rows(conn: psycopg.Connection, source: Source, dim: int, num_classes: 
         sql.SQL("count(*) FILTER (WHERE {f}), pgtrain.example_keys(key::text) FILTER (WHERE {f})").format(f=f)
         for f in flags)
     feature_flags = [sql.Identifier(f"is_{kind}") for kind in COLUMN_KINDS if kind in checks]
-    values = sql.SQL("")
+    column_values = sql.SQL("")
     columns = sql.SQL("NULL::text")
     if source.feature_format == COLUMNS and feature_flags:
         # One bit per column, set when the column is bad in some row: computed for bad rows only.
         names = [sql.Identifier(f"_pgtrain_c{i}") for i in range(len(source.feature_columns))]
-        values = sql.SQL(", ").join(sql.SQL("{} AS {}").format(sql.Identifier(c.name), name)
+        column_values = sql.SQL(", ").join(sql.SQL("{} AS {}").format(sql.Identifier(c.name), name)
                                     for c, name in zip(source.feature_columns, names, strict=True)) + sql.SQL(", ")
         bits = sql.SQL(" || ").join(
             sql.SQL("CASE WHEN coalesce({}, true) THEN B'1' ELSE B'0' END").format(
@@ -187,9 +214,9 @@ def check_rows(conn: psycopg.Connection, source: Source, dim: int, num_classes: 
         """SELECT count(*), count(*) FILTER (WHERE {any_bad}), {max_label} FILTER (WHERE NOT ({any_bad})),
                   array_agg(DISTINCT xmin_age) FILTER (WHERE xmin_age IS NOT NULL), {columns}, {per_kind}
            FROM (SELECT {values}{key} AS key, {label} AS label, {xmin_age} AS xmin_age, {checks}
-                 FROM {rel} OFFSET 0) checked"""  # OFFSET 0: compute each check once per row
+                 FROM {rel} {where} OFFSET 0) checked"""  # OFFSET 0: compute each check once per row
     ).format(any_bad=any_bad, per_kind=per_kind, key=source.key, label=source.label, rel=source.relation,
-             max_label=max_label, columns=columns, values=values, xmin_age=alias_xmin_age(source, clock),
+             max_label=max_label, columns=columns, values=column_values, xmin_age=xmin_age, where=restrict,
              checks=sql.SQL(", ").join(sql.SQL("{} AS {}").format(c, f) for c, f in zip(checks.values(), flags,
                                                                                         strict=True)))
     total, bad, max_label, ages, column_bits, *found = conn.execute(query).fetchone()
@@ -203,45 +230,86 @@ def check_rows(conn: psycopg.Connection, source: Source, dim: int, num_classes: 
 def cut_shards(conn: psycopg.Connection, source: Source, rows: int, world_size: int, validation_fraction: float,
                seed: int, batch_rows: int, exclude: sql.Composable | None
                ) -> tuple[list[Shard], list[tuple[list[str], list[str]]]]:
-    """One ordered pass over the key index: the shards, and each shard's batches as (first keys, last keys).
+    """The shards, and each shard's batches as (first keys, last keys), in two passes that read only the key:
+
+    1. ``boundary_query``: the keys at the shard edges and at the first and last row of each batch, by position
+       in key order (one sort of the keys, as ``percentile_disc`` does; only those keys come back);
+    2. ``validation_query``: each shard's validation rows (the split hashes every key once).
 
     Batches follow a global grid of ``batch_rows`` rows, split where a shard begins; ``exclude`` (SQL) drops
-    bad rows from the numbering. Returns only the 2 x world_size shard edges and 2 keys per batch.
+    bad rows from the numbering.
     """
     positions = balanced_positions(rows, world_size)
-    edges = sorted({p for first, last in positions for p in (first, last, first - 1)} - {0})
-    prefer_index_order(conn)
-    at = {position: (key, val) for position, key, val in conn.execute(boundary_query(
-        source, validation_fraction, seed, batch_rows, edges, exclude)).fetchall()}
-    if set(edges) - at.keys():
+    grid = []
+    for first, last in positions:
+        starts = [first] + list(range(first - (first - 1) % batch_rows + batch_rows, last + 1, batch_rows))
+        grid.append((starts, [start - 1 for start in starts[1:]] + [last]))
+    wanted = sorted({p for starts, ends in grid for p in starts + ends})
+    fit_key_sort(conn, rows)
+    (keys,) = conn.execute(boundary_query(source, exclude), ([(p - 0.5) / rows for p in wanted],)).fetchone()
+    if keys is None or len(keys) != len(wanted) or None in keys:
         raise SourceError(f"{source.qualified_name} changed while it was being planned; run compute_shards again")
+    at = dict(zip(wanted, keys, strict=True))
+    edges = [(at[first], at[last]) for first, last in positions]
+    validation = conn.execute(validation_query(source, validation_fraction, seed, edges, exclude)).fetchone()
     shards, batches = [], []
     for rank, (first, last) in enumerate(positions):
-        # Running counts include their own row; the count before `first` is the previous rank's last.
-        val_count = at[last][1] - (at[first - 1][1] if first > 1 else 0)
-        size = last - first + 1
-        shards.append(Shard(rank, world_size, at[first][0], at[last][0], size, size - val_count, val_count))
-        starts = [first] + list(range(first - (first - 1) % batch_rows + batch_rows, last + 1, batch_rows))
-        ends = [start - 1 for start in starts[1:]] + [last]
-        batches.append(([at[p][0] for p in starts], [at[p][0] for p in ends]))
+        size, val_count = last - first + 1, validation[rank]
+        shards.append(Shard(rank, world_size, at[first], at[last], size, size - val_count, val_count))
+        starts, ends = grid[rank]
+        batches.append(([at[p] for p in starts], [at[p] for p in ends]))
     return shards, batches
 
 
-def boundary_query(source: Source, validation_fraction: float, seed: int, batch_rows: int, edges: list[int],
-                   exclude: sql.Composable | None = None) -> sql.Composed:
-    """Number the rows in key order; keep the shard edges and the first and last row of each batch."""
+# The key pass sorts the keys once; in memory when they fit in this much (work_mem, for planning's transaction).
+KEY_SORT_MEMORY = 256 << 20
+_KEY_SORT_BYTES = 64  # per key: a sort tuple and a bigint or short key, with room
+
+
+def fit_key_sort(conn: psycopg.Connection, rows: int) -> None:
+    """Raise work_mem for the rest of this transaction so that sorting ``rows`` keys stays in memory (bounded by
+    KEY_SORT_MEMORY; never lowered)."""
+    wanted = min(rows * _KEY_SORT_BYTES, KEY_SORT_MEMORY) >> 10
+    current = conn.execute("SELECT setting::bigint FROM pg_settings WHERE name = 'work_mem'").fetchone()[0]
+    if wanted > current:
+        conn.execute("SELECT set_config('work_mem', %s, true)", (f"{wanted}kB",))
+
+
+def boundary_query(source: Source, exclude: sql.Composable | None = None) -> sql.Composed:
+    """The keys (as text) at the given positions in key order; one parameter: the positions as fractions
+    (position - 0.5) / rows, which ``percentile_disc`` turns back into exact positions. ``exclude`` (SQL) drops
+    bad rows from the numbering."""
     return sql.SQL(
-        """SELECT position, key::text, validation_rows FROM (
-               SELECT {key} AS key,
-                      row_number() OVER w AS position,
-                      count(*) FILTER (WHERE {is_val}) OVER w AS validation_rows
-               FROM {rel} {where}
-               WINDOW w AS (ORDER BY {key} ROWS UNBOUNDED PRECEDING)
-           ) numbered
-           WHERE mod(position, {batch}) IN (0, 1) OR position = ANY({edges})"""
-    ).format(key=source.key, rel=source.relation, is_val=is_validation(source, validation_fraction, seed),
-             where=sql.SQL("WHERE NOT {}").format(exclude) if exclude is not None else sql.SQL(""),
-             batch=sql.Literal(batch_rows), edges=sql.Literal(edges))
+        "SELECT CAST(percentile_disc(%s::float8[]) WITHIN GROUP (ORDER BY {key}) AS text[]) FROM {rel} {where}"
+    ).format(key=source.key, rel=source.relation,
+             where=sql.SQL("WHERE NOT {}").format(exclude) if exclude is not None else sql.SQL(""))
+
+
+def validation_query(source: Source, validation_fraction: float, seed: int, edges: list[tuple[str, str]],
+                     exclude: sql.Composable | None = None) -> sql.Composed:
+    """One row: each shard's validation rows, the shards given by their (first key, last key). One pass that
+    hashes every key once (PostgreSQL may run it in parallel, or on the key index alone); only validation rows
+    are placed in their shard."""
+    counts = sql.SQL(", ").join(
+        sql.SQL("count(*) FILTER (WHERE {})").format(key_range(source, lo, hi)) for lo, hi in edges)
+    return sql.SQL("SELECT {counts} FROM {rel} WHERE {is_val}{exclude}").format(
+        counts=counts, rel=source.relation, is_val=is_validation(source, validation_fraction, seed),
+        exclude=sql.SQL(" AND NOT {}").format(exclude) if exclude is not None else sql.SQL(""))
+
+
+def load_refusal(conn: psycopg.Connection, source: Source, rank: int, found: int) -> SourceError:
+    """The error of a rank that found ``found`` rows with NaN, infinite or too large features in its shard:
+    the bad-row report compute_shards would have given, from one more scan (of the planned rows), naming every
+    kind with counts and example keys. compute_shards leaves these per-value checks to the loader (LOAD_KINDS)."""
+    plan = source.plan
+    with snapshot_transaction(conn):
+        clock = read_xid_clock(conn)
+        check = check_rows(conn, source, plan.input_dim, plan.num_classes, clock, plan.output_dim,
+                           where=planned_rows(source, clock))
+    report = (_bad_rows_message(source, check, plan.input_dim, plan.num_classes, outputs=plan.output_dim)
+              if check.bad else f"{source.qualified_name} holds them (no longer as planned: re-run compute_shards)")
+    return SourceError(f"rank {rank} found {found} rows with NaN, infinite or out-of-range features in its shard "
+                       f"(checked as the rows load, not by compute_shards): {report}")
 
 
 def read_plan(conn: psycopg.Connection, run_id: str) -> PlannedRows | None:

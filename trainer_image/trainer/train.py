@@ -14,6 +14,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from pgtrain import loader, manifest, model_store, runs, tensors
+from pgtrain.config import TrainingConfig
 from pgtrain.db import connect
 from pgtrain.errors import ConfigError, PgtrainError
 from pgtrain.lifetime import die_with_parent
@@ -48,6 +50,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def steps_per_epoch(manifest_rows: list[runs.Shard], batch_size: int) -> int:
     """The same for every rank, from the largest shard, so no rank waits in an allreduce the others skip."""
     return max(1, math.ceil(max(s.train_count for s in manifest_rows) / batch_size))
+
+
+def batch_and_rate(config: TrainingConfig, shards: list[runs.Shard]) -> tuple[int, float]:
+    """(rows per rank per step, learning rate): the run's, or the auto ones (pgtrain.config) for this manifest."""
+    batch = config.batch_size_for(max(s.train_count for s in shards))
+    return batch, config.learning_rate_for(batch)
 
 
 def epoch_order(train_count: int, seed: int, epoch: int, rank: int) -> np.ndarray:
@@ -82,6 +90,16 @@ def global_statistics(values: torch.Tensor, rows: torch.Tensor, name: str,
     std = (sums[1] / count - mean * mean).clamp(min=0).sqrt()
     std[std < 1e-6] = 1.0
     return mean.float(), std.float()
+
+
+def threads_per_rank(environ: Mapping[str, str], local_size: int) -> int:
+    """Torch's threads in each rank: $OMP_NUM_THREADS when set, else this machine's CPUs shared by its ranks.
+    On a busy machine one thread per rank is the safe choice (benchmarks/RESULTS.md, "Training")."""
+    explicit = environ.get("OMP_NUM_THREADS", "")
+    if explicit.isdigit() and int(explicit) > 0:
+        return int(explicit)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cpus // local_size)
 
 
 def pick_device() -> torch.device:
@@ -346,7 +364,7 @@ def record_verdict(args: argparse.Namespace, status: str, reason: str) -> None:
 def train(args: argparse.Namespace) -> int:
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
+    torch.set_num_threads(threads_per_rank(os.environ, hvd.local_size()))
     conn = connect(attempt=args.attempt)
     runs.mark_training(conn, args.run_id)  # the first fenced write: a stale attempt stops here
     run = runs.get_run(conn, args.run_id)
@@ -371,12 +389,14 @@ def train(args: argparse.Namespace) -> int:
         for metrics in start.history:  # a retried task may have cleared them: the checkpoint keeps them
             runs.record_epoch(conn, run.run_id, metrics["epoch"], {k: v for k, v in metrics.items() if k != "epoch"})
 
+    load_started = time.perf_counter()
     data = loader.load_shard(conn, manifest.source_for(conn, run), shards[rank], run.input_dim,
                              config.validation_fraction, config.seed)
+    load_seconds = time.perf_counter() - load_started
     if rank != 0:
         conn.close()
     print(f"rank {rank}/{size}: {len(data.labels)} rows ({int(data.is_validation.sum())} validation) "
-          f"keys {shards[rank].key_lo}..{shards[rank].key_hi}", flush=True)
+          f"keys {shards[rank].key_lo}..{shards[rank].key_hi}, loaded in {load_seconds:.2f} s", flush=True)
 
     device = pick_device()
     features, labels, _ = data.tensors()  # page-locked when CUDA is present (the loader allocates them so)
@@ -401,8 +421,10 @@ def train(args: argparse.Namespace) -> int:
     del features, labels, data
     model.to(device)
 
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.learning_rate, momentum=MOMENTUM)
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    batch_size, learning_rate = batch_and_rate(config, shards)
+    optimizer = torch.optim.SGD(model.parameters(), lr=learning_rate, momentum=MOMENTUM)
+    if size > 1:  # one rank has nothing to average: no gradient hooks, no wait on Horovod's cycle each step
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     if rank == 0 and start.epoch > 0:
         set_momentum(optimizer, model, start.momentum)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -412,7 +434,12 @@ def train(args: argparse.Namespace) -> int:
     y_train_fit = model.target.scale(y_train) if regression else y_train
     y_val_fit = model.target.scale(y_val) if regression else y_val
     task = Task(regression, output_dim, device)
-    steps = steps_per_epoch(shards, config.batch_size)
+    steps = steps_per_epoch(shards, batch_size)
+    if rank == 0:
+        auto = [name for name in ("batch_size", "learning_rate") if getattr(config, name) is None]
+        print(f"batch {batch_size} rows per rank (global {batch_size * size}), learning rate {learning_rate:g}, "
+              f"{steps} steps per epoch, {torch.get_num_threads()} threads per rank"
+              + (f" ({' and '.join(auto)} auto)" if auto else ""), flush=True)
     train_count = len(x_train)
     largest = -(-train_count // steps)
     x_batch = x_train.new_empty((largest, run.input_dim))

@@ -1,0 +1,188 @@
+"""Where one local DAG run's wall time goes: Airflow overhead, planning, loading, training, commit, report.
+
+    .venv/bin/python benchmarks/bench_dag_run.py        # embedded PostgreSQL unless PGTRAIN_BENCH_DATABASE_URL
+
+Runs ``airflow dags test pgtrain_training -f dags/pgtrain_training.py`` (the digits and the DAG's defaults, as
+``make demo`` does; ``-f`` parses that one DAG file) in a private AIRFLOW_HOME (a copy of the project's
+migrated metadata DB, or a fresh ``airflow db migrate``, not timed), PGTRAIN_BENCH_DAG_ROUNDS times (default
+2), and splits each run's wall time (the process, start to exit) from the timestamps of Airflow's task log
+lines, the trainer's own lines and pgtrain's tables:
+
+- ``airflow_startup``: process start to the first task starting (CLI imports, DAG parsing, the run's rows);
+- ``airflow_task_start``: every task's start until its code runs (the in-process execution API: the first
+  task pays its set-up) plus the gaps between tasks and the process's exit after the last one;
+- ``provision``, ``planning`` (plan_run + compute_shards), ``commit``, ``report``: those tasks' code;
+- ``train`` is split into ``ranks_start`` (horovodrun starting the ranks, their imports and connections),
+  ``loading`` (the ranks' ``load_shard``, the slowest rank), ``training`` (the epochs, from
+  ``pgtrain.run_metrics``) and ``train_other`` (statistics, staging the parameters, Horovod's shutdown).
+
+Figures are the best round's (``dag_run.*``), each also as a share of the wall time. Each round also runs
+the same without ``-f`` (Airflow parses and stores every DAG of the folder first, as ``make demo`` does):
+``whole_folder_*``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+import psycopg
+from common import REPO, bench_database, report
+
+from pgtrain import examples
+
+ROUNDS = int(os.environ.get("PGTRAIN_BENCH_DAG_ROUNDS", "2"))
+AIRFLOW = str(Path(sys.executable).parent / "airflow")
+STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)Z")
+TASKS = ("provision_tables", "plan_run", "compute_shards", "train", "commit_parameters", "report")
+
+
+def airflow_env(home: str, url: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "AIRFLOW_HOME": home, "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__UNIT_TEST_MODE": "False", "AIRFLOW_CONN_PGTRAIN_DB": url, "PGTRAIN_DATABASE_URL": url,
+        "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}",
+    })
+    return env
+
+
+def prepare_home(home: str, env: dict[str, str]) -> None:
+    """A migrated metadata DB: a consistent copy of the project's (sqlite3 backup), else a fresh migration."""
+    project_db = REPO / ".airflow" / "airflow.db"
+    if project_db.exists() and (REPO / ".airflow" / ".migrated").exists():
+        with sqlite3.connect(project_db) as source, sqlite3.connect(os.path.join(home, "airflow.db")) as target:
+            source.backup(target)
+        return
+    subprocess.run([AIRFLOW, "db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL)
+
+
+def stamp(line: str) -> float | None:
+    match = STAMP.match(line)
+    return datetime.fromisoformat(match.group(1) + "+00:00").timestamp() if match else None
+
+
+def split_run(lines: list[str], started: float, ended: float, epoch_seconds: float) -> dict[str, float]:
+    """The phases of one ``airflow dags test`` run from its log lines (wall-clock times in seconds)."""
+    begin: dict[str, float] = {}
+    code: dict[str, float] = {}
+    done: dict[str, float] = {}
+    current = None
+    hvd_start = rank_ready = None
+    loads: list[float] = []
+    for line in lines:
+        at = stamp(line)
+        if at is None:
+            continue
+        found = re.search(r"\[DAG TEST\] starting task_id=(\w+)", line)
+        if found:
+            current = found.group(1)
+            begin[current] = at
+        elif current and "Task started" in line and current not in code:
+            code[current] = at
+        elif current and "new_state=success" in line and current not in done:
+            done[current] = at
+        elif "Horovod ranks (attempt" in line:
+            hvd_start = at
+        elif re.search(r"<stdout>:rank \d+/\d+: ", line):
+            rank_ready = at if rank_ready is None else max(rank_ready, at)
+            loaded = re.search(r"loaded in ([\d.]+) s", line)
+            if loaded:
+                loads.append(float(loaded.group(1)))
+    missing = [t for t in TASKS if t not in begin or t not in code or t not in done]
+    if missing or hvd_start is None or rank_ready is None:
+        raise RuntimeError(f"could not find the start and end of {missing or 'the ranks'} in the log")
+
+    def run_of(task: str) -> float:
+        return done[task] - code[task]
+
+    task_start = sum(code[t] - begin[t] for t in TASKS)
+    gaps = sum(begin[b] - done[a] for a, b in zip(TASKS, TASKS[1:], strict=False)) + (ended - done[TASKS[-1]])
+    loading = max(loads) if loads else 0.0
+    ranks_start = rank_ready - hvd_start - loading
+    train_other = run_of("train") - ranks_start - loading - epoch_seconds
+    return {
+        "wall": ended - started,
+        "airflow_startup": begin[TASKS[0]] - started,
+        "airflow_task_start": task_start + gaps,
+        "airflow_first_task_start": code[TASKS[0]] - begin[TASKS[0]],
+        "provision": run_of("provision_tables"),
+        "planning": run_of("plan_run") + run_of("compute_shards"),
+        "ranks_start": ranks_start,
+        "loading": loading,
+        "training": epoch_seconds,
+        "train_other": train_other,
+        "commit": run_of("commit_parameters"),
+        "report": run_of("report"),
+    }
+
+
+def one_run(env: dict[str, str], url: str, log_path: Path, one_file: bool) -> dict[str, float]:
+    """``one_file``: ``-f dags/pgtrain_training.py`` (parse that file only), else the whole dags folder."""
+    profile = os.environ.get("PGTRAIN_BENCH_DAG_PROFILE")  # a path: cProfile the Airflow process into it
+    command = [AIRFLOW, "dags", "test", "pgtrain_training"]
+    if one_file:
+        command += ["-f", str(REPO / "dags" / "pgtrain_training.py")]
+    if profile:
+        command = [sys.executable, "-m", "cProfile", "-o", profile, *command]
+    started = time.time()
+    proc = subprocess.run(command, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    ended = time.time()
+    log_path.write_text(proc.stdout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"airflow dags test failed (log: {log_path}):\n" + proc.stdout[-3000:])
+    with psycopg.connect(url) as conn:
+        run_id, epochs, accuracy = conn.execute(
+            "SELECT r.run_id, sum(e.seconds), (array_agg(e.val_accuracy ORDER BY e.epoch DESC))[1] "
+            "FROM pgtrain.training_runs r JOIN pgtrain.run_metrics e USING (run_id) "
+            "GROUP BY r.run_id, r.created_at ORDER BY r.created_at DESC LIMIT 1").fetchone()
+    phases = split_run(proc.stdout.splitlines(), started, ended, float(epochs))
+    print(f"  {'-f ' if one_file else ''}{run_id}: " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items())
+          + f"; val_accuracy {accuracy:.4f}", flush=True)
+    return {**phases, "val_accuracy": accuracy}
+
+
+def main() -> None:
+    out = REPO / "benchmarks" / "out"
+    out.mkdir(exist_ok=True)
+    with bench_database() as (_, url), tempfile.TemporaryDirectory(prefix="pgtrain-bench-airflow-") as home:
+        with psycopg.connect(url, autocommit=True) as conn:
+            examples.insert_samples(conn, *examples.digits())
+        env = airflow_env(home, url)
+        prepare_home(home, env)
+        rounds, folder_rounds = [], []
+        for n in range(ROUNDS):  # interleaved: the DAG file alone, the whole folder (as make demo runs it)
+            rounds.append(one_run(env, url, out / f"dag_run_{n}.log", one_file=True))
+            folder_rounds.append(one_run(env, url, out / f"dag_run_folder_{n}.log", one_file=False))
+        shutil.rmtree(os.path.join(home, "logs"), ignore_errors=True)
+    best = min(rounds, key=lambda r: r["wall"])
+    figures: dict[str, float | int | str] = {"dag_run.rounds": ROUNDS,
+                                             "dag_run.val_accuracy": round(best.pop("val_accuracy"), 4)}
+    for name, seconds in best.items():
+        figures[f"dag_run.{name}_seconds"] = round(seconds, 2)
+        if name != "wall":
+            figures[f"dag_run.{name}_share"] = round(seconds / best["wall"], 3)
+    figures["dag_run.airflow_overhead_seconds"] = round(best["airflow_startup"] + best["airflow_task_start"], 2)
+    figures["dag_run.airflow_overhead_share"] = round(figures["dag_run.airflow_overhead_seconds"] / best["wall"], 3)
+    figures["dag_run.wall_seconds_rounds"] = str([round(r["wall"], 1) for r in rounds])
+    folder = min(folder_rounds, key=lambda r: r["wall"])
+    figures["dag_run.whole_folder_wall_seconds"] = round(folder["wall"], 2)
+    figures["dag_run.whole_folder_airflow_startup_seconds"] = round(folder["airflow_startup"], 2)
+    figures["dag_run.one_file_vs_whole_folder"] = round(best["wall"] / folder["wall"], 3)
+    report(figures)
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop the embedded server on the way out
+    main()

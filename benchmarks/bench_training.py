@@ -1,0 +1,173 @@
+"""Training throughput: the default local configuration against plain PyTorch at the same global batch, 1 vs 2 ranks.
+
+    .venv/bin/python benchmarks/bench_training.py       # embedded PostgreSQL unless PGTRAIN_BENCH_DATABASE_URL
+    PGTRAIN_BENCH_TRAIN_ROWS=20000 PGTRAIN_BENCH_TRAIN_ROUNDS=1 .venv/bin/python benchmarks/bench_training.py
+
+200,000 synthetic rows x 100 features, 10 classes (pgtrain.examples.synthetic), the default mlp (one hidden
+layer of 50), validation_fraction 0.1. Every configuration trains the same rows; samples/s is the trainer's
+own figure (training rows of all ranks / the epoch's training-loop seconds, the median over its epochs).
+In each round, interleaved:
+
+- ``default``: the DAG's defaults (2 ranks, auto batch size and learning rate) through
+  ``launch_local.run_local``, i.e. ``horovodrun --gloo`` as the train task runs it;
+- ``one_rank``: the same with ``world_size=1`` (its own auto batch: 2,048 rows here, against 1,800 a rank
+  for 2 ranks), with the trainer's threads (all CPUs) and with ``OMP_NUM_THREADS=1``; the faster one is the
+  1-rank figure;
+- ``batch32``: the defaults before the auto batch (2 ranks x 32 rows, learning rate 0.05), one epoch;
+- ``plain_torch``: one process, no Horovod, the same model, optimizer and learning rate on the same training
+  rows at the default's global batch: a shuffled index, ``x[idx]``, forward, backward, step. Run once with
+  torch's default threads and once with one thread; the faster one is the floor.
+
+Figures: ``training.default_vs_plain_torch`` (default samples/s / plain PyTorch's best, best round),
+``training.local_2_vs_1_ranks`` (2 ranks / 1 rank, same round, best round), the samples/s of each, and the
+old default's ``training.batch32_vs_plain_torch`` (against plain PyTorch at its global batch of 64).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+import psycopg
+from common import bench_database, report
+
+from pgtrain import examples, launch_local, manifest, runs
+from pgtrain.config import TrainingConfig
+
+ROWS = int(os.environ.get("PGTRAIN_BENCH_TRAIN_ROWS", "200000"))
+DIM = int(os.environ.get("PGTRAIN_BENCH_TRAIN_DIM", "100"))
+EPOCHS = int(os.environ.get("PGTRAIN_BENCH_TRAIN_EPOCHS", "3"))
+ROUNDS = int(os.environ.get("PGTRAIN_BENCH_TRAIN_ROUNDS", "2"))
+CLASSES = 10
+
+
+def horovod_run(conn: psycopg.Connection, url: str, name: str, **params: object) -> dict[str, float]:
+    """Plan and train one run through the local launcher; its resolved batch, rate and median samples/s."""
+    config = TrainingConfig.from_mapping({"epochs": EPOCHS, "checkpoint_every": 0, **params})
+    run = runs.plan_run(conn, "bench_training", f"{name}-{time.time_ns()}", config)
+    manifest.plan_shards(conn, run)
+    run = runs.get_run(conn, run.run_id)
+    lines: list[str] = []
+    log = logging.getLogger(f"bench.{name}")
+    log.propagate = False
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    started = time.perf_counter()
+    launch_local.run_local(run.run_id, config.world_size, url, log, timeout_seconds=1800)
+    wall = time.perf_counter() - started
+    speeds = [m["samples_per_second"] for m in runs.epoch_metrics(conn, run.run_id)]
+    shards = runs.get_manifest(conn, run.run_id)
+    batch = config.batch_size_for(max(s.train_count for s in shards))
+    said = next((line.partition(":")[2] for line in lines if "<stdout>:batch " in line), "")
+    print(f"  {name:<10} {statistics.median(speeds):>10.0f} samples/s  epochs {[round(s) for s in speeds]}  "
+          f"job {wall:.1f} s  [{said}]", flush=True)
+    return {"samples_per_s": statistics.median(speeds), "batch": batch, "world_size": config.world_size,
+            "learning_rate": config.learning_rate_for(batch),
+            "train_rows": sum(s.train_count for s in shards)}
+
+
+def plain_torch(train_rows: int, batch: int, learning_rate: float, threads: int | None) -> float:
+    """Median samples/s of plain PyTorch in a fresh process (as a rank is): ``threads`` None = torch's default."""
+    args = [sys.executable, __file__, "--plain", str(train_rows), str(batch), str(learning_rate), str(threads or 0)]
+    out = subprocess.run(args, check=True, stdout=subprocess.PIPE, text=True).stdout
+    return json.loads(out.splitlines()[-1])["samples_per_s"]
+
+
+def plain_torch_main(train_rows: int, batch: int, learning_rate: float, threads: int) -> None:
+    import torch
+    import torch.nn.functional as F
+
+    from trainer.model import build_model
+
+    if threads:
+        torch.set_num_threads(threads)
+    features, labels = examples.synthetic(ROWS, DIM, CLASSES, 0)
+    x = torch.from_numpy(features[:train_rows])
+    y = torch.from_numpy(labels[:train_rows]).long()
+    model = build_model("mlp", DIM, CLASSES, {"hidden_sizes": [50]}, 0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=learning_rate, momentum=0.9)
+    speeds = []
+    for _ in range(EPOCHS):
+        started = time.perf_counter()
+        order = torch.randperm(train_rows)
+        for lo in range(0, train_rows, batch):
+            idx = order[lo:lo + batch]
+            optimizer.zero_grad()
+            F.cross_entropy(model(x[idx]), y[idx]).backward()
+            optimizer.step()
+        speeds.append(train_rows / (time.perf_counter() - started))
+    print(json.dumps({"samples_per_s": statistics.median(speeds), "threads": torch.get_num_threads()}))
+
+
+def main() -> None:
+    figures: dict[str, float | int | str] = {}
+    rounds: list[dict[str, float]] = []
+    with bench_database() as (_, url), psycopg.connect(url, autocommit=True) as conn:
+        examples.insert_samples(conn, *examples.synthetic(ROWS, DIM, CLASSES, 0))
+        before: dict[str, float] | None = None
+        for number in range(ROUNDS):
+            print(f"round {number + 1}/{ROUNDS}", flush=True)
+            default = horovod_run(conn, url, "default")
+            one = horovod_run(conn, url, "one_rank", world_size=1)
+            os.environ["OMP_NUM_THREADS"] = "1"  # reaches the ranks (launch_local passes OMP_*)
+            try:
+                one_thread = horovod_run(conn, url, "one_rank_1t", world_size=1)
+            finally:
+                del os.environ["OMP_NUM_THREADS"]
+            global_batch = default["batch"] * default["world_size"]
+            plain = {threads: plain_torch(int(default["train_rows"]), int(global_batch), default["learning_rate"],
+                                          threads) for threads in (None, 1)}
+            print(f"  plain torch at global batch {global_batch}: {plain[None]:.0f} samples/s (default threads), "
+                  f"{plain[1]:.0f} (1 thread)", flush=True)
+            rounds.append({"default": default["samples_per_s"], "one_default_threads": one["samples_per_s"],
+                           "one_1_thread": one_thread["samples_per_s"],
+                           "one": max(one["samples_per_s"], one_thread["samples_per_s"]),
+                           "plain": max(plain.values()), "plain_default_threads": plain[None],
+                           "plain_1_thread": plain[1]})
+            if before is None:
+                before = horovod_run(conn, url, "batch32", batch_size=32, learning_rate=0.05, epochs=1)
+                before["plain"] = max(plain_torch(int(default["train_rows"]), 64, 0.05, t) for t in (None, 1))
+                print(f"  plain torch at global batch 64: {before['plain']:.0f} samples/s", flush=True)
+    best = max(rounds, key=lambda r: r["default"] / r["plain"])
+    figures.update({
+        "training.rows": ROWS, "training.dim": DIM, "training.cpus": os.cpu_count() or 0,
+        "training.default_world_size": int(default["world_size"]),
+        "training.default_batch_per_rank": int(default["batch"]),
+        "training.default_learning_rate": round(default["learning_rate"], 4),
+        "training.default_samples_per_s": round(best["default"]),
+        "training.plain_torch_samples_per_s": round(best["plain"]),
+        "training.plain_torch_default_threads_samples_per_s": round(best["plain_default_threads"]),
+        "training.plain_torch_1_thread_samples_per_s": round(best["plain_1_thread"]),
+        "training.default_vs_plain_torch": round(best["default"] / best["plain"], 3),
+        "training.default_vs_plain_torch_rounds": str([round(r["default"] / r["plain"], 3) for r in rounds]),
+        "training.one_rank_samples_per_s": round(max(r["one"] for r in rounds)),
+        "training.one_rank_default_threads_samples_per_s": round(max(r["one_default_threads"] for r in rounds)),
+        "training.one_rank_1_thread_samples_per_s": round(max(r["one_1_thread"] for r in rounds)),
+        "training.local_2_vs_1_ranks": round(max(r["default"] / r["one"] for r in rounds), 3),
+        "training.local_2_vs_1_ranks_rounds": str([round(r["default"] / r["one"], 3) for r in rounds]),
+        # against one rank as the trainer sets it up by default (all CPUs' threads), not the faster one thread
+        "training.local_2_vs_1_ranks_default_threads": round(
+            max(r["default"] / r["one_default_threads"] for r in rounds), 3),
+    })
+    if before is not None:
+        figures["training.batch32_samples_per_s"] = round(before["samples_per_s"])
+        figures["training.batch32_plain_torch_samples_per_s"] = round(before["plain"])
+        figures["training.batch32_vs_plain_torch"] = round(before["samples_per_s"] / before["plain"], 3)
+        figures["training.default_vs_batch32"] = round(best["default"] / before["samples_per_s"], 1)
+    report(figures)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--plain":
+        plain_torch_main(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]))
+    else:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop the embedded server on the way out
+        main()

@@ -1,0 +1,78 @@
+"""The training loop without Horovod: the batches it steps on, and the auto batch size and learning rate."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from pgtrain.config import TrainingConfig
+from trainer.model import PgtrainModel
+from trainer.train import Task, batch_bounds, epoch_batches, epoch_order, threads_per_rank, train_epoch
+
+
+class RecordingNet(nn.Module):
+    """Logits from a linear layer; remembers the rows (feature 0 = the row's position) of every batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(1, 2)
+        self.batches: list[list[int]] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.batches.append([int(v) for v in x[:, 0]])
+        return self.linear(x)
+
+
+@pytest.mark.parametrize("train_count, steps", [(103, 10), (64, 64), (5, 8)])
+def test_an_epoch_steps_on_the_reference_batches_and_each_row_once(train_count, steps):
+    """The loop gathers each batch with index_select into reused buffers: exactly the batches the reference
+    (epoch_batches) replays, every training row once per epoch; a rank with fewer rows than steps takes
+    part in the remaining steps with empty batches (one backward each, no rows)."""
+    net = RecordingNet()
+    model = PgtrainModel(net, 1, 2)
+    x_train = torch.arange(train_count, dtype=torch.float32).reshape(-1, 1)
+    y_train = torch.arange(train_count) % 2
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    seed, epoch, rank = 3, 2, 1
+    order = torch.from_numpy(epoch_order(train_count, seed, epoch, rank))
+    largest = -(-train_count // steps)
+    sums = train_epoch(model, optimizer, Task(False, 2, torch.device("cpu")), x_train, y_train, order,
+                       batch_bounds(train_count, steps), x_train.new_empty((largest, 1)), y_train.new_empty(largest))
+
+    reference = [b.tolist() for b in epoch_batches(np.arange(train_count), steps, seed, epoch, rank)]
+    taken = [b for b in net.batches if not (len(b) == 2 and b == [0, 0])]  # the empty steps' zero probe
+    assert taken == [b for b in reference if b]
+    assert len(net.batches) == steps
+    assert sorted(r for b in taken for r in b) == list(range(train_count))
+    assert 0 <= float(sums[1]) <= train_count
+
+
+def test_the_auto_batch_size_and_learning_rate():
+    auto = TrainingConfig(world_size=2)
+    assert (auto.batch_size, auto.learning_rate) == (None, None)
+    assert auto.batch_size_for(804) == 32  # the digits of `make demo`: as before
+    assert auto.learning_rate_for(32) == pytest.approx(0.05)
+    assert auto.batch_size_for(10) == 32
+    assert auto.batch_size_for(10_000) == 200
+    assert auto.learning_rate_for(200) == pytest.approx(0.05 * 400 / 64)
+    assert auto.batch_size_for(90_000) == 1800
+    assert auto.batch_size_for(10_000_000) == 2048
+    assert auto.learning_rate_for(512) == pytest.approx(0.8)
+    assert auto.learning_rate_for(2048) == pytest.approx(0.8)  # capped
+    assert TrainingConfig(world_size=1).learning_rate_for(512) == pytest.approx(0.4)
+    explicit = TrainingConfig(world_size=2, batch_size=16, learning_rate=0.3)
+    assert (explicit.batch_size_for(90_000), explicit.learning_rate_for(16)) == (16, 0.3)
+    assert TrainingConfig.from_mapping({"batch_size": None, "learning_rate": None}).batch_size is None
+
+
+def test_threads_per_rank_share_the_cpus_unless_omp_num_threads_says():
+    cpus = len(os.sched_getaffinity(0))
+    assert threads_per_rank({}, 1) == cpus
+    assert threads_per_rank({}, cpus) == 1
+    assert threads_per_rank({}, 4 * cpus) == 1
+    assert threads_per_rank({"OMP_NUM_THREADS": "3"}, 2) == 3
+    assert threads_per_rank({"OMP_NUM_THREADS": ""}, 1) == cpus
