@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 WHEEL_CACHE ?= $(HOME)/.cache/pgtrain/wheels
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint bench bench-quick load-digits render-mpijob stop-db clean
+.PHONY: install demo test lint bench bench-quick load-digits render-mpijob stop-db clean ui stop-ui browser test-stack
 
 install: $(STAMP)
 
@@ -26,17 +26,20 @@ $(STAMP): requirements.txt requirements-dev.txt trainer_image/requirements.txt t
 demo: install
 	bash scripts/demo.sh
 
-test: install
+test: install browser
 	bash scripts/test.sh
 
 lint: install
 	$(VENV)/bin/ruff check .
 
-bench: install  # full size: 1M-row loader, 10M-row manifest (about 5 GB of RAM, several minutes)
+bench: install  # full size: 500k-row loader against its peers, 2M-row manifest (several minutes)
+	$(PY) -m pip install -q -r benchmarks/requirements.txt  # the loader's peers: ConnectorX, asyncpg
 	$(PY) benchmarks/run_all.py
 
 bench-quick: install  # the same benchmarks on small tables, to check they run
+	$(PY) -m pip install -q -r benchmarks/requirements.txt
 	PGTRAIN_BENCH_ROWS=20000 PGTRAIN_BENCH_MANIFEST_ROWS=100000 PGTRAIN_BENCH_STORE_MB=64 \
+		PGTRAIN_BENCH_TRAIN_ROWS=20000 PGTRAIN_BENCH_TRAIN_ROUNDS=1 PGTRAIN_BENCH_DAG_ROUNDS=1 \
 		PGTRAIN_BENCH_RESULTS=benchmarks/out/results.json \
 		$(PY) benchmarks/run_all.py
 
@@ -46,8 +49,22 @@ load-digits: install
 render-mpijob: install
 	$(PY) -m pgtrain.mpijob render --world-size 8 --gpus-per-worker 4 --image pgtrain-trainer:latest --run-id example
 
+ui: install  # a local Airflow on http://127.0.0.1:8080 (api-server, scheduler, dag-processor, triggerer); see README
+	$(PY) -m pgtrain.devstack start
+
+stop-ui:  # stop what `make ui` started (the embedded PostgreSQL keeps running: make stop-db)
+	test ! -x $(PY) || $(PY) -m pgtrain.devstack stop
+
+browser:  # Debian's Chromium and chromedriver, for the browser test only (tests/test_models_page.py); apt-get, as root
+	command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+	  $(if $(filter 0,$(shell id -u)),,sudo) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(if $(filter 0,$(shell id -u)),,sudo) apt-get install -y -qq chromium chromium-driver >/dev/null; }
+
+test-stack: install browser  # only the tests that start the real Airflow stack (REST API, models page in Chromium)
+	bash scripts/test.sh -m stack
+
 stop-db:  # stop the demo's embedded PostgreSQL (its data stays in .pgdata/)
 	test ! -d .pgdata || $(PY) -m pgtrain.devdb stop .pgdata
 
-clean: stop-db
-	rm -rf .airflow .demo .pytest_cache
+clean: stop-ui stop-db
+	rm -rf .airflow .airflow-ui .demo .pytest_cache test-artifacts

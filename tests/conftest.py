@@ -18,6 +18,7 @@ from pgtrain import devdb
 from pgtrain.migrations import apply_migrations
 
 REPO = Path(__file__).resolve().parents[1]
+pytest_plugins = ["tests.airflow_stack"]  # the session's Airflow stack (fixture airflow_stack), for tests marked stack
 logging.getLogger("pgserver").setLevel(logging.WARNING)  # its exit-time INFO lines outlive pytest's capture
 
 # A project-local Airflow (SQLite metadata DB), set before anything imports airflow.

@@ -53,3 +53,22 @@ def test_every_long_running_service_has_a_health_check_and_restarts():
     environment = services["airflow-scheduler"]["environment"]
     assert environment["AIRFLOW__CORE__FERNET_KEY"].startswith("${")
     assert "AIRFLOW_FERNET_KEY=" in (REPO / ".env.example").read_text()
+
+
+def test_the_image_installs_the_runtime_requirements_only_with_airflow_pinned():
+    dockerfile = (REPO / COMPOSE["services"]["airflow-apiserver"]["build"]["dockerfile"]).read_text()
+    assert "requirements-dev" not in dockerfile and "/opt/pgtrain/requirements.txt" in dockerfile
+    assert '"apache-airflow==${AIRFLOW_VERSION}"' in dockerfile  # pip may never move the image's Airflow
+    assert "FROM apache/airflow:${AIRFLOW_VERSION}-python3.11" in dockerfile
+    for name in ("pytest", "ruff", "selenium"):
+        assert name not in (REPO / "requirements.txt").read_text(), name
+
+
+def test_the_plugins_folder_holds_the_models_page_and_not_the_library():
+    """Airflow loads every .py file of the plugins folder as a plugin module: registration files, not the library."""
+    from airflow._shared.module_loading.file_discovery import find_path_from_directory
+
+    found = [p for p in find_path_from_directory(str(REPO / "plugins"), ".airflowignore") if p.endswith(".py")]
+    assert "pgtrain_plugin.py" in [p.rsplit("/", 1)[1] for p in found]
+    assert not [p for p in found if "/plugins/pgtrain/" in p], "library modules loaded as plugins"
+    assert "triggerer" in COMPOSE["services"]["airflow-triggerer"]["command"]

@@ -42,16 +42,16 @@ def test_tasks_run_in_the_designed_order(dag):
         assert earlier in dag.get_task(later).get_flat_relative_ids(upstream=True), f"{earlier} -> {later}"
 
 
-def test_schedule_is_daily_without_catchup(dag):
+def test_the_generic_dag_runs_only_when_triggered(dag):
     assert dag.catchup is False
-    assert dag.schedule == "@daily"
+    assert dag.schedule is None  # ad-hoc runs only: scheduled models have their own DAGs
 
 
 def test_param_defaults_are_valid_training_config(dag):
     dag.params.validate()
     defaults = {name: dag.params[name] for name in dag.params}
     config = TrainingConfig.from_mapping(defaults)
-    assert config == TrainingConfig()
+    assert config == TrainingConfig(model_name="adhoc-model")  # digits-mlp belongs to the models file
     assert set(PARAMETERS) <= set(defaults)
     assert config.launcher == "local" and config.world_size == 2 and config.hidden_sizes == (50,)
 
@@ -62,7 +62,8 @@ def test_params_reject_bad_values(dag, name, value):
         dag.params.get_param(name).resolve(value)
 
 
-def test_importing_the_dag_opens_no_connection_and_no_torch():
+@pytest.mark.parametrize("dag_file", ["pgtrain_training.py", "pgtrain_models.py", "pgtrain_models_check.py"])
+def test_importing_the_dag_opens_no_connection_and_no_torch(dag_file):
     probe = f"""
 import importlib.util, json, socket, sys, time
 opened = []
@@ -72,7 +73,7 @@ def connect(self, address):
     return real_connect(self, address)
 socket.socket.connect = connect
 started = time.perf_counter()
-spec = importlib.util.spec_from_file_location("dag_under_test", {str(REPO / "dags/pgtrain_training.py")!r})
+spec = importlib.util.spec_from_file_location("dag_under_test", {str(REPO / "dags" / dag_file)!r})
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 print(json.dumps({{"seconds": time.perf_counter() - started, "connections": opened,

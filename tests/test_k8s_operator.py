@@ -102,6 +102,8 @@ def test_failing_trainer_fails_the_task_with_reason_and_log_tail(k8s, namespace,
     assert f"trainer verdict: refused: {reason}" in message
     (job,) = k8s.mpijobs(namespace)  # keep_pod: kept, and marked so a retry does not re-attach to it
     assert job["metadata"]["labels"]["already_checked"] == "True"
+    outcome = context["ti"].xcoms.pop("pgtrain_outcome")  # the DAG run's note (pgtrain.airflow.run_notes)
+    assert outcome.startswith("digits-mlp: refused: ") and "has no shard manifest" in outcome
     assert context["ti"].xcoms == {"mpijob_name": job["metadata"]["name"], "mpijob_namespace": namespace}
     assert_no_secret_leaked(k8s, namespace, password_sentinel, message, task_log, repr(context["ti"].xcoms))
     assert_cluster_accepted_every_manifest(k8s, namespace)

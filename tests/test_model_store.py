@@ -10,6 +10,7 @@ import numpy as np
 import psycopg
 import pytest
 
+from pgtrain.catalog import head_history, list_versions
 from pgtrain.config import TrainingConfig
 from pgtrain.errors import CommitRejected, PgtrainError
 from pgtrain.model_spec import ModelSpec
@@ -17,9 +18,7 @@ from pgtrain.model_store import (
     commit_run,
     export_state_dict,
     get_version,
-    head_history,
     head_version,
-    list_versions,
     load_tensors,
     promote,
 )

@@ -152,19 +152,6 @@ def head_version(conn: psycopg.Connection, model_name: str) -> int | None:
     return row[0] if row else None
 
 
-def list_versions(conn: psycopg.Connection, model_name: str | None = None) -> list[dict[str, Any]]:
-    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(
-            """SELECT v.model_name, v.version, v.run_id, v.fencing_token, v.metrics, v.created_at,
-                      h.version IS NOT NULL AS is_head
-               FROM pgtrain.model_versions v
-               LEFT JOIN pgtrain.model_heads h ON h.model_name = v.model_name AND h.version = v.version
-               WHERE %(model)s::text IS NULL OR v.model_name = %(model)s
-               ORDER BY v.model_name, v.version""",
-            {"model": model_name},
-        ).fetchall()
-
-
 def get_version(conn: psycopg.Connection, model_name: str, version: int | None = None) -> dict[str, Any]:
     """One version (the head when ``version`` is None) with its run, spec and tensor list."""
     with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
@@ -274,15 +261,6 @@ def collect_garbage(conn: psycopg.Connection, model_name: str, keep: int, force:
             conn.execute("DELETE FROM pgtrain.model_versions WHERE model_name = %s AND version = ANY(%s)",
                          (model_name, doomed))
     return doomed
-
-
-def head_history(conn: psycopg.Connection, model_name: str) -> list[dict[str, Any]]:
-    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(
-            """SELECT version, previous_version, fencing_token, action, owner, moved_at
-               FROM pgtrain.model_head_history WHERE model_name = %s ORDER BY id""",
-            (model_name,),
-        ).fetchall()
 
 
 # -- small named parameters -----------------------------------------------------------------------------

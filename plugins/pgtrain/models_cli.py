@@ -27,7 +27,7 @@ from typing import Any
 
 import psycopg
 
-from pgtrain import model_store
+from pgtrain import catalog, model_store
 from pgtrain.db import connect
 from pgtrain.errors import PgtrainError
 from pgtrain.locks import describe_owner, list_locks
@@ -50,7 +50,7 @@ def _fmt(value: Any) -> str:
 
 
 def cmd_list(conn, args) -> int:
-    versions = model_store.list_versions(conn, args.model)
+    versions = catalog.list_versions(conn, args.model)
     if args.json:
         _print_json(versions)
         return 0
@@ -114,7 +114,7 @@ def cmd_promote(conn, args) -> int:
     version = args.version
     if version is None:  # rollback without a version: the newest one older than the head
         head = model_store.head_version(conn, args.model)
-        older = [v["version"] for v in model_store.list_versions(conn, args.model)
+        older = [v["version"] for v in catalog.list_versions(conn, args.model)
                  if head is not None and v["version"] < head]
         if not older:
             raise PgtrainError(f"model {args.model!r} has no version older than its head ({head}) to roll back to")
@@ -133,7 +133,7 @@ def cmd_export(conn, args) -> int:
 
 
 def cmd_history(conn, args) -> int:
-    moves = model_store.head_history(conn, args.model)
+    moves = catalog.head_history(conn, args.model)
     if args.json:
         _print_json(moves)
         return 0

@@ -66,6 +66,17 @@ def check_run(conn: psycopg.Connection, config: TrainingConfig, settings: Author
     return check_source(conn, config.source_table, settings)
 
 
+def check_unowned(model_name: str, owners: dict[str, str]) -> None:
+    """The generic DAG may not train a model of the models file: its DAG fixes its source, columns and gate.
+
+    ``owners``: model name -> the DAG that trains it (pgtrain.model_entries.model_owners).
+    """
+    if model_name in owners:
+        raise ConfigError(f"model {model_name!r} is trained by its own DAG {owners[model_name]} (the models file "
+                          "fixes its source, columns and quality gate): trigger that DAG, or choose another "
+                          "model_name for an ad-hoc run")
+
+
 def admit(conn: psycopg.Connection, config: TrainingConfig, settings: AuthorSettings) -> TrainingConfig:
     """The run's config as it is recorded: checked against the author's settings, the source pinned to the
     schema-qualified, quoted name it resolved to (a later search_path cannot point it elsewhere), and the

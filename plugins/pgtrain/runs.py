@@ -238,3 +238,30 @@ def clear_training_output(conn: psycopg.Connection, run_id: str) -> None:
     with conn.transaction():
         conn.execute("DELETE FROM pgtrain.run_metrics WHERE run_id = %s", (run_id,))
         tensors.delete_staged(conn, run_id)
+
+
+def outcome(conn: psycopg.Connection, run_id: str) -> str:
+    """What became of the run, in one line (the DAG run's note): the version committed and its validation
+    metric, or why not; and the model's head before and after."""
+    row = conn.execute(
+        """SELECT r.model_name, r.status, r.status_reason, r.base_version, v.version, v.metrics, h.version
+           FROM pgtrain.training_runs r
+           LEFT JOIN pgtrain.model_versions v ON v.run_id = r.run_id
+           LEFT JOIN pgtrain.model_heads h ON h.model_name = r.model_name
+           WHERE r.run_id = %s""",
+        (run_id,),
+    ).fetchone()
+    if row is None:
+        raise PgtrainError(f"training run {run_id!r} does not exist; plan_run creates it")
+    model, status, reason, before, version, metrics, after = row
+    head = f"head {_v(before)} -> {_v(after)}" if before != after else f"head stays {_v(after)}"
+    if version is not None:
+        metric = ", ".join(f"{k} {metrics[k]:.4f}" for k in ("val_accuracy", "val_rmse", "val_loss")
+                           if isinstance((metrics or {}).get(k), int | float))[:80] or "no validation metric"
+        moved = "" if after == version else " (not the head: the architecture changed; promote it to use it)"
+        return f"{model} v{version} committed{moved}: {metric}; {head}"
+    return f"{model}: {status}" + (f": {reason}" if reason else "") + f"; {head}"
+
+
+def _v(version: int | None) -> str:
+    return "none" if version is None else f"v{version}"

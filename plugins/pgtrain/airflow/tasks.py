@@ -14,6 +14,8 @@ from pgtrain.airflow.assets import MODELS_ALIAS, model_asset
 from pgtrain.airflow.connection import DEFAULT_CONN_ID, database_url
 
 log = logging.getLogger(__name__)
+# The XCom each task leaves when it decides what became of the run; its value becomes the DAG run's note.
+OUTCOME_KEY = "pgtrain_outcome"
 
 
 @task
@@ -28,37 +30,57 @@ def provision_tables(conn_id: str = DEFAULT_CONN_ID) -> list[int]:
 
 
 @task
-def plan_run(conn_id: str = DEFAULT_CONN_ID, params: dict | None = None, dag_run: Any = None) -> str:
-    from pgtrain import capacity, policy, runs
-    from pgtrain.config import TrainingConfig, unknown_keys
-    from pgtrain.db import connect
-    from pgtrain.errors import ConfigError
-    from pgtrain.settings import load_settings
+def plan_run(model_entry: str | None = None, conn_id: str = DEFAULT_CONN_ID, params: dict | None = None,
+             dag_run: Any = None, ti: Any = None) -> str:
+    from airflow.sdk.exceptions import AirflowSkipException
 
-    typos = unknown_keys(dict(dag_run.conf or {}))
-    if typos:
-        raise ConfigError("the run's conf has keys this DAG does not define: " + "; ".join(typos))
-    config = TrainingConfig.from_mapping(dict(params))
-    capacity.check_world_size(config)
-    with connect(database_url(conn_id)) as conn:
-        config = policy.admit(conn, config, load_settings())
-        run = runs.plan_run(conn, dag_run.dag_id, dag_run.run_id, config)
+    from pgtrain import capacity, freshness, policy, runs
+    from pgtrain.config import TrainingConfig
+    from pgtrain.db import connect
+    from pgtrain.errors import PgtrainError
+
+    try:
+        entry = _entry(model_entry)
+        _check_conf(dict(dag_run.conf or {}), entry)
+        config = TrainingConfig.from_mapping({**dict(params), **(entry.fixed if entry else {})})
+        if entry is None:
+            from pgtrain.model_entries import model_owners
+
+            policy.check_unowned(config.model_name, model_owners())
+        capacity.check_world_size(config)
+        with connect(database_url(conn_id)) as conn:
+            config = policy.admit(conn, config, _settings(entry))
+            skip = freshness.skip_reason(conn, config, _run_type(dag_run))
+            if skip:
+                log.info("not training, no new version: %s", skip)
+                ti.xcom_push(key=OUTCOME_KEY, value=f"{config.model_name}: skipped: {skip}")
+                raise AirflowSkipException(skip)
+            run = runs.plan_run(conn, dag_run.dag_id, dag_run.run_id, config)
+    except PgtrainError as refused:
+        ti.xcom_push(key=OUTCOME_KEY, value=f"refused before planning: {refused}")
+        raise
     log.info("training run %s (model %s, base version %s) with %s", run.run_id, run.model_name, run.base_version,
              run.config.to_dict())
     return run.run_id
 
 
 @task
-def compute_shards(training_run: str, conn_id: str = DEFAULT_CONN_ID) -> dict[str, Any]:
+def compute_shards(training_run: str, model_entry: str | None = None, conn_id: str = DEFAULT_CONN_ID,
+                   ti: Any = None) -> dict[str, Any]:
     from pgtrain import capacity, manifest, policy, runs
     from pgtrain.db import connect
-    from pgtrain.settings import load_settings
+    from pgtrain.errors import PgtrainError
 
     with connect(database_url(conn_id)) as conn:
         run = runs.get_run(conn, training_run)
-        policy.check_run(conn, run.config, load_settings())
-        plan = manifest.plan_shards(conn, run)
-    capacity.check_model_size(run.config, plan.input_dim, plan.output_dim)
+        try:
+            policy.check_run(conn, run.config, _settings(_entry(model_entry)))
+            plan = manifest.plan_shards(conn, run)
+            capacity.check_model_size(run.config, plan.input_dim, plan.output_dim)
+        except PgtrainError as refused:
+            runs.set_status(conn, training_run, "refused", str(refused))  # not left 'planned'
+            ti.xcom_push(key=OUTCOME_KEY, value=runs.outcome(conn, training_run))
+            raise
     for shard in plan.shards:
         log.info("rank %d: keys %s..%s, %d rows (%d training)", shard.rank, shard.key_lo, shard.key_hi,
                  shard.row_count, shard.train_count)
@@ -70,12 +92,20 @@ def compute_shards(training_run: str, conn_id: str = DEFAULT_CONN_ID) -> dict[st
 @task(outlets=[MODELS_ALIAS])
 def commit_parameters(training_run: str, conn_id: str = DEFAULT_CONN_ID, ti: Any = None,
                       outlet_events: Any = None) -> dict[str, Any]:
+    from pgtrain import runs
     from pgtrain.db import connect
+    from pgtrain.errors import CommitRejected
     from pgtrain.model_store import commit_run
 
     owner = {"dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id, "try_number": ti.try_number}
     with connect(database_url(conn_id)) as conn:
-        result = commit_run(conn, training_run, owner=owner)
+        # Committed, or rejected with the reason: the DAG run's note (pgtrain.airflow.run_notes).
+        try:
+            result = commit_run(conn, training_run, owner=owner)
+        except CommitRejected:
+            ti.xcom_push(key=OUTCOME_KEY, value=runs.outcome(conn, training_run))
+            raise
+        ti.xcom_push(key=OUTCOME_KEY, value=runs.outcome(conn, training_run))
     log.info("model %s version %d (%s)", result.model_name, result.version,
              "new" if result.created else "already committed by an earlier try")
     if not result.head_moved:
@@ -100,3 +130,35 @@ def report(training_run: str, conn_id: str = DEFAULT_CONN_ID) -> dict[str, Any]:
         runs.save_summary(conn, training_run, summary)
     log.info("run summary:\n%s", reporting.format_summary(summary))
     return summary
+
+
+def _entry(name: str | None) -> Any:
+    """The models-file entry of a per-model DAG (None for the generic DAG)."""
+    from pgtrain.model_entries import find_entry
+
+    return find_entry(name) if name else None
+
+
+def _settings(entry: Any) -> Any:
+    from pgtrain.settings import load_settings
+
+    settings = load_settings()
+    return entry.settings(settings) if entry else settings
+
+
+def _check_conf(conf: dict[str, Any], entry: Any) -> None:
+    """A conf key that is not a param of this DAG fails the run, with the closest param's name."""
+    from pgtrain.config import unknown_keys
+    from pgtrain.errors import ConfigError
+
+    problems = unknown_keys(conf)
+    if entry is not None:
+        problems += [f"{key!r} is fixed by the DAG's author in the models file (entry {entry.name!r}), not a "
+                     "param of this DAG" for key in sorted(set(conf) & set(entry.fixed))]
+    if problems:
+        raise ConfigError("the run's conf has keys this DAG does not define: " + "; ".join(problems))
+
+
+def _run_type(dag_run: Any) -> str:
+    run_type = getattr(dag_run, "run_type", None)
+    return str(getattr(run_type, "value", run_type))

@@ -1,0 +1,14 @@
+"""Reports the bad entries of the models file (dags/models.yaml) as this file's import error, naming the file,
+each entry and its field. It defines no DAG: the good entries' DAGs come from pgtrain_models.py, and stay loaded
+(Airflow marks every DAG of a file with an import error stale, so the error must not be in that file).
+"""
+
+from pgtrain.errors import ConfigError
+from pgtrain.model_entries import errors_report, load_entries
+
+try:
+    _, errors = load_entries()
+except ConfigError:
+    errors = []  # the file itself is unreadable: pgtrain_models.py reports that, with no DAG to keep
+if errors:
+    raise ConfigError(errors_report(errors))

@@ -1,0 +1,57 @@
+"""The task chain every pgtrain training DAG runs, built in one place for the generic DAG and the per-model ones:
+
+provision_tables -> plan_run -> compute_shards -> train -> commit_parameters -> report
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from airflow.sdk import Asset, AssetOrTimeSchedule, AssetWatcher, CronTriggerTimetable
+
+from pgtrain.airflow import tasks
+from pgtrain.airflow.connection import DEFAULT_CONN_ID
+from pgtrain.airflow.failures import RETRY_POLICY
+from pgtrain.airflow.new_rows_trigger import NewRowsTrigger
+from pgtrain.airflow.train_operator import HorovodTrainOperator
+from pgtrain.model_entries import ModelEntry
+from pgtrain.settings import AuthorSettings
+
+DEFAULT_ARGS: dict[str, Any] = {"retries": 1, "retry_delay": timedelta(minutes=1), "retry_policy": RETRY_POLICY}
+
+
+def training_pipeline(settings: AuthorSettings, model_entry: str | None = None) -> None:
+    """Add the training tasks to the DAG being defined (call it inside ``with DAG(...)``).
+
+    ``settings``: the author's settings the train task is built with (Kubernetes arguments);
+    ``model_entry``: the models-file entry whose fixed source, model and settings the run uses (None: the
+    generic DAG, whose params say what to train and whose settings are the settings file's).
+    """
+    training_run = tasks.plan_run(model_entry=model_entry)
+    shards = tasks.compute_shards(training_run, model_entry=model_entry)
+    trained = HorovodTrainOperator(task_id="train", training_run_id=training_run,
+                                   execution_timeout=timedelta(hours=24), **settings.operator_arguments())
+    committed = tasks.commit_parameters(training_run)
+    summary = tasks.report(training_run)
+
+    tasks.provision_tables() >> training_run
+    shards >> trained >> committed >> summary
+
+
+def new_rows_asset(entry: ModelEntry, conn_id: str = DEFAULT_CONN_ID) -> Asset:
+    """The asset of new rows in a model's source, watched by a NewRowsTrigger in the triggerer."""
+    trigger = NewRowsTrigger(model_name=entry.name, source_table=entry.source_table, key_column=entry.key_column,
+                             min_new_rows=entry.min_new_rows, poll_seconds=entry.poll_seconds, conn_id=conn_id)
+    return Asset(uri=f"pgtrain://{conn_id}/{entry.name}/new-rows", name=f"pgtrain new rows for {entry.name}",
+                 group="pgtrain-sources",
+                 watchers=[AssetWatcher(name=f"pgtrain-new-rows-{entry.name}", trigger=trigger)])
+
+
+def model_schedule(entry: ModelEntry, conn_id: str = DEFAULT_CONN_ID) -> Any:
+    """Cron, new rows, or whichever comes first (AssetOrTimeSchedule)."""
+    cron = CronTriggerTimetable(entry.cron, timezone="UTC") if entry.cron else None
+    if entry.min_new_rows is None:
+        return cron
+    rows = new_rows_asset(entry, conn_id)
+    return rows if cron is None else AssetOrTimeSchedule(timetable=cron, assets=rows)
