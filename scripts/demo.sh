@@ -20,7 +20,7 @@ export AIRFLOW_CONN_PGTRAIN_DB="$PGTRAIN_DATABASE_URL"
 
 .venv/bin/python -m pgtrain.examples digits --if-empty
 echo "running the digits model's DAG pgtrain_model_digits-mlp (airflow dags test, world_size 2, launcher local) ..."
-if ! .venv/bin/airflow dags test pgtrain_training >.demo/dags-test.log 2>&1; then
+if ! .venv/bin/airflow dags test pgtrain_model_digits-mlp >.demo/dags-test.log 2>&1; then
   tail -n 60 .demo/dags-test.log
   echo "the DAG run failed; full log: .demo/dags-test.log" >&2
   exit 1
