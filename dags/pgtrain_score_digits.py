@@ -1,8 +1,9 @@
 """pgtrain_score_digits: an example downstream DAG, scheduled by a new version of the digits-mlp model.
 
-pgtrain_training's commit_parameters emits an event of the model's asset (pgtrain://pgtrain_db/digits-mlp)
-for every version it commits, with the version, its metrics and the run in the event's extra. This DAG
-runs on that event and scores public.samples with exactly that version into public.digits_scores_v<N>.
+pgtrain_model_digits-mlp, the digits model's DAG (dags/models.yaml), emits an event of the model's asset
+(pgtrain://pgtrain_db/digits-mlp) from its commit_parameters for every version it commits, with the version,
+its metrics and the run in the event's extra. This DAG runs on that event and scores public.samples with
+exactly that version into public.digits_scores_v<N>.
 """
 
 from datetime import datetime

@@ -81,6 +81,50 @@ def test_a_claimed_event_is_never_claimed_again(autocommit):
     assert new_rows(autocommit).new_rows == 0 and new_rows(autocommit).head_version == 2
 
 
+def test_rows_there_before_watching_began_start_no_run(autocommit, db_url):
+    """No version yet: the first poll records the largest key as the baseline instead of firing (unpausing a
+    model's DAG starts no run by itself); min_new_rows rows added after fire once."""
+    seed_samples(autocommit, 30)
+    trigger = NewRowsTrigger(model_name=MODEL, source_table="public.samples", key_column="id", min_new_rows=5,
+                             poll_seconds=0.1)
+    trigger._connect(db_url)
+    try:
+        assert [trigger._poll() for _ in range(2)] == [None, None]
+        assert autocommit.execute("SELECT fired_key, events FROM pgtrain.new_rows_events").fetchone() == ("30", 0)
+        seed_samples(autocommit, 4, seed=1)
+        assert trigger._poll() is None, "4 new rows, below min_new_rows"
+        seed_samples(autocommit, 1, seed=2)
+        fired = trigger._poll()
+        assert fired is not None and (fired["since_key"], fired["max_key"]) == ("30", "35")
+        assert trigger._poll() is None
+    finally:
+        trigger._close()
+    assert autocommit.execute("SELECT fired_key, events FROM pgtrain.new_rows_events").fetchone() == ("35", 1)
+
+
+def test_a_swapped_table_is_watched_by_its_name_and_fires_once(autocommit, db_url):
+    """ETL swaps (RENAME old away, RENAME new in) make the name another relation: each poll resolves it again,
+    so the head's watermark and the last event still bound what is new (no event on every poll)."""
+    seed_samples(autocommit, 30)
+    commit_version(autocommit, "first")
+    trigger = NewRowsTrigger(model_name=MODEL, source_table="public.samples", key_column="id", min_new_rows=5,
+                             poll_seconds=0.1)
+    trigger._connect(db_url)
+    try:
+        assert trigger._poll() is None  # nothing new yet
+        autocommit.execute("CREATE TABLE public.samples_next (LIKE public.samples INCLUDING ALL)")
+        autocommit.execute("INSERT INTO public.samples_next (id, features, label) "
+                           "SELECT id, features, label FROM public.samples UNION ALL "
+                           "SELECT id + 30, features, label FROM public.samples WHERE id <= 6")
+        autocommit.execute("ALTER TABLE public.samples RENAME TO samples_before")
+        autocommit.execute("ALTER TABLE public.samples_next RENAME TO samples")
+        fired = [trigger._poll() for _ in range(3)]
+    finally:
+        trigger._close()
+    assert [f is not None for f in fired] == [True, False, False], fired
+    assert (fired[0]["new_rows"], fired[0]["since_key"], fired[0]["max_key"]) == (5, "30", "36")  # counted up to 5
+
+
 def test_unchanged_is_exact_for_inserts_updates_and_deletes(autocommit):
     seed_samples(autocommit, 40)
     assert unchanged(autocommit) is None, "no head version: train"
@@ -109,12 +153,14 @@ def test_unchanged_is_exact_for_inserts_updates_and_deletes(autocommit):
 def test_only_scheduled_runs_skip_and_force_trains(autocommit):
     seed_samples(autocommit, 20)
     commit_version(autocommit, "first")
-    config = TrainingConfig(model_name=MODEL, source_table=TABLE)
+    config = TrainingConfig(model_name=MODEL, source_table=TABLE, world_size=1)  # as the head's run was
     assert "set the force param" in freshness.skip_reason(autocommit, config, "scheduled")
+    changed = TrainingConfig(model_name=MODEL, source_table=TABLE, world_size=1, hidden_sizes=(16,))
+    assert freshness.skip_reason(autocommit, changed, "scheduled") is None, "the author changed the model"
     assert freshness.skip_reason(autocommit, config, "asset_triggered")
     assert freshness.skip_reason(autocommit, config, "manual") is None
     assert freshness.skip_reason(autocommit, TrainingConfig.from_mapping(
-        {"model_name": MODEL, "source_table": TABLE, "force": True}), "scheduled") is None
+        {"model_name": MODEL, "source_table": TABLE, "world_size": 1, "force": True}), "scheduled") is None
     other = TrainingConfig(model_name="another-model", source_table=TABLE)
     assert freshness.skip_reason(autocommit, other, "scheduled") is None, "no head of that model"
 
@@ -222,7 +268,7 @@ def test_plan_run_skips_a_scheduled_run_of_an_unchanged_source_and_says_why(auto
     monkeypatch.setenv("AIRFLOW_CONN_PGTRAIN_DB", db_url)
     seed_samples(autocommit, 20)
     commit_version(autocommit, "first")
-    params = {name: param.value for name, param in dag_params().items()} | {"model_name": MODEL}
+    params = {name: param.value for name, param in dag_params().items()} | {"model_name": MODEL, "world_size": 1}
 
     def plan(run_type: str, run_id: str, **conf):
         ti = FakeTaskInstance(dag_id="pgtrain_training", task_id="plan_run", run_id=run_id)

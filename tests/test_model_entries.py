@@ -79,6 +79,7 @@ def test_the_quality_gate_is_on_unless_an_entry_turns_it_off(tmp_path):
     (good("a") + "\n    launcher: slurm", "launcher", "is not one of"),
     (good("a").replace("label_column: label", "label: label"), "source", "'label_column' is a required"),
     (good("bad name!"), "name", "does not match"),
+    (good("a").replace("table: public.samples", "table: samples"), "source.table", "must be schema-qualified"),
 ])
 def test_a_bad_entry_names_the_file_the_entry_and_the_field(tmp_path, entry, field, words):
     path = models_file(tmp_path, good("fine"), entry)
@@ -107,7 +108,8 @@ def test_every_model_of_the_file_is_owned_by_its_dag_even_a_bad_entry(tmp_path):
         check_unowned("broken", owners)
     check_unowned("adhoc-model", owners)  # any other name is the generic DAG's to train
     (tmp_path / "models.yaml").write_text("not: [a models list")
-    assert model_owners(path) == {}  # an unreadable file makes no DAG, so it owns nothing
+    with pytest.raises(ConfigError, match="until the models file is fixed, ad-hoc runs cannot tell"):
+        model_owners(path)  # fails closed: a typo in the file must not open its models to ad-hoc runs
 
 
 def test_a_file_that_is_not_a_models_list_is_refused_whole(tmp_path):
@@ -232,7 +234,7 @@ def test_a_model_dag_trains_its_entry_and_notes_the_outcome(airflow_env, make_da
     with psycopg.connect(db_url, autocommit=True) as conn:
         status, reason = conn.execute("SELECT status, status_reason FROM pgtrain.training_runs WHERE dag_id = %s "
                                       "ORDER BY created_at DESC LIMIT 1", (dag_id,)).fetchone()
-    assert status == "refused" and "5" in reason, reason
+    assert status == "refused" and "the feature vector does not hold 5 values" in reason, reason
     note = latest_note(dag_id)
     assert note.startswith("e2e-mlp: refused: ") and note.endswith("head stays v1"), note
 

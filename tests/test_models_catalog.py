@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import re
+import secrets
+from urllib.parse import urlencode
+
+import pytest
 
 from pgtrain import catalog
 from pgtrain.airflow import ui_render
@@ -56,7 +60,55 @@ def test_pages_escape_what_they_show_and_draw_one_point_per_epoch():
 
 def test_a_page_with_no_models_says_how_to_get_one():
     html = ui_render.models_page([], "/pgtrain")
-    assert "make demo" in html and "pgtrain_training" in html
+    assert "make load-digits" in html and "pgtrain_model_digits-mlp" in html and "dags/models.yaml" in html
+
+
+def test_metric_names_are_escaped_too():
+    html = ui_render.metrics_text({"val_<i>x</i>": 0.5, "epochs": 3})
+    assert "<i>" not in html and "&lt;i&gt;x&lt;/i&gt; 0.5" in html
+
+
+@pytest.fixture
+def page_client(make_database, monkeypatch, tmp_path):
+    """The models page app mounted at /pgtrain as the api-server mounts it, behind Airflow's own authentication
+    (the simple auth manager, in this process) and reading the Airflow connection pgtrain_db: a database where
+    nothing was trained yet (no pgtrain tables). Yields (client, bearer token)."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    monkeypatch.setenv("AIRFLOW_CONN_PGTRAIN_DB", make_database(migrate=False))
+    monkeypatch.setenv("AIRFLOW__CORE__AUTH_MANAGER",
+                       "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager")
+    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE", str(tmp_path / "passwords.json"))
+    monkeypatch.setenv("AIRFLOW__API_AUTH__JWT_SECRET", secrets.token_urlsafe(64))
+    from airflow.api_fastapi.app import init_auth_manager
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+    from pgtrain.airflow.ui import URL_PREFIX, create_app
+
+    token = init_auth_manager().generate_jwt(SimpleAuthManagerUser(username="admin", role="admin"))
+    airflow = FastAPI()
+    airflow.mount(URL_PREFIX, create_app())
+    with TestClient(airflow, base_url="http://attacker.example") as client:
+        yield client, token
+
+
+def test_every_page_answers_on_a_database_nothing_was_trained_into(page_client):
+    client, token = page_client
+    logged_in = {"Authorization": f"Bearer {token}", "Accept": "text/html"}
+    listing = client.get("/pgtrain/", headers=logged_in)
+    assert listing.status_code == 200 and "pgtrain_model_digits-mlp" in listing.text
+    for path in ("/pgtrain/models/digits-mlp", "/pgtrain/runs?run_id=pgtrain_training/manual__1"):
+        page = client.get(path, headers=logged_in)
+        assert page.status_code == 404, (path, page.text)
+        assert "no pgtrain tables yet" in page.text and "pgtrain_model_digits-mlp" in page.text, path
+
+
+def test_the_login_redirect_comes_back_to_a_path_not_to_the_requests_host(page_client):
+    client, _ = page_client
+    answer = client.get("/pgtrain/runs?run_id=r1", headers={"Accept": "text/html"}, follow_redirects=False)
+    assert answer.status_code == 303 and "r1" not in answer.text
+    assert answer.headers["location"] == "/auth/login?" + urlencode({"next": "/pgtrain/runs?run_id=r1"})
 
 
 def test_the_cli_lists_through_the_same_queries(db_url, autocommit, capsys, monkeypatch):

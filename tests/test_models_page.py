@@ -8,10 +8,12 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlencode
 
 import httpx
 import pytest
 
+from pgtrain.runs import training_run_id
 from tests.airflow_stack import AirflowStack
 from tests.conftest import REPO
 
@@ -97,11 +99,15 @@ def test_the_models_page_shows_the_model_its_versions_and_its_curves(airflow_sta
 
 def test_a_logged_out_request_gets_nothing(airflow_stack: AirflowStack, stack_training_run):
     model = stack_training_run["conf"]["model_name"]
-    for path in ("/pgtrain/", f"/pgtrain/models/{model}"):
+    run_id = training_run_id(stack_training_run["dag_id"], stack_training_run["dag_run_id"])
+    logged_in = httpx.get(f"{airflow_stack.base_url}/pgtrain/runs", params={"run_id": run_id},
+                          headers={"Authorization": f"Bearer {airflow_stack.token()}"}, timeout=60)
+    assert logged_in.status_code == 200 and model in logged_in.text  # the run's page exists: what is withheld
+    for path in ("/pgtrain/", f"/pgtrain/models/{model}", "/pgtrain/runs?" + urlencode({"run_id": run_id})):
         anonymous = httpx.get(airflow_stack.base_url + path, timeout=60)
-        assert anonymous.status_code == 401 and model not in anonymous.text
+        assert anonymous.status_code == 401 and model not in anonymous.text, path
         browser_like = httpx.get(airflow_stack.base_url + path, headers={"Accept": "text/html"}, timeout=60)
-        assert browser_like.status_code == 303 and model not in browser_like.text
-        assert browser_like.headers["location"].startswith("/auth/login")
+        assert browser_like.status_code == 303 and model not in browser_like.text, path
+        assert browser_like.headers["location"] == "/auth/login?" + urlencode({"next": path}), path
         forged = httpx.get(airflow_stack.base_url + path, headers={"Authorization": "Bearer not-a-token"}, timeout=60)
-        assert forged.status_code in (401, 403) and model not in forged.text
+        assert forged.status_code in (401, 403) and model not in forged.text, path

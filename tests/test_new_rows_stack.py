@@ -64,7 +64,13 @@ def test_new_rows_start_one_run_per_batch_and_fewer_start_none(airflow_stack):
 
     airflow_stack.unpause(DAG_ID)
     try:
-        # 120 rows and no version yet: the triggerer fires, the asset event starts one run, which commits.
+        # Unpausing starts nothing: the 120 rows already there are the watcher's baseline, not new rows.
+        wait_for(lambda: events(url) is not None, 300, "the new-rows watcher's first look")
+        wait_for_polls(url)
+        assert events(url) == 0 and airflow_stack.runs(DAG_ID) == []
+
+        # 60 rows land: the triggerer fires, the asset event starts one run, which commits.
+        insert_rows(url, 60, seed=4)
         first = wait_for(lambda: finished_runs(airflow_stack), 900, "the first new-rows run")
         assert [r["state"] for r in first] == ["success"], airflow_stack.describe_failure(DAG_ID,
                                                                                           first[0]["dag_run_id"])
@@ -88,7 +94,7 @@ def test_new_rows_start_one_run_per_batch_and_fewer_start_none(airflow_stack):
             rows = conn.execute(
                 """SELECT sum(m.row_count) FROM pgtrain.model_versions v JOIN pgtrain.shard_manifest m USING (run_id)
                    WHERE v.model_name = %s AND v.version = 2""", (MODEL,)).fetchone()[0]
-            assert rows == 175
+            assert rows == 120 + 60 + 20 + 35
         assert events(url) == 2
         # Nothing new since: polls fire nothing more (no event twice for the same rows).
         wait_for_polls(url)

@@ -124,11 +124,30 @@ def _pid_file(state_dir: Path, service: str) -> Path:
 
 def _proc_stat(pid: int | str) -> tuple[str, int] | None:
     """(state, process group) of a process from /proc, or None when it is gone."""
+    fields = _stat_fields(pid)
+    return None if fields is None else (fields[0], int(fields[2]))
+
+
+def _stat_fields(pid: int | str) -> list[str] | None:
+    """/proc/<pid>/stat after the command name (fields 3 onwards: state, ppid, pgrp, ...), or None when gone."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    return fields[0], int(fields[2])
+    return fields if len(fields) > 19 else None
+
+
+def _start_time(pid: int | str) -> int | None:
+    """When the process started, in clock ticks after boot (stat field 22; a zombie keeps it), or None."""
+    fields = _stat_fields(pid)
+    return None if fields is None else int(fields[19])
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
 
 
 def _alive(pid: int) -> bool:
@@ -136,10 +155,70 @@ def _alive(pid: int) -> bool:
     return stat is not None and stat[0] != "Z"  # a zombie is dead
 
 
+@dataclass(frozen=True)
+class _PidRecord:
+    """A service's pid file: its pid, and the start time and boot id that tell it from a later process."""
+
+    pid: int
+    start_time: int | None  # None: a pid file of an older pgtrain (pid only)
+    boot_id: str | None
+
+
+def _write_pid_file(state_dir: Path, service: str, pid: int) -> None:
+    _pid_file(state_dir, service).write_text(f"{pid} {_start_time(pid)} {_boot_id()}\n")
+
+
+def _pid_records(state_dir: Path) -> dict[str, _PidRecord | None]:
+    """Each service's pid file that exists, parsed (None: unreadable or malformed)."""
+    records: dict[str, _PidRecord | None] = {}
+    for service in SERVICES:
+        path = _pid_file(state_dir, service)
+        try:
+            fields = path.read_text().split()
+        except FileNotFoundError:
+            continue
+        except OSError:
+            records[service] = None
+            continue
+        try:
+            records[service] = _PidRecord(int(fields[0]), int(fields[1]) if len(fields) > 1 else None,
+                                          fields[2] if len(fields) > 2 else None)
+        except (IndexError, ValueError):
+            records[service] = None
+    return records
+
+
+def _cmdline_mentions_airflow(pid: int) -> bool:
+    try:
+        return b"airflow" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _is_ours(record: _PidRecord | None) -> bool:
+    """Whether the pid file still names the service this module started, not a pid the kernel handed to another
+    process after a crash or a reboot (signalling that process's group would kill something unrelated)."""
+    if record is None or record.pid <= 1:
+        return False
+    if record.boot_id is not None and record.boot_id != _boot_id():
+        return False  # written before a reboot: whatever has the pid now is not ours
+    started = _start_time(record.pid)
+    if started is not None:  # the leader is alive (or our own unreaped zombie): the same process, or another
+        return started == record.start_time if record.start_time is not None else _cmdline_mentions_airflow(
+            record.pid)
+    # The leader is gone; its group lives while any member does, and a pid is not reused while it names a live
+    # group. Members started before the leader are from another group; an old pid file (no start time) needs
+    # an Airflow process among them.
+    members = group_members(record.pid)
+    if record.start_time is not None:
+        return all((_start_time(m) or 0) >= record.start_time for m in members)
+    return any(_cmdline_mentions_airflow(m) for m in members)
+
+
 def _service_pids(state_dir: Path) -> dict[str, int]:
-    """Each service's pid (the leader of its process group) from its pid file."""
-    paths = {service: _pid_file(state_dir, service) for service in SERVICES}
-    return {service: int(path.read_text()) for service, path in paths.items() if path.exists()}
+    """Each service's pid (the leader of its process group) from its pid file, when it still names that service."""
+    return {service: record.pid for service, record in _pid_records(state_dir).items()
+            if record is not None and _is_ours(record)}
 
 
 def running_services(state_dir: Path) -> dict[str, int]:
@@ -191,7 +270,7 @@ def start(state_dir: Path | str, *, metadata_url: str, training_url: str, port: 
         with open(stack.logs_dir / f"{service}.log", "ab") as log:
             process = subprocess.Popen([airflow, *COMMANDS[service]], env=env, stdout=log, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, cwd=REPO, start_new_session=True)
-        _pid_file(state_dir, service).write_text(str(process.pid))
+        _write_pid_file(state_dir, service, process.pid)
     try:
         wait_healthy(stack, deadline - time.monotonic())
     except BaseException:
@@ -227,16 +306,29 @@ def wait_healthy(stack: Stack, timeout: float) -> dict:
 
 
 def stop(state_dir: Path | str, timeout: float = 60.0) -> list[str]:
-    """SIGTERM every service's process group, then SIGKILL what is left after ``timeout``; returns what stopped."""
+    """SIGTERM every service's process group, then SIGKILL what is left after ``timeout``; returns what stopped.
+
+    A pid file that no longer names the service it was written for (the process is gone and its pid reused,
+    after a crash or a reboot) is removed without signalling anything, with a line on stderr."""
     state_dir = Path(state_dir).resolve()
-    groups = {service: pid for service, pid in _service_pids(state_dir).items() if _group_exists(pid)}
+    groups: dict[str, int] = {}
+    for service, record in _pid_records(state_dir).items():
+        if record is not None and _is_ours(record):  # before _group_exists reaps a zombie leader
+            if _group_exists(record.pid):
+                groups[service] = record.pid
+        elif record is None or _alive(record.pid) or group_members(record.pid):  # something else has the pid
+            what = "is unreadable" if record is None else (
+                f"names pid {record.pid}, which is no longer the {service} this stack started")
+            print(f"{_pid_file(state_dir, service)} {what}: a stale pid file (a crash or a reboot?), "
+                  "nothing signalled", file=sys.stderr)
     for pid in groups.values():
         _signal_group(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and any(_group_exists(pid) for pid in groups.values()):
         time.sleep(0.5)
     for pid in groups.values():
-        _signal_group(pid, signal.SIGKILL)
+        if _group_exists(pid):  # a pid is not reused while its group lives: still the service's group
+            _signal_group(pid, signal.SIGKILL)
     for service in SERVICES:
         _pid_file(state_dir, service).unlink(missing_ok=True)
     return list(groups)

@@ -10,7 +10,8 @@ identity, a sequence, a timestamp): a row committed late with a key below the wa
 that took its sequence value early), an UPDATE, or a DELETE is not counted. Such rows are still trained on by
 the next run, whatever starts it. When an event fires, ``claim_event`` records the key it fired at in
 ``pgtrain.new_rows_events`` (compare-and-set, one short autocommit statement): rows up to that key never count
-again, whichever triggerer asks and however often it restarts.
+again, whichever triggerer asks and however often it restarts. A model with no version yet gets a baseline there
+on the first look (``record_baseline``): rows already in the table when watching began are not new.
 
 **Unchanged (a cron run may skip; exact, one scan).** ``source_unchanged`` says the source holds exactly the
 rows the head version's run planned: as many rows as it planned (usable + excluded) and none that its planning
@@ -26,9 +27,9 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from pgtrain.config import TrainingConfig
+from pgtrain.config import QUALITY_GATE, TrainingConfig
 from pgtrain.errors import PgtrainError, SourceError
-from pgtrain.source import find_relation, planned_rows, read_xid_clock, snapshot_transaction
+from pgtrain.source import keyed_relation, planned_rows, read_xid_clock, snapshot_transaction
 
 
 @dataclass(frozen=True)
@@ -65,19 +66,10 @@ class NewRows:
 
 
 def resolve_key(conn: psycopg.Connection, table: str, key_column: str) -> Watched:
-    """The table and its key column, or SourceError naming which is missing."""
-    relation = find_relation(conn, table)
-    if relation is None:
-        raise SourceError(f"source_table {table!r} does not exist (or is not visible to this user)")
-    oid, schema, name, _ = relation
-    row = conn.execute(
-        """SELECT format_type(atttypid, atttypmod) FROM pg_attribute
-           WHERE attrelid = %s AND attname = %s AND attnum > 0 AND NOT attisdropped""",
-        (oid, key_column),
-    ).fetchone()
-    if row is None:
-        raise SourceError(f"key_column {key_column!r} is not a column of {table}")
-    return Watched(oid, schema, name, key_column, row[0])
+    """The table and its key column, as the catalog has them now; SourceError naming what is missing. Resolved
+    on every poll: after a table swap (RENAME, DROP and CREATE) the name means another relation."""
+    oid, schema, name, key_type = keyed_relation(conn, table, key_column)
+    return Watched(oid, schema, name, key_column, key_type)
 
 
 def count_new_rows(conn: psycopg.Connection, model_name: str, watched: Watched, limit: int) -> NewRows:
@@ -109,6 +101,23 @@ def count_new_rows(conn: psycopg.Connection, model_name: str, watched: Watched, 
             rel=relation, newer=newer, limit=sql.Literal(int(limit)), key=key, since=since),
     ).fetchone()
     return NewRows(model_name, watched.pinned, watched.key_column, head_version, since_key, count, max_key, fired_key)
+
+
+def record_baseline(conn: psycopg.Connection, found: NewRows) -> bool:
+    """The first look at a model with no version and no event: record the largest key as the baseline (no event),
+    so the rows already there when watching began (when its DAG was unpaused) start no run by themselves; rows
+    added after count. True if this call recorded it (False: a version, an event or a baseline exists, or the
+    table is empty, when every row to come is new)."""
+    if found.head_version is not None or found.fired_key is not None or found.max_key is None:
+        return False
+    row = conn.execute(
+        """INSERT INTO pgtrain.new_rows_events
+               (model_name, source_table, key_column, fired_key, head_version, new_rows, events)
+           VALUES (%s, %s, %s, %s, NULL, 0, 0)
+           ON CONFLICT (model_name) DO NOTHING RETURNING model_name""",
+        (found.model_name, found.source_table, found.key_column, found.max_key),
+    ).fetchone()
+    return row is not None
 
 
 def claim_event(conn: psycopg.Connection, found: NewRows) -> bool:
@@ -185,5 +194,27 @@ def skip_reason(conn: psycopg.Connection, config: TrainingConfig, run_type: str)
     ``config`` is the admitted one (policy.admit: the source pinned)."""
     if run_type not in SCHEDULED_RUN_TYPES or config.force:
         return None
+    if _head_config(conn, config.model_name) != _definition(config):
+        return None  # the author changed the model's params (models file, settings): a new version is due
     unchanged = source_unchanged(conn, config.model_name, config.source_table, config.key_column)
     return None if unchanged is None else f"{unchanged}; set the force param to train anyway"
+
+
+def _definition(config: TrainingConfig) -> dict:
+    """What a run's config says about the model it trains: all of it but the run's own ``force`` and the author's
+    quality gate (which judges a version, and changing it is no reason to train one)."""
+    return {k: v for k, v in config.to_dict().items() if k != "force" and k not in QUALITY_GATE}
+
+
+def _head_config(conn: psycopg.Connection, model_name: str) -> dict | None:
+    from pgtrain import runs
+
+    row = conn.execute(
+        """SELECT v.run_id FROM pgtrain.model_heads h JOIN pgtrain.model_versions v USING (model_name, version)
+           WHERE h.model_name = %s""", (model_name,)).fetchone()
+    if row is None or row[0] is None:
+        return None
+    try:
+        return _definition(runs.get_run(conn, row[0]).config)
+    except PgtrainError:
+        return None  # a config this version of pgtrain cannot read: not the same definition

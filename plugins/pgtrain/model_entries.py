@@ -184,6 +184,10 @@ def parse_entry(raw: Any) -> ModelEntry:
                                            else PARAMETERS["features_column"]["default"]),
              "feature_columns": source.get("feature_columns"), "label_column": source.get("label_column"),
              "launcher": raw.get("launcher", PARAMETERS["launcher"]["default"])}
+    table = source.get("table")
+    if isinstance(table, str) and "." not in table:  # the settings would read an unqualified name as a schema
+        problems.append(f"source.table: {table!r} must be schema-qualified (e.g. public.{table}): the model's DAG "
+                        "reads exactly this table, whatever a connection's search_path says")
     problems += [f"params: {p}" if p.startswith("'") else f"params.{p}"
                  for p in param_problems({k: v for k, v in params.items() if k not in FIXED_PARAMS})]
     cron = (raw.get("schedule") or {}).get("cron") if isinstance(raw.get("schedule"), dict) else None
@@ -218,11 +222,12 @@ def _message(error: Any) -> str:
 
 def model_owners(path: Path | str | None = None) -> dict[str, str]:
     """Model name -> the DAG that trains it, for every entry of the models file, good or bad (a bad entry's
-    model still belongs to its author); an unreadable file owns nothing, as it makes no DAG."""
+    model still belongs to its author). An unreadable file fails closed: ConfigError, not "owns nothing"."""
     try:
         entries, errors = load_entries(path)
-    except ConfigError:
-        return {}
+    except ConfigError as error:
+        raise ConfigError(f"{error}; until the models file is fixed, ad-hoc runs cannot tell which models "
+                          "belong to a scheduled model's DAG, so none runs") from None
     names = [e.name for e in entries] + [err.name for err in errors if err.name]
     return {name: dag_id_for(name) for name in names}
 

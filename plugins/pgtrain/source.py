@@ -227,6 +227,32 @@ def resolve_source(conn: psycopg.Connection, table: str, key: str, features: str
                           "remove it from feature_columns")
     if label is not None:
         _check_label_type(label, types[label], task)
+    _require_unique_key(conn, oid, name, relkind, key)
+    feature_format = COLUMNS if features is None else FEATURE_FORMATS[types[features]]
+    return Source(schema, relname, key, features, label, columns[key][1], feature_format,
+                  feature_columns=tuple(Column(c, types[c]) for c in feature_columns or ()), task=task,
+                  label_type=types[label] if label is not None else "")
+
+
+def keyed_relation(conn: psycopg.Connection, table: str, key: str) -> tuple[int, str, str, str]:
+    """(oid, schema, name, the key's type) of a table whose ``key`` column has a unique index (what keyset
+    sharding and a key watermark walk); SourceError saying what is missing and what to do otherwise."""
+    oid, schema, relname, relkind = _relation(conn, table)
+    name = sql.Identifier(schema, relname).as_string(conn)
+    if relkind not in ("r", "p", "m"):
+        raise SourceError(_not_a_table(name, relkind, key))
+    row = conn.execute(
+        """SELECT format_type(atttypid, atttypmod) FROM pg_attribute
+           WHERE attrelid = %s AND attname = %s AND attnum > 0 AND NOT attisdropped""",
+        (oid, key),
+    ).fetchone()
+    if row is None:
+        raise SourceError(f"key_column {key!r} is not a column of {name}")
+    _require_unique_key(conn, oid, name, relkind, key)
+    return oid, schema, relname, row[0]
+
+
+def _require_unique_key(conn: psycopg.Connection, oid: int, name: str, relkind: str, key: str) -> None:
     unique = conn.execute(
         """SELECT 1 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
            WHERE i.indrelid = %s AND i.indisunique AND i.indisvalid AND i.indnkeyatts = 1 AND i.indpred IS NULL
@@ -235,10 +261,6 @@ def resolve_source(conn: psycopg.Connection, table: str, key: str, features: str
     ).fetchone()
     if unique is None:
         raise SourceError(_no_unique_index(conn, name, relkind, key))
-    feature_format = COLUMNS if features is None else FEATURE_FORMATS[types[features]]
-    return Source(schema, relname, key, features, label, columns[key][1], feature_format,
-                  feature_columns=tuple(Column(c, types[c]) for c in feature_columns or ()), task=task,
-                  label_type=types[label] if label is not None else "")
 
 
 def _check_feature_params(features: str | None, feature_columns: tuple[str, ...] | None) -> None:
@@ -282,6 +304,8 @@ def find_relation(conn: psycopg.Connection, name: str, role: str = "source_table
                    WHERE c.oid = to_regclass(%s)""",
                 (name,),
             ).fetchone()
+    except (psycopg.OperationalError, psycopg.InterfaceError):
+        raise  # the connection, not the name
     except psycopg.Error as exc:
         raise SourceError(f"{role} {name!r} is not a valid table name: {exc.diag.message_primary}; write it as in "
                           'SQL, e.g. myschema.mytable or "MySchema"."My Table"') from None

@@ -46,7 +46,6 @@ class NewRowsTrigger(BaseEventTrigger):
         self.statement_timeout_ms = statement_timeout_ms
         self.failures = 0  # consecutive polls that failed (the database away, the source not there yet)
         self._conn: psycopg.Connection | None = None
-        self._watched: Any = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}", {
@@ -97,9 +96,12 @@ class NewRowsTrigger(BaseEventTrigger):
         conn = self._conn
         if conn is None or conn.broken:
             raise psycopg.OperationalError("the connection to the training database was lost")
-        if self._watched is None:
-            self._watched = freshness.resolve_key(conn, self.source_table, self.key_column)
-        found = freshness.count_new_rows(conn, self.model_name, self._watched, self.min_new_rows)
+        watched = freshness.resolve_key(conn, self.source_table, self.key_column)  # each poll: tables get swapped
+        found = freshness.count_new_rows(conn, self.model_name, watched, self.min_new_rows)
+        if freshness.record_baseline(conn, found):
+            self.log.info("new-rows watch of %s: no version yet; the rows already there (keys up to %s) are the "
+                          "baseline, rows added from now on count", self.model_name, found.max_key)
+            return None
         if found.new_rows < self.min_new_rows or not freshness.claim_event(conn, found):
             return None
         return {"model_name": found.model_name, "source_table": found.source_table, "new_rows": found.new_rows,
@@ -123,7 +125,7 @@ class NewRowsTrigger(BaseEventTrigger):
             try:
                 self._conn.close()
             finally:
-                self._conn, self._watched = None, None
+                self._conn = None
 
     async def cleanup(self) -> None:
         await asyncio.to_thread(self._close)

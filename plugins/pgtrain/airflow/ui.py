@@ -4,38 +4,60 @@ Every route requires a user logged in to Airflow (the JWT of the Airflow UI's co
 without one a browser is sent to Airflow's login page and any other client gets 401, with nothing of the
 store in either answer. Data comes from the training database, the Airflow connection ``pgtrain_db``,
 through the read-only queries of ``pgtrain.catalog``.
+
+Every Airflow process imports this module through the plugin (for ``URL_PREFIX``), so its module level
+imports nothing heavy: FastAPI, psycopg and Airflow's API security load in ``create_app``, which only the
+api-server calls. (No ``from __future__ import annotations`` here: FastAPI resolves the routes' annotations,
+which name classes imported inside ``create_app``.)
 """
 
-from __future__ import annotations
+from typing import TYPE_CHECKING, Any
 
-from typing import Any
-
-import psycopg
-import psycopg.errors
-from fastapi import Depends, FastAPI, HTTPException, Request
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
-
-from pgtrain import catalog
 from pgtrain.airflow import ui_render
-from pgtrain.errors import PgtrainError
+
+if TYPE_CHECKING:
+    import psycopg
+    from fastapi import FastAPI, Request
 
 URL_PREFIX = "/pgtrain"
+APPLICATION_NAME = "pgtrain-ui"  # what pg_stat_activity shows for the page's connections
+CONNECT_TIMEOUT = 10  # seconds, unless the connection pgtrain_db sets connect_timeout itself
 
 
-def _connect() -> psycopg.Connection:
+def _connect() -> "psycopg.Connection":
+    """An autocommit connection to the training database; its errors never quote the password."""
+    from psycopg.conninfo import make_conninfo
+
+    from pgtrain import db
     from pgtrain.airflow.connection import database_url
 
-    return psycopg.connect(database_url(), autocommit=True, connect_timeout=10)
+    url = database_url()
+    if "connect_timeout" not in db.parse_conninfo(url):
+        url = make_conninfo(url, connect_timeout=CONNECT_TIMEOUT)
+    return db.connect(url, autocommit=True, application_name=APPLICATION_NAME)
 
 
-def _roots(request: Request) -> tuple[str, str]:
+def _roots(request: "Request") -> tuple[str, str]:
     """(this app's root path, the Airflow UI's root path) as the browser sees them."""
     root = request.scope.get("root_path", "").rstrip("/")
     return root, root.removesuffix(URL_PREFIX)
 
 
-def create_app() -> FastAPI:
+def _relative_url(request: "Request") -> str:
+    """The request's path and query, without scheme and host: the Host header is the client's to choose."""
+    url = request.url
+    return "/" + url.path.lstrip("/") + (f"?{url.query}" if url.query else "")
+
+
+def create_app() -> "FastAPI":
+    import psycopg
+    import psycopg.errors
     from airflow.api_fastapi.core_api.security import requires_authenticated
+    from fastapi import Depends, FastAPI, HTTPException, Request
+    from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+
+    from pgtrain import catalog
+    from pgtrain.errors import PgtrainError
 
     # Airflow's own authentication: the dependency Airflow's routes use to resolve the user (401 without one).
     app = FastAPI(title="pgtrain models", dependencies=[Depends(requires_authenticated())],
@@ -46,7 +68,8 @@ def create_app() -> FastAPI:
         if error.status_code in (401, 403) and "text/html" in request.headers.get("accept", ""):
             from airflow.api_fastapi.app import get_auth_manager
 
-            return RedirectResponse(get_auth_manager().get_url_login(next_url=str(request.url)), status_code=303)
+            login = get_auth_manager().get_url_login(next_url=_relative_url(request))
+            return RedirectResponse(login, status_code=303)
         return JSONResponse({"detail": error.detail}, status_code=error.status_code)
 
     @app.exception_handler(psycopg.OperationalError)
@@ -57,13 +80,18 @@ def create_app() -> FastAPI:
                                            + ". Check the connection and that the server is up.</p>",
                                            _roots(request)[0]), status_code=503)
 
+    @app.exception_handler(psycopg.errors.UndefinedTable)
+    async def not_set_up(request: Request, error: psycopg.errors.UndefinedTable) -> Response:
+        # pgtrain's tables are created by the first run's provision_tables: no model or run exists before it
+        return HTMLResponse(ui_render.not_set_up_page(_roots(request)[0]), status_code=404)
+
     @app.get("/", response_class=HTMLResponse)
     def models(request: Request) -> str:
         root, _ = _roots(request)
         with _connect() as conn:
             try:
                 found = catalog.list_models(conn)
-            except psycopg.errors.UndefinedTable:  # pgtrain's tables are created by the first run's provision_tables
+            except psycopg.errors.UndefinedTable:  # an empty list, not a missing page
                 found = []
         return ui_render.models_page(found, root)
 

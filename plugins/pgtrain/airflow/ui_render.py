@@ -70,16 +70,24 @@ def metrics_text(metrics: Mapping[str, Any] | None) -> str:
     """The validation figures first (val_*), then epochs; a short line."""
     metrics = metrics or {}
     keys = sorted(k for k in metrics if k.startswith("val_")) + [k for k in ("epochs",) if k in metrics]
-    return ", ".join(f"{k.removeprefix('val_')} {number(metrics[k])}" for k in keys) or "-"
+    return ", ".join(f"{e(k.removeprefix('val_'))} {number(metrics[k])}" for k in keys) or "-"
 
 
 EMPTY_STATE = (
     '<div class="empty"><p>No model has a committed version in the training database yet '
     "(the Airflow connection <code>pgtrain_db</code>).</p>"
-    "<p>Train one: run <code>make demo</code>, or trigger the <code>pgtrain_training</code> DAG "
-    "(DAGs, pgtrain_training, Trigger) on a table of rows, e.g. after <code>make load-digits</code>. "
-    "Its versions appear here once <code>commit_parameters</code> has run.</p></div>"
+    "<p>Train one: load the digits with <code>make load-digits</code>, then trigger the "
+    "<code>pgtrain_model_digits-mlp</code> DAG (DAGs, pgtrain_model_digits-mlp, Trigger), the digits model's DAG "
+    "from <code>dags/models.yaml</code>. Its versions appear here once <code>commit_parameters</code> has run. "
+    "(<code>make demo</code> trains the same model into the same database, though outside this Airflow, so its "
+    "versions link to no DAG run here.)</p></div>"
 )
+
+
+def not_set_up_page(root: str) -> str:
+    """A model's or a run's page before pgtrain's tables exist (the first run's provision_tables creates them)."""
+    return page("Models", "<p>The training database has no pgtrain tables yet: nothing was trained into it, so "
+                "there is no such model or run.</p>" + EMPTY_STATE, root)
 
 
 def models_page(models: Sequence[Mapping[str, Any]], root: str) -> str:

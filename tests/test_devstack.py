@@ -1,0 +1,58 @@
+"""pgtrain.devstack's stop signals only the process groups its pid files still name: a pid file left by a crash or
+a reboot, whose pid now belongs to another process, is removed with a message and nothing is signalled.
+Real processes (sleep, each leading its own session as the services do); no Airflow needed."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pgtrain import devstack
+
+
+@pytest.fixture
+def unrelated() -> Iterator[subprocess.Popen]:
+    """A process leading its own group that the stack did not start (the pid a stale pid file may name now)."""
+    process = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        yield process
+    finally:
+        process.kill()
+        process.wait()
+
+
+def pid_file(state_dir: Path, service: str, text: str) -> Path:
+    path = devstack._pid_file(state_dir, service)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("stale", ["other start time", "other boot", "pid only, no airflow", "garbage"])
+def test_stop_leaves_a_process_that_a_stale_pid_file_names_alone(tmp_path, unrelated, capsys, stale):
+    pid = unrelated.pid
+    started = devstack._start_time(pid)
+    text = {"other start time": f"{pid} {started + 1} {devstack._boot_id()}",
+            "other boot": f"{pid} {started} not-this-boot",
+            "pid only, no airflow": str(pid),
+            "garbage": "not a pid"}[stale]
+    path = pid_file(tmp_path, "scheduler", text)
+    assert devstack.running_services(tmp_path) == {}
+
+    assert devstack.stop(tmp_path, timeout=5) == []
+    assert unrelated.poll() is None, "the unrelated process was signalled"
+    assert not path.exists()
+    assert "stale pid file" in capsys.readouterr().err
+
+
+def test_stop_signals_the_group_its_pid_file_names(tmp_path, unrelated):
+    (tmp_path / "pids").mkdir()
+    devstack._write_pid_file(tmp_path, "triggerer", unrelated.pid)
+    assert devstack.running_services(tmp_path) == {"triggerer": unrelated.pid}
+
+    assert devstack.stop(tmp_path, timeout=5) == ["triggerer"]
+    assert unrelated.wait(timeout=10) is not None
+    assert not devstack._pid_file(tmp_path, "triggerer").exists()
