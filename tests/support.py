@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -83,6 +84,24 @@ class ProcessWatch:
         self.rank_scans = 0
         self.gloo_command_lines = 0
         self.passfiles: set[str] = set()
+
+    def during(self, work: Callable[[], object]) -> list[BaseException]:
+        """Run ``work`` in a thread, scanning every 50 ms until it ends; what it raised, for the caller to assert."""
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                work()
+            except BaseException as error:  # reported by the caller's asserts
+                errors.append(error)
+
+        worker = threading.Thread(target=run)
+        worker.start()
+        while worker.is_alive():
+            self.scan()
+            time.sleep(0.05)
+        worker.join()
+        return errors
 
     def scan(self) -> None:
         for proc in Path("/proc").glob("[0-9]*"):

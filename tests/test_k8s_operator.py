@@ -13,7 +13,6 @@ import multiprocessing
 import os
 import signal
 import threading
-import time
 
 import psycopg
 import pytest
@@ -197,21 +196,9 @@ def test_the_password_is_on_no_command_line_or_environment_while_pods_train(k8s,
                                                                              password_sentinel):
     """The Secret is mounted as a file: Gloo's `sh -c env K=V ...` rank command lines carry only its path."""
     run_id = plan(db_url, "no-leak", epochs=4)
-    errors: list[BaseException] = []
-
-    def train() -> None:
-        try:
-            train_operator(namespace, training_run_id=run_id).execute(task_context(DAG_ID, "no-leak"))
-        except BaseException as error:  # reported by the asserts below
-            errors.append(error)
-
     watch = ProcessWatch(password_sentinel, run_id)
-    worker = threading.Thread(target=train)
-    worker.start()
-    while worker.is_alive():
-        watch.scan()
-        time.sleep(0.05)
-    worker.join()
+    errors = watch.during(lambda: train_operator(namespace, training_run_id=run_id).execute(
+        task_context(DAG_ID, "no-leak")))
     assert not errors, errors
     assert not watch.leaks, watch.leaks
     assert watch.gloo_command_lines >= 1  # the ranks ran while we looked

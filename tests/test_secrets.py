@@ -5,8 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import stat
-import threading
-import time
 import traceback
 import uuid
 from contextlib import contextmanager
@@ -124,21 +122,8 @@ def test_the_password_is_nowhere_while_ranks_train(db_url, pg_admin_url, sentine
         handler = logging.Handler()
         handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
         log.addHandler(handler)
-        errors: list[BaseException] = []
-
-        def launch() -> None:
-            try:
-                launch_local.run_local(run.run_id, 2, url, log, timeout_seconds=300)
-            except BaseException as error:  # reported by the asserts below
-                errors.append(error)
-
         watch = ProcessWatch(sentinel, run.run_id)
-        launcher = threading.Thread(target=launch)
-        launcher.start()
-        while launcher.is_alive():
-            watch.scan()
-            time.sleep(0.05)
-        launcher.join()
+        errors = watch.during(lambda: launch_local.run_local(run.run_id, 2, url, log, timeout_seconds=300))
 
     assert not errors, errors
     assert not watch.leaks, watch.leaks

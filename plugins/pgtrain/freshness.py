@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
+from pgtrain import runs
 from pgtrain.config import QUALITY_GATE, TrainingConfig
 from pgtrain.errors import PgtrainError, SourceError
 from pgtrain.source import keyed_relation, planned_rows, read_xid_clock, snapshot_transaction
@@ -144,28 +145,42 @@ def claim_event(conn: psycopg.Connection, found: NewRows) -> bool:
 def source_unchanged(conn: psycopg.Connection, model_name: str, source_table: str, key_column: str) -> str | None:
     """Why the source holds exactly the rows the model's head version was trained on, or None when it may not
     (no head, another table, the head's plan is gone, a row added, updated or deleted since)."""
-    from pgtrain import manifest, runs
+    head = _head(conn, model_name)
+    return None if head is None else _unchanged_since(conn, *head, source_table, key_column)
 
-    head = conn.execute(
-        """SELECT v.version, v.run_id, to_regclass(v.spec ->> 'source_table') = to_regclass(%s)
-                  AND v.spec ->> 'key_column' = %s
-           FROM pgtrain.model_heads h JOIN pgtrain.model_versions v USING (model_name, version)
-           WHERE h.model_name = %s""",
-        (source_table, key_column, model_name),
+
+def _head(conn: psycopg.Connection, model_name: str) -> tuple[int, runs.Run] | None:
+    """The model's head version and the run that trained it, or None (no head, or a run this pgtrain cannot read)."""
+    row = conn.execute(
+        """SELECT v.version, v.run_id FROM pgtrain.model_heads h
+           JOIN pgtrain.model_versions v USING (model_name, version) WHERE h.model_name = %s""",
+        (model_name,),
     ).fetchone()
-    if head is None or not head[2]:
+    if row is None or row[1] is None:
         return None
-    version, run_id = head[0], head[1]
+    try:
+        return row[0], runs.get_run(conn, row[1])
+    except PgtrainError:
+        return None
+
+
+def _unchanged_since(conn: psycopg.Connection, version: int, run: runs.Run, source_table: str,
+                     key_column: str) -> str | None:
+    from pgtrain import manifest
+
+    same_source = conn.execute("SELECT to_regclass(%s) = to_regclass(%s)",
+                               (run.config.source_table, source_table)).fetchone()[0]
+    if not same_source or run.config.key_column != key_column:
+        return None
     counted = conn.execute(
         """SELECT (SELECT sum(row_count) FROM pgtrain.shard_manifest WHERE run_id = %(run)s),
                   (SELECT excluded_rows FROM pgtrain.shard_plans WHERE run_id = %(run)s)""",
-        {"run": run_id},
+        {"run": run.run_id},
     ).fetchone()
     if counted[0] is None or counted[1] is None:
         return None  # the head's plan was deleted: nothing to compare with
     planned_count = int(counted[0]) + int(counted[1])
     try:
-        run = runs.get_run(conn, run_id)
         source = manifest.source_for(conn, run)
     except PgtrainError:
         return None  # the head's columns changed since: changed
@@ -179,8 +194,8 @@ def source_unchanged(conn: psycopg.Connection, model_name: str, source_table: st
             visible, source.relation)).fetchone()
     if total != planned_count or newer:
         return None
-    return (f"no row of {source_table} was added, updated or deleted since version {version} of {model_name} was "
-            f"trained on its {planned_count} rows (run {run_id})")
+    return (f"no row of {source_table} was added, updated or deleted since version {version} of "
+            f"{run.model_name} was trained on its {planned_count} rows (run {run.run_id})")
 
 
 # Runs the scheduler starts (cron, new data): they skip training when the source has not changed.
@@ -194,9 +209,10 @@ def skip_reason(conn: psycopg.Connection, config: TrainingConfig, run_type: str)
     ``config`` is the admitted one (policy.admit: the source pinned)."""
     if run_type not in SCHEDULED_RUN_TYPES or config.force:
         return None
-    if _head_config(conn, config.model_name) != _definition(config):
-        return None  # the author changed the model's params (models file, settings): a new version is due
-    unchanged = source_unchanged(conn, config.model_name, config.source_table, config.key_column)
+    head = _head(conn, config.model_name)
+    if head is None or _definition(head[1].config) != _definition(config):
+        return None  # no version yet, or the author changed the model's params: a new version is due
+    unchanged = _unchanged_since(conn, *head, config.source_table, config.key_column)
     return None if unchanged is None else f"{unchanged}; set the force param to train anyway"
 
 
@@ -205,16 +221,3 @@ def _definition(config: TrainingConfig) -> dict:
     quality gate (which judges a version, and changing it is no reason to train one)."""
     return {k: v for k, v in config.to_dict().items() if k != "force" and k not in QUALITY_GATE}
 
-
-def _head_config(conn: psycopg.Connection, model_name: str) -> dict | None:
-    from pgtrain import runs
-
-    row = conn.execute(
-        """SELECT v.run_id FROM pgtrain.model_heads h JOIN pgtrain.model_versions v USING (model_name, version)
-           WHERE h.model_name = %s""", (model_name,)).fetchone()
-    if row is None or row[0] is None:
-        return None
-    try:
-        return _definition(runs.get_run(conn, row[0]).config)
-    except PgtrainError:
-        return None  # a config this version of pgtrain cannot read: not the same definition
