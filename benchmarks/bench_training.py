@@ -74,14 +74,32 @@ def horovod_run(conn: psycopg.Connection, url: str, name: str, **params: object)
             "train_rows": sum(s.train_count for s in shards)}
 
 
-def plain_torch(train_rows: int, batch: int, learning_rate: float, threads: int | None) -> float:
+def plain_args(train_rows: int, batch: int, learning_rate: float, threads: int | None, flush_denormal: bool = True,
+               part: tuple[int, int] = (0, 1)) -> list[str]:
+    return [sys.executable, __file__, "--plain", str(train_rows), str(batch), str(learning_rate), str(threads or 0),
+            str(int(flush_denormal)), f"{part[0]}/{part[1]}"]
+
+
+def plain_torch(train_rows: int, batch: int, learning_rate: float, threads: int | None,
+                flush_denormal: bool = True) -> float:
     """Median samples/s of plain PyTorch in a fresh process (as a rank is): ``threads`` None = torch's default."""
-    args = [sys.executable, __file__, "--plain", str(train_rows), str(batch), str(learning_rate), str(threads or 0)]
-    out = subprocess.run(args, check=True, stdout=subprocess.PIPE, text=True).stdout
+    out = subprocess.run(plain_args(train_rows, batch, learning_rate, threads, flush_denormal), check=True,
+                         stdout=subprocess.PIPE, text=True).stdout
     return json.loads(out.splitlines()[-1])["samples_per_s"]
 
 
-def plain_torch_main(train_rows: int, batch: int, learning_rate: float, threads: int) -> None:
+def two_process_ceiling(train_rows: int, batch: int, learning_rate: float) -> float:
+    """Samples/s of two plain PyTorch processes at once, one thread each, each on half the rows at ``batch``:
+    what two local ranks would do with no gradient exchange at all (their ceiling on this machine)."""
+    half = train_rows // 2
+    procs = [subprocess.Popen(plain_args(half, batch, learning_rate, 1, part=(i, 2)), stdout=subprocess.PIPE,
+                              text=True) for i in range(2)]
+    speeds = [json.loads(p.communicate()[0].splitlines()[-1])["samples_per_s"] for p in procs]
+    return 2 * min(speeds)  # the pair is as fast as its slower half
+
+
+def plain_torch_main(train_rows: int, batch: int, learning_rate: float, threads: int, flush_denormal: bool,
+                     part: int) -> None:
     import torch
     import torch.nn.functional as F
 
@@ -89,9 +107,10 @@ def plain_torch_main(train_rows: int, batch: int, learning_rate: float, threads:
 
     if threads:
         torch.set_num_threads(threads)
+    torch.set_flush_denormal(flush_denormal)
     features, labels = examples.synthetic(ROWS, DIM, CLASSES, 0)
-    x = torch.from_numpy(features[:train_rows])
-    y = torch.from_numpy(labels[:train_rows]).long()
+    x = torch.from_numpy(features[part * train_rows:(part + 1) * train_rows])
+    y = torch.from_numpy(labels[part * train_rows:(part + 1) * train_rows]).long()
     model = build_model("mlp", DIM, CLASSES, {"hidden_sizes": [50]}, 0)
     optimizer = torch.optim.SGD(model.parameters(), lr=learning_rate, momentum=0.9)
     speeds = []
@@ -116,25 +135,29 @@ def main() -> None:
         for number in range(ROUNDS):
             print(f"round {number + 1}/{ROUNDS}", flush=True)
             default = horovod_run(conn, url, "default")
-            one = horovod_run(conn, url, "one_rank", world_size=1)
+            two = horovod_run(conn, url, "two_ranks", world_size=2)
             os.environ["OMP_NUM_THREADS"] = "1"  # reaches the ranks (launch_local passes OMP_*)
             try:
                 one_thread = horovod_run(conn, url, "one_rank_1t", world_size=1)
             finally:
                 del os.environ["OMP_NUM_THREADS"]
-            global_batch = default["batch"] * default["world_size"]
-            plain = {threads: plain_torch(int(default["train_rows"]), int(global_batch), default["learning_rate"],
-                                          threads) for threads in (None, 1)}
-            print(f"  plain torch at global batch {global_batch}: {plain[None]:.0f} samples/s (default threads), "
-                  f"{plain[1]:.0f} (1 thread)", flush=True)
-            rounds.append({"default": default["samples_per_s"], "one_default_threads": one["samples_per_s"],
-                           "one_1_thread": one_thread["samples_per_s"],
-                           "one": max(one["samples_per_s"], one_thread["samples_per_s"]),
+            rows, batch, rate = int(default["train_rows"]), int(default["batch"] * default["world_size"]), \
+                default["learning_rate"]
+            plain = {threads: plain_torch(rows, batch, rate, threads) for threads in (None, 1)}
+            unflushed = plain_torch(rows, batch, rate, None, flush_denormal=False)
+            ceiling = two_process_ceiling(rows, int(two["batch"]), two["learning_rate"])
+            print(f"  plain torch at global batch {batch}: {plain[None]:.0f} samples/s (default threads), "
+                  f"{plain[1]:.0f} (1 thread), {unflushed:.0f} (default threads, subnormals not flushed); "
+                  f"two 1-thread processes, no allreduce: {ceiling:.0f}", flush=True)
+            one_rank = max(default["samples_per_s"], one_thread["samples_per_s"]) if default["world_size"] == 1 \
+                else one_thread["samples_per_s"]
+            rounds.append({"default": default["samples_per_s"], "two": two["samples_per_s"],
+                           "one": one_rank, "one_1_thread": one_thread["samples_per_s"],
                            "plain": max(plain.values()), "plain_default_threads": plain[None],
-                           "plain_1_thread": plain[1]})
+                           "plain_1_thread": plain[1], "plain_unflushed": unflushed, "ceiling": ceiling})
             if before is None:
-                before = horovod_run(conn, url, "batch32", batch_size=32, learning_rate=0.05, epochs=1)
-                before["plain"] = max(plain_torch(int(default["train_rows"]), 64, 0.05, t) for t in (None, 1))
+                before = horovod_run(conn, url, "batch32", batch_size=32, learning_rate=0.05, world_size=2, epochs=1)
+                before["plain"] = max(plain_torch(rows, 64, 0.05, t) for t in (None, 1))
                 print(f"  plain torch at global batch 64: {before['plain']:.0f} samples/s", flush=True)
     best = max(rounds, key=lambda r: r["default"] / r["plain"])
     figures.update({
@@ -146,16 +169,20 @@ def main() -> None:
         "training.plain_torch_samples_per_s": round(best["plain"]),
         "training.plain_torch_default_threads_samples_per_s": round(best["plain_default_threads"]),
         "training.plain_torch_1_thread_samples_per_s": round(best["plain_1_thread"]),
+        "training.plain_torch_unflushed_samples_per_s": round(best["plain_unflushed"]),
+        "training.flush_denormal_speedup": round(best["plain_default_threads"] / best["plain_unflushed"], 2),
         "training.default_vs_plain_torch": round(best["default"] / best["plain"], 3),
         "training.default_vs_plain_torch_rounds": str([round(r["default"] / r["plain"], 3) for r in rounds]),
         "training.one_rank_samples_per_s": round(max(r["one"] for r in rounds)),
-        "training.one_rank_default_threads_samples_per_s": round(max(r["one_default_threads"] for r in rounds)),
         "training.one_rank_1_thread_samples_per_s": round(max(r["one_1_thread"] for r in rounds)),
-        "training.local_2_vs_1_ranks": round(max(r["default"] / r["one"] for r in rounds), 3),
-        "training.local_2_vs_1_ranks_rounds": str([round(r["default"] / r["one"], 3) for r in rounds]),
-        # against one rank as the trainer sets it up by default (all CPUs' threads), not the faster one thread
-        "training.local_2_vs_1_ranks_default_threads": round(
-            max(r["default"] / r["one_default_threads"] for r in rounds), 3),
+        "training.two_ranks_samples_per_s": round(max(r["two"] for r in rounds)),
+        "training.two_ranks_batch_per_rank": int(two["batch"]),
+        "training.local_2_vs_1_ranks": round(max(r["two"] / r["one"] for r in rounds), 3),
+        "training.local_2_vs_1_ranks_rounds": str([round(r["two"] / r["one"], 3) for r in rounds]),
+        # data-parallel scaling at one thread a rank, and what two processes reach with no allreduce at all
+        "training.local_2_vs_1_ranks_1_thread_each": round(max(r["two"] / r["one_1_thread"] for r in rounds), 3),
+        "training.two_process_ceiling_vs_1_rank": round(max(r["ceiling"] / r["one"] for r in rounds), 3),
+        "training.two_ranks_vs_ceiling": round(max(r["two"] / r["ceiling"] for r in rounds), 3),
     })
     if before is not None:
         figures["training.batch32_samples_per_s"] = round(before["samples_per_s"])
@@ -167,7 +194,8 @@ def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--plain":
-        plain_torch_main(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]))
+        plain_torch_main(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]),
+                         sys.argv[6] == "1", int(sys.argv[7].partition("/")[0]))
     else:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop the embedded server on the way out
         main()

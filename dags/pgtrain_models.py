@@ -3,11 +3,12 @@
 Each runs the same tasks as pgtrain_training on the entry's source, fixed by the DAG's author, on its
 schedule: cron, new rows in the source (an AssetWatcher in the triggerer), or whichever comes first.
 Bad entries are reported by pgtrain_models_check.py, so that these DAGs keep loading.
+A task process (Airflow sets the parsing context to its DAG and task) builds only its own DAG.
 """
 
 from datetime import datetime
 
-from airflow.sdk import DAG
+from airflow.sdk import DAG, get_parsing_context
 
 from pgtrain.airflow.params import dag_params
 from pgtrain.airflow.pipeline import DEFAULT_ARGS, model_schedule, training_pipeline
@@ -16,8 +17,11 @@ from pgtrain.settings import load_settings
 
 settings = load_settings()
 entries, _ = load_entries()
+running_dag = get_parsing_context().dag_id
 
 for entry in entries:
+    if running_dag and entry.dag_id != running_dag:
+        continue
     with DAG(
         dag_id=entry.dag_id,
         description=entry.description or f"Train {entry.name} on {entry.source_table}",

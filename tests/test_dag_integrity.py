@@ -53,7 +53,7 @@ def test_param_defaults_are_valid_training_config(dag):
     config = TrainingConfig.from_mapping(defaults)
     assert config == TrainingConfig(model_name="adhoc-model")  # digits-mlp belongs to the models file
     assert set(PARAMETERS) <= set(defaults)
-    assert config.launcher == "local" and config.world_size == 2 and config.hidden_sizes == (50,)
+    assert config.launcher == "local" and config.world_size == 1 and config.hidden_sizes == (50,)
 
 
 @pytest.mark.parametrize("name, value", [("world_size", 0), ("launcher", "slurm"), ("learning_rate", 0)])
@@ -97,3 +97,65 @@ def test_the_scoring_example_runs_on_the_asset_commit_parameters_emits(dagbag, d
     scoring = dagbag.dags["pgtrain_score_digits"]
     assert [a.uri for a in scoring.timetable.asset_condition.objects] == [model_asset("digits-mlp").uri]
     assert dag.get_task("commit_parameters").outlets == [MODELS_ALIAS]
+
+
+def _parsed_in_a_task_process(monkeypatch, dag_file: str, dag_id: str, task_id: str) -> DagBag:
+    """The DAG file as a task process parses it: Airflow sets the parsing context to the task it runs."""
+    monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", dag_id)
+    monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_TASK_ID", task_id)
+    return DagBag(dag_folder=str(REPO / "dags" / dag_file), include_examples=False)
+
+
+@pytest.mark.parametrize("task_id", [t for t in TASK_ORDER if t != "train"])
+def test_a_task_process_of_another_task_gets_the_same_dag_with_a_placeholder_train(monkeypatch, dag, task_id):
+    from pgtrain.airflow.pipeline import TrainPlaceholder
+    from pgtrain.airflow.train_operator import HorovodTrainOperator
+
+    parsed = _parsed_in_a_task_process(monkeypatch, "pgtrain_training.py", DAG_ID, task_id).dags[DAG_ID]
+    assert {t.task_id: t.upstream_task_ids for t in parsed.tasks} == {t.task_id: t.upstream_task_ids for t in dag.tasks}
+    assert type(parsed.get_task(task_id)) is type(dag.get_task(task_id))
+    assert isinstance(parsed.get_task("train"), TrainPlaceholder)
+    assert isinstance(dag.get_task("train"), HorovodTrainOperator)  # the dag-processor's parse: no context
+
+
+def test_the_train_task_process_gets_horovod_train_operator(monkeypatch, dag):
+    from pgtrain.airflow.train_operator import HorovodTrainOperator
+
+    parsed = _parsed_in_a_task_process(monkeypatch, "pgtrain_training.py", DAG_ID, "train").dags[DAG_ID]
+    train = parsed.get_task("train")
+    assert isinstance(train, HorovodTrainOperator)
+    assert (train.image, train.namespace) == (dag.get_task("train").image, dag.get_task("train").namespace)
+
+
+def test_a_placeholder_train_refuses_to_run():
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from pgtrain.airflow.pipeline import TrainPlaceholder
+
+    with pytest.raises(AirflowFailException, match="HorovodTrainOperator"):
+        TrainPlaceholder(task_id="train").execute({})
+
+
+def test_a_task_process_of_another_task_imports_no_kubernetes_client():
+    """The kubernetes launcher's provider imports both Kubernetes clients; only the train task's process may."""
+    probe = f"""
+import importlib.util, json, os, sys
+os.environ["_AIRFLOW_PARSING_CONTEXT_DAG_ID"] = {DAG_ID!r}
+os.environ["_AIRFLOW_PARSING_CONTEXT_TASK_ID"] = "commit_parameters"
+spec = importlib.util.spec_from_file_location("dag_under_test", {str(REPO / "dags" / "pgtrain_training.py")!r})
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+print(json.dumps([m for m in ("kubernetes", "kubernetes_asyncio", "airflow.providers.cncf.kubernetes.operators.pod")
+                  if m in sys.modules]))
+"""
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_a_model_dags_task_process_builds_only_its_dag(monkeypatch):
+    full = DagBag(dag_folder=str(REPO / "dags" / "pgtrain_models.py"), include_examples=False)
+    assert full.import_errors == {} and full.dags
+    dag_id = sorted(full.dags)[0]
+    parsed = _parsed_in_a_task_process(monkeypatch, "pgtrain_models.py", dag_id, "plan_run")
+    assert list(parsed.dags) == [dag_id]
+    assert set(parsed.dags[dag_id].task_ids) == set(full.dags[dag_id].task_ids)

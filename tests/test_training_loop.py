@@ -11,7 +11,8 @@ from torch import nn
 
 from pgtrain.config import TrainingConfig
 from trainer.model import PgtrainModel
-from trainer.train import Task, batch_bounds, epoch_batches, epoch_order, threads_per_rank, train_epoch
+from trainer.train import (Task, batch_bounds, epoch_batches, epoch_order, set_up_torch, threads_per_rank,
+                           train_epoch)
 
 
 class RecordingNet(nn.Module):
@@ -76,3 +77,16 @@ def test_threads_per_rank_share_the_cpus_unless_omp_num_threads_says():
     assert threads_per_rank({}, 4 * cpus) == 1
     assert threads_per_rank({"OMP_NUM_THREADS": "3"}, 2) == 3
     assert threads_per_rank({"OMP_NUM_THREADS": ""}, 1) == cpus
+
+
+def test_a_rank_flushes_subnormal_floats_to_zero():
+    threads, flushing = torch.get_num_threads(), torch.tensor([1e-40]).item() == 0
+    try:
+        torch.set_flush_denormal(False)
+        assert torch.tensor([1e-40]).item() > 0  # a subnormal float32, kept (and slow) by default
+        set_up_torch({"OMP_NUM_THREADS": "1"}, 1)
+        assert torch.get_num_threads() == 1
+        assert torch.tensor([1e-40]).item() == 0 and torch.tensor([1e-37]).item() > 0
+    finally:
+        torch.set_num_threads(threads)
+        torch.set_flush_denormal(flushing)

@@ -103,8 +103,11 @@ PARAMETERS: dict[str, dict[str, Any]] = {
     "force": {"default": False, "type": "boolean", "section": _TRAINING, "title": "Train even if unchanged",
               "description": "scheduled (cron) runs skip training when no row of the source changed since the "
                              "head version was trained; set this to train anyway"},
-    "world_size": {"default": 2, "type": "integer", "minimum": 1, "maximum": 1024, "section": _CLUSTER,
-                   "title": "Ranks", "description": "Horovod ranks (one per GPU on Kubernetes)"},
+    # One rank by default: on a CPU-only worker one rank's PyTorch threads use every core, and two ranks there
+    # only add Horovod's per-step allreduce (benchmarks/RESULTS.md, "Training"); GPUs want one rank each.
+    "world_size": {"default": 1, "type": "integer", "minimum": 1, "maximum": 1024, "section": _CLUSTER,
+                   "title": "Ranks",
+                   "description": "Horovod ranks: one per GPU; on a CPU-only worker one rank uses every core"},
     "launcher": {"default": "local", "type": "string", "enum": ["local", "kubernetes"], "section": _CLUSTER,
                  "title": "Launcher",
                  "description": "local: horovodrun on the worker; kubernetes: an MPIJob on GPU pods"},
@@ -160,7 +163,7 @@ class TrainingConfig:
     max_rmse_rise: float | None = None
     min_val_accuracy: float | None = None
     max_val_rmse: float | None = None
-    world_size: int = 2
+    world_size: int = 1
     launcher: str = "local"
 
     @classmethod
