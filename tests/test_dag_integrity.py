@@ -103,7 +103,7 @@ def _parsed_in_a_task_process(monkeypatch, dag_file: str, dag_id: str, task_id: 
     """The DAG file as a task process parses it: Airflow sets the parsing context to the task it runs."""
     monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_DAG_ID", dag_id)
     monkeypatch.setenv("_AIRFLOW_PARSING_CONTEXT_TASK_ID", task_id)
-    return DagBag(dag_folder=str(REPO / "dags" / dag_file), include_examples=False)
+    return DagBag(dag_folder=str(REPO / "dags" / dag_file))
 
 
 @pytest.mark.parametrize("task_id", [t for t in TASK_ORDER if t != "train"])
@@ -153,7 +153,7 @@ print(json.dumps([m for m in ("kubernetes", "kubernetes_asyncio", "airflow.provi
 
 
 def test_a_model_dags_task_process_builds_only_its_dag(monkeypatch):
-    full = DagBag(dag_folder=str(REPO / "dags" / "pgtrain_models.py"), include_examples=False)
+    full = DagBag(dag_folder=str(REPO / "dags" / "pgtrain_models.py"))
     assert full.import_errors == {} and full.dags
     dag_id = sorted(full.dags)[0]
     parsed = _parsed_in_a_task_process(monkeypatch, "pgtrain_models.py", dag_id, "plan_run")

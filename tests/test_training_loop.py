@@ -11,8 +11,7 @@ from torch import nn
 
 from pgtrain.config import TrainingConfig
 from trainer.model import PgtrainModel
-from trainer.train import (Task, batch_bounds, epoch_batches, epoch_order, set_up_torch, threads_per_rank,
-                           train_epoch)
+from trainer.train import Task, batch_bounds, epoch_batches, epoch_order, set_up_torch, threads_per_rank, train_epoch
 
 
 class RecordingNet(nn.Module):
