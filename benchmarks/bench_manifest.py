@@ -9,10 +9,12 @@ synthetic data, then vacuumed as autovacuum would. The floor, measured in the sa
 reads every feature value (``SELECT sum(cardinality(features))``) plus one ``percentile_disc`` pass over the key
 (the world_size shard edges). Rounds of (floor scan, floor key pass, plan_shards) interleaved, ROUNDS times;
 ``plan_vs_floor`` is the median over rounds of plan_shards / (scan + key pass) of that round. check/cut seconds
-are its passes timed alone; ``check_values_seconds`` is the check with the per-value NaN/infinity test that
-bad_rows='exclude' runs in SQL (bad_rows='fail' leaves it to the loader). scan_amplification counts the table
-rows fetched (pg_stat_user_tables) while every rank loads its shard with load_shard, divided by the rows in the
-table; the original sketch's LIMIT/OFFSET per rank is measured the same way beside it.
+are its passes timed alone (as plan_shards runs them: with integer keys the check scan also collects the
+validation rows' keys, and the cut counts them per shard instead of a second pass); ``check_values_seconds`` is
+the check with the per-value NaN/infinity test that bad_rows='exclude' runs in SQL (bad_rows='fail' leaves it to
+the loader). scan_amplification counts the table rows fetched (pg_stat_user_tables) while every rank loads its
+shard with load_shard, divided by the rows in the table; the original sketch's LIMIT/OFFSET per rank is measured
+the same way beside it.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from psycopg import sql
 
 from pgtrain import loader, manifest, runs
 from pgtrain.config import TrainingConfig
-from pgtrain.source import bad_row, read_xid_clock, resolve_source, snapshot_transaction
+from pgtrain.source import bad_row, is_validation, read_xid_clock, resolve_source, snapshot_transaction
 
 TABLE = "bench_manifest"
 T = sql.Identifier(TABLE)
@@ -115,12 +117,14 @@ def run_benchmark(url: str, rows: int, world_size: int, dim: int) -> dict[str, f
         batch = manifest.batch_size(source, dim)
         with snapshot_transaction(conn):
             clock = read_xid_clock(conn)
-            with stopwatch() as checking:
-                manifest.check_rows(conn, source, dim, 10, clock, values=False)
+            split = is_validation(source, 0.1, 0) if manifest._keys_fold_into_the_check(conn, source) else None
+            with stopwatch() as checking:  # as plan_shards runs it: with the validation keys for cut_shards
+                check = manifest.check_rows(conn, source, dim, 10, clock, values=False, split=split)
             with stopwatch() as checking_values:  # what bad_rows='exclude' pays: the NaN/infinity test in SQL
                 manifest.check_rows(conn, source, dim, 10, clock)
             with stopwatch() as cutting:
-                manifest.cut_shards(conn, source, rows, world_size, 0.1, 0, batch, None)
+                manifest.cut_shards(conn, source, rows, world_size, 0.1, 0, batch, None,
+                                    validation_keys=check.validation_keys)
             with stopwatch() as cutting_excluding:  # bad_rows='exclude' with bad rows found: reads the heap too
                 manifest.cut_shards(conn, source, rows, world_size, 0.1, 0, batch, bad_row(source, dim, 10))
 

@@ -288,3 +288,52 @@ def test_a_rank_that_loads_a_nan_refuses_the_whole_job_for_good_with_the_report(
     assert run.status_reason in str(failure.value)
     assert autocommit.execute("SELECT count(*) FROM pgtrain.run_metrics WHERE run_id = %s",
                               (run.run_id,)).fetchone()[0] == 0
+
+
+# Feature values that the combined bad-row test (source.bad_row) must judge as the per-kind checks do, by format;
+# dim 4. The last ones have the byte size of a good flat array of 4 (real: 24 + 4 x 4 = 40 bytes; a 2-D array has
+# 8 more bytes of header, a NULL bitmap takes the header to 32): a size test could not tell them apart.
+SHAPES = {
+    "float4_array": ["NULL", "'{}'", "'{1,2}'", "'{1,2,3,4,5}'", "'{{1,2},{3,4}}'", "'{{1,2,3,4}}'",
+                     "'{1,NULL,3,4}'", "'{1,2,3,NULL,5}'", "'{NULL,NULL,NULL,NULL}'", "'[0:3]={1,2,3,4}'",
+                     "'{1,2,3,NaN}'", "'{1,2,3,Infinity}'", "'{{1,2}}'", "'{1,NULL,NULL,4}'"],
+    "float8_array": ["NULL", "'{}'", "'{{1,2},{3,4}}'", "'{1,NULL,3,4}'", "'{1,2,3,1e39}'", "'{1,2,3,-1e39}'",
+                     "'{1,2,3,-Infinity}'", "'{{1,2,3}}'"],
+    "bytea": ["NULL", "''::bytea", "'\\x00'::bytea", "decode(repeat('00', 15), 'hex')",
+              "decode(repeat('00', 17), 'hex')", "decode(repeat('00', 32), 'hex')",
+              "decode('0000c07f' || repeat('00', 12), 'hex')"],
+}
+
+GOOD_SHAPES = {"float4_array": {10}}  # 1-based positions in SHAPES: a flat array of 4 with lower bound 0
+VALUE_SHAPES = {"float4_array": {11, 12}, "float8_array": {5, 6, 7}, "bytea": {7}}  # bad by LOAD_KINDS only
+
+
+@pytest.mark.parametrize("fmt", SHAPES)
+@pytest.mark.parametrize("num_classes", [None, 3])
+def test_the_combined_bad_row_test_picks_exactly_the_rows_of_the_per_kind_checks(ac, fmt, num_classes):
+    from psycopg import sql
+
+    from pgtrain.source import bad_row, resolve_source, row_checks
+
+    shapes = SHAPES[fmt]
+    make_table(ac, "t", len(shapes) + 6, fmt=fmt, gaps=False, not_null=False)
+    for key, shape in enumerate(shapes, start=1):
+        ac.execute(sql.SQL("UPDATE t SET features = {} WHERE id = %s").format(sql.SQL(shape)), (key,))
+    labels = {len(shapes) + 1: "NULL", len(shapes) + 2: "-1", len(shapes) + 3: "3", len(shapes) + 4: "2"}
+    for key, label in labels.items():
+        ac.execute(sql.SQL("UPDATE t SET label = {} WHERE id = %s").format(sql.SQL(label)), (key,))
+    if fmt != "bytea":  # the last shapes are the size of a good row (as the comment on SHAPES says)
+        good, *same = ac.execute(sql.SQL("SELECT pg_column_size(CAST(v AS {t}[])) FROM unnest(%s::text[]) v").format(
+            t=sql.SQL("real" if fmt == "float4_array" else "double precision")),
+            (["{1,2,3,4}", *[v.strip("'") for v in shapes[-2 if fmt == "float4_array" else -1:]]],)).fetchall()
+        assert same == [good] * len(same)
+    source = resolve_source(ac, "public.t", "id", "features", "label")
+    for values in (True, False):
+        kinds = row_checks(source, 4, num_classes, values=values)
+        rows = ac.execute(sql.SQL("SELECT id, {}, {} FROM t ORDER BY id").format(
+            bad_row(source, 4, num_classes, values=values), sql.SQL(" OR ").join(kinds.values()))).fetchall()
+        assert [(key, lean) for key, lean, _ in rows] == [(key, every) for key, _, every in rows], (values, rows)
+        n = len(shapes)
+        expected = (set(range(1, n + 1)) - GOOD_SHAPES.get(fmt, set()) - (set() if values else VALUE_SHAPES[fmt])
+                    | {n + 1, n + 2} | ({n + 3} if num_classes else set()))
+        assert {key for key, lean, _ in rows if lean} == expected, (values, rows)

@@ -403,3 +403,42 @@ def test_a_split_that_leaves_no_training_rows_is_a_clear_error_but_one_rank_with
     ranks = [(s.train_count, s.val_count) for s in plan(ac, "public.t", "b", world_size=4, validation_fraction=0.5,
                                                          num_classes=2)[1].shards]
     assert sum(t for t, _ in ranks) == 2 and (0, 1) in ranks
+
+
+def test_batch_keys_travel_as_text_array_literals_whatever_they_hold(ac):
+    keys = ["a", "", "NULL", "x,y", "{}", 'q"uote', "back\\slash", " sp ", "éü", "tab\tnl\n", '\\"', "null"]
+    assert ac.execute("SELECT %s::text[]", (manifest.text_array(keys),)).fetchone()[0] == keys
+    assert ac.execute("SELECT %s::text[]", (manifest.text_array([]),)).fetchone()[0] == []
+
+
+def test_the_key_sort_gets_work_mem_for_its_transaction_and_never_less(ac):
+    with snapshot_transaction(ac):
+        manifest.fit_key_sort(ac, 1_000_000)  # 64 MB
+        assert ac.execute("SELECT pg_size_bytes(current_setting('work_mem'))").fetchone()[0] == 64_000_000 >> 10 << 10
+        ac.execute("SET LOCAL work_mem = '300MB'")
+        manifest.fit_key_sort(ac, 1_000_000)
+        assert ac.execute("SELECT current_setting('work_mem')").fetchone()[0] == "300MB"
+    assert ac.execute("SELECT current_setting('work_mem')").fetchone()[0] != "62500kB"
+
+
+@pytest.mark.parametrize("key_type", ["smallint", "integer", "bigint", "numeric"])
+def test_each_shards_validation_rows_are_counted_as_the_split_chooses_them(ac, key_type):
+    """Integer keys: the check scan hands over the validation rows' keys, counted per shard in Python (negative
+    and extreme keys included); other keys: one more pass. Either way the split's own rows, per shard."""
+    ac.execute(sql.SQL("CREATE TABLE t (id {} PRIMARY KEY, features real[], label integer)").format(
+        sql.SQL(key_type)))
+    top = {"smallint": 32767, "integer": 2**31 - 1}.get(key_type, 2**63 - 1)
+    keys = sorted({-top, -top + 1, -1, 0, 1, top - 1, top, *range(-1500, 1500, 7)})
+    ac.execute("INSERT INTO t SELECT k, '{1,2,3,4}', abs(k)::bigint %% 3 "
+               "FROM unnest(%s::numeric[]) k", (keys,))
+    if key_type == "numeric":
+        ac.execute("UPDATE t SET id = id + 0.5 WHERE id = 0")
+    run, planned = plan(ac, "public.t", world_size=5, validation_fraction=0.3, seed=3)
+    expected = [ac.execute(sql.SQL(
+        "SELECT count(*) FILTER (WHERE abs(mod(hashtextextended(id::text, 3), 1000000)) < 300000) FROM t "
+        "WHERE id BETWEEN %s::{t} AND %s::{t}").format(t=sql.SQL(key_type)), (s.key_lo, s.key_hi)).fetchone()[0]
+        for s in planned.shards]
+    assert [s.val_count for s in planned.shards] == expected and 0 < sum(expected) < len(keys)
+    assert [int(d.is_validation.sum()) for d in load_all(ac, run)] == expected
+    folded = manifest._keys_fold_into_the_check(ac, resolve_source(ac, "public.t", "id", "features", "label"))
+    assert folded == (key_type != "numeric" and ac.info.server_version >= 160000)

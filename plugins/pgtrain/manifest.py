@@ -95,6 +95,7 @@ class RowCheck:
     kinds: dict[str, BadRows]
     alias_xmin_ages: list[int]  # alias_xmin_age of the rows that have one
     bad_columns: tuple[str, ...] = ()
+    validation_keys: bytes | None = None  # the validation rows' keys as big-endian int8s, when asked (split)
 
 
 def source_for(conn: psycopg.Connection, run: runs.Run) -> Source:
@@ -117,8 +118,10 @@ def plan_shards(conn: psycopg.Connection, run: runs.Run, *, input_dim: int | Non
         clock = read_xid_clock(conn)
         dim = _feature_width(conn, source, given_dim)
         outputs = _target_width(conn, source)
+        split = (is_validation(source, config.validation_fraction, config.seed)
+                 if _keys_fold_into_the_check(conn, source) else None)
         check = check_rows(conn, source, dim, config.num_classes, clock, outputs,
-                           values=config.bad_rows == "exclude")
+                           values=config.bad_rows == "exclude", split=split)
         rows = _usable_rows(source, check, dim, config, length_given=bool(given_dim), outputs=outputs)
         num_classes = (config.num_classes or _inferred_classes(source, check)) if outputs is None else None
         output_dim = outputs or num_classes
@@ -126,13 +129,24 @@ def plan_shards(conn: psycopg.Connection, run: runs.Run, *, input_dim: int | Non
         exclude = bad_row(source, dim, num_classes, output_dim) if check.bad else None
         batch_rows = batch_size(source, dim, output_dim)
         shards, batches = cut_shards(conn, source, rows, config.world_size, config.validation_fraction,
-                                     config.seed, batch_rows, exclude)
+                                     config.seed, batch_rows, exclude,
+                                     validation_keys=None if check.bad else check.validation_keys)
         _check_training_rows(source, shards, config)
         runs.write_manifest(conn, run.run_id, shards, dim, num_classes, output_dim)
         seen, horizon = seen_xmins(check.alias_xmin_ages, clock)
         _write_plan(conn, run, clock, seen, horizon, check, batch_rows, batches)
     return Plan(shards, dim, num_classes, rows, check.bad, check.kinds, clock.snapshot, output_dim,
                 check.bad_columns)
+
+
+# Key types whose keys the check scan can hand over as int8s (their order is the integers' order).
+_INTEGER_KEYS = ("smallint", "integer", "bigint")
+
+
+def _keys_fold_into_the_check(conn: psycopg.Connection, source: Source) -> bool:
+    """Whether the check scan collects the validation rows' keys (integer keys; PostgreSQL 16 and later, whose
+    string_agg(bytea) runs in parallel: before 16 it would make the check scan serial)."""
+    return source.key_type in _INTEGER_KEYS and conn.info.server_version >= 160000
 
 
 def balanced_positions(total: int, world_size: int) -> list[tuple[int, int]]:
@@ -165,30 +179,38 @@ def sample_length(conn: psycopg.Connection, source: Source, length: sql.Composab
 
 def check_rows(conn: psycopg.Connection, source: Source, dim: int, num_classes: int | None,
                clock: XidClock, output_dim: int | None = None, *, values: bool = True,
-               where: sql.Composable | None = None) -> RowCheck:
-    """Row count, largest good label, each bad-row kind's count and example keys, and (scalar feature columns)
-    which columns hold bad values; ``values=False`` leaves the kinds of LOAD_KINDS to the loader; ``where``
-    (SQL) restricts the rows checked.
+               where: sql.Composable | None = None, split: sql.Composable | None = None) -> RowCheck:
+    """Row count, largest good label (classification without num_classes), each bad-row kind's count and example
+    keys, and (scalar feature columns) which columns hold bad values; ``values=False`` leaves the kinds of
+    LOAD_KINDS to the loader; ``where`` (SQL) restricts the rows checked. ``split`` (SQL, ``is_validation``; integer
+    keys only): the lean scan also collects the keys of the rows it holds (``validation_keys``), so that
+    ``cut_shards`` needs no pass of its own to count each shard's validation rows.
 
-    One lean scan counts the rows and the bad ones; only when it finds some (or rows whose xmin needs noting)
-    does a second scan break them down by kind with example keys, then with every kind (so a report names the
-    NaN rows too, whoever would have found them).
+    One lean scan counts the rows and the bad ones (``source.bad_row``: the kinds' checks in fewer calls); only
+    when it finds some (or rows whose xmin needs noting) does a second scan break them down by kind with example
+    keys, then with every kind (so a report names the NaN rows too, whoever would have found them).
     """
-    checks = row_checks(source, dim, num_classes, output_dim, values=values)
     restrict = sql.SQL("WHERE {}").format(where) if where is not None else sql.SQL("")
     xmin_age = alias_xmin_age(source, clock)
     # age() is parallel restricted and costs more than the other checks together: counted only when a raw xmin
     # can alias at all (source.xmins_may_alias), so the lean scan may run in parallel.
     aliasing = (sql.SQL("count(*) FILTER (WHERE {} IS NOT NULL)").format(xmin_age) if xmins_may_alias(clock)
                 else sql.SQL("0"))
-    total, bad, max_label, aliased = conn.execute(sql.SQL(
-        """SELECT count(*), count(*) FILTER (WHERE {any_bad}), {max_label}, {aliasing}
+    # The largest label only matters when num_classes is inferred from it (max_label is None otherwise).
+    infer = source.target_format == "label" and not num_classes
+    keys = (sql.SQL("string_agg(int8send(CAST({} AS bigint)), ''::bytea) FILTER (WHERE {})").format(source.key, split)
+            if split is not None else sql.SQL("NULL::bytea"))
+    total, bad, max_label, aliased, validation_keys = conn.execute(sql.SQL(
+        """SELECT count(*), count(*) FILTER (WHERE {any_bad}), {max_label}, {aliasing}, {keys}
            FROM {rel} {where}""").format(
-        any_bad=sql.SQL(" OR ").join(checks.values()), rel=source.relation, where=restrict, aliasing=aliasing,
-        max_label=sql.SQL("max({})").format(source.label) if source.target_format == "label" else sql.SQL("NULL"))
+        any_bad=bad_row(source, dim, num_classes, output_dim, values=values), rel=source.relation, where=restrict,
+        aliasing=aliasing, max_label=sql.SQL("max({})").format(source.label) if infer else sql.SQL("NULL"),
+        keys=keys)
     ).fetchone()
+    if split is not None:
+        validation_keys = bytes(validation_keys or b"")
     if not bad and not aliased:
-        return RowCheck(total, 0, max_label, {}, [])
+        return RowCheck(total, 0, max_label, {}, [], validation_keys=validation_keys)
     checks = row_checks(source, dim, num_classes, output_dim)
     flags = [sql.Identifier(f"is_{kind}") for kind in checks]
     any_bad = sql.SQL(" OR ").join(flags)
@@ -224,11 +246,11 @@ def check_rows(conn: psycopg.Connection, source: Source, dim: int, num_classes: 
              for kind, count, examples in zip(checks, found[::2], found[1::2], strict=True) if count}
     bad_columns = tuple(c.name for c, bit in zip(source.feature_columns, column_bits or "", strict=False)
                         if bit == "1")
-    return RowCheck(total, bad, max_label, kinds, ages or [], bad_columns)
+    return RowCheck(total, bad, max_label, kinds, ages or [], bad_columns, validation_keys)
 
 
 def cut_shards(conn: psycopg.Connection, source: Source, rows: int, world_size: int, validation_fraction: float,
-               seed: int, batch_rows: int, exclude: sql.Composable | None
+               seed: int, batch_rows: int, exclude: sql.Composable | None, *, validation_keys: bytes | None = None
                ) -> tuple[list[Shard], list[tuple[list[str], list[str]]]]:
     """The shards, and each shard's batches as (first keys, last keys), in two passes that read only the key:
 
@@ -237,7 +259,8 @@ def cut_shards(conn: psycopg.Connection, source: Source, rows: int, world_size: 
     2. ``validation_query``: each shard's validation rows (the split hashes every key once).
 
     Batches follow a global grid of ``batch_rows`` rows, split where a shard begins; ``exclude`` (SQL) drops
-    bad rows from the numbering.
+    bad rows from the numbering. ``validation_keys`` (integer keys, from ``check_rows`` with a split, none of them
+    excluded): the validation rows' keys, counted per shard here instead of by the second pass.
     """
     positions = balanced_positions(rows, world_size)
     grid = []
@@ -246,12 +269,22 @@ def cut_shards(conn: psycopg.Connection, source: Source, rows: int, world_size: 
         grid.append((starts, [start - 1 for start in starts[1:]] + [last]))
     wanted = sorted({p for starts, ends in grid for p in starts + ends})
     fit_key_sort(conn, rows)
-    (keys,) = conn.execute(boundary_query(source, exclude), ([(p - 0.5) / rows for p in wanted],)).fetchone()
+    # The positions go as one float8[] literal (repr round-trips every float): psycopg's list dumper costs about
+    # a microsecond an element, which with thousands of batch edges is a measurable part of planning.
+    fractions = "{" + ",".join([repr((p - 0.5) / rows) for p in wanted]) + "}"
+    (keys,) = conn.execute(boundary_query(source, exclude), (fractions,)).fetchone()
     if keys is None or len(keys) != len(wanted) or None in keys:
         raise SourceError(f"{source.qualified_name} changed while it was being planned; run compute_shards again")
     at = dict(zip(wanted, keys, strict=True))
     edges = [(at[first], at[last]) for first, last in positions]
-    validation = conn.execute(validation_query(source, validation_fraction, seed, edges, exclude)).fetchone()
+    if validation_keys is not None:
+        import numpy as np  # loaded already (pgtrain.loader)
+
+        held = np.sort(np.frombuffer(validation_keys, ">i8"))
+        validation = [int(np.searchsorted(held, int(hi), "right") - np.searchsorted(held, int(lo), "left"))
+                      for lo, hi in edges]
+    else:
+        validation = conn.execute(validation_query(source, validation_fraction, seed, edges, exclude)).fetchone()
     shards, batches = [], []
     for rank, (first, last) in enumerate(positions):
         size, val_count = last - first + 1, validation[rank]
@@ -270,9 +303,9 @@ def fit_key_sort(conn: psycopg.Connection, rows: int) -> None:
     """Raise work_mem for the rest of this transaction so that sorting ``rows`` keys stays in memory (bounded by
     KEY_SORT_MEMORY; never lowered)."""
     wanted = min(rows * _KEY_SORT_BYTES, KEY_SORT_MEMORY) >> 10
-    current = conn.execute("SELECT setting::bigint FROM pg_settings WHERE name = 'work_mem'").fetchone()[0]
-    if wanted > current:
-        conn.execute("SELECT set_config('work_mem', %s, true)", (f"{wanted}kB",))
+    # One statement, and not pg_settings (a view that builds a row for every setting).
+    conn.execute("SELECT set_config('work_mem', %s, true) WHERE pg_size_bytes(current_setting('work_mem')) < %s",
+                 (f"{wanted}kB", wanted << 10))
 
 
 def boundary_query(source: Source, exclude: sql.Composable | None = None) -> sql.Composed:
@@ -346,9 +379,16 @@ def _write_plan(conn: psycopg.Connection, run: runs.Run, clock: XidClock, seen: 
     )
     with conn.cursor() as cur:
         cur.executemany(
-            "INSERT INTO pgtrain.shard_batches (run_id, rank, batch_lo, batch_hi) VALUES (%s, %s, %s, %s)",
-            [(run.run_id, rank, lo, hi) for rank, (lo, hi) in enumerate(batches)],
+            "INSERT INTO pgtrain.shard_batches (run_id, rank, batch_lo, batch_hi) "
+            "VALUES (%s, %s, %s::text[], %s::text[])",
+            [(run.run_id, rank, text_array(lo), text_array(hi)) for rank, (lo, hi) in enumerate(batches)],
         )
+
+
+def text_array(values: list[str]) -> str:
+    """A text[] literal of ``values`` (none of them None), every element quoted: built with str methods, where
+    psycopg's list dumper tests each element with a regular expression (a few thousand keys a plan)."""
+    return "{" + ",".join(['"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values]) + "}"
 
 
 def _feature_width(conn: psycopg.Connection, source: Source, given: int | None) -> int:

@@ -539,9 +539,37 @@ def feature_checks(source: Source, dim: int, *, values: bool = True) -> dict[str
     return {kind: checks[kind] for kind in BAD_ROW_KINDS if kind in checks and (values or kind not in LOAD_KINDS)}
 
 
-def bad_row(source: Source, dim: int, num_classes: int | None, output_dim: int | None = None) -> sql.Composable:
-    """SQL boolean: the row has any of the problems of ``row_checks`` (the bad_rows='exclude' filter)."""
-    return sql.SQL("({})").format(sql.SQL(" OR ").join(row_checks(source, dim, num_classes, output_dim).values()))
+def bad_row(source: Source, dim: int, num_classes: int | None, output_dim: int | None = None, *,
+            values: bool = True) -> sql.Composable:
+    """SQL boolean: the row has any of the problems of ``row_checks`` (the bad_rows='exclude' filter; with
+    ``values=False`` without the kinds of LOAD_KINDS, as compute_shards' first scan counts them).
+
+    The same rows as OR-ing ``row_checks``, in fewer function calls: a flat array's NULL, length and NULL-element
+    checks are one CASE, a packed bytea's NULL and length checks one comparison, a label's NULL and range checks
+    one test (measured: the lean check scan of 2M x real[100] takes 0.74 CPU seconds instead of 0.84, against
+    0.55 for a bare scan that reads every feature value).
+    """
+    checks = row_checks(source, dim, num_classes, output_dim, values=values)
+    merged: dict[str, sql.Composable] = {}
+    f = source.features if source.feature_format != COLUMNS else None
+    if source.feature_format in ARRAY_ELEMENTS:
+        # array_position refuses multi-dimensional arrays: the CASE calls it on flat ones only. NULL or empty
+        # features (array_ndims NULL) and wrong shapes fall to ELSE.
+        merged["null_features"] = sql.SQL(
+            "CASE WHEN array_ndims({f}) = 1 AND cardinality({f}) = {dim} THEN array_position({f}, NULL) IS NOT NULL "
+            "ELSE true END").format(f=f, dim=sql.Literal(dim))
+        covered = {"null_features", "wrong_length", "null_elements"}
+    elif source.feature_format == "bytea":
+        merged["null_features"] = sql.SQL("(octet_length({}) IS DISTINCT FROM {})").format(f, sql.Literal(4 * dim))
+        covered = {"null_features", "wrong_length"}
+    else:
+        covered = set()
+    if source.target_format == "label":
+        upper = sql.SQL(" AND {} < {}").format(source.label, sql.Literal(num_classes)) if num_classes else sql.SQL("")
+        merged["null_label"] = sql.SQL("(({} >= 0{}) IS NOT TRUE)").format(source.label, upper)
+        covered |= {"null_label", "label_out_of_range"}
+    parts = [merged.get(kind, check) for kind, check in checks.items() if kind not in covered or kind in merged]
+    return sql.SQL("({})").format(sql.SQL(" OR ").join(parts))
 
 
 def _scalar_value(value: sql.Composable, type_: str) -> sql.Composable:
