@@ -422,7 +422,7 @@ def test_the_key_sort_gets_work_mem_for_its_transaction_and_never_less(ac):
 
 
 @pytest.mark.parametrize("key_type", ["smallint", "integer", "bigint", "numeric"])
-def test_each_shards_validation_rows_are_counted_as_the_split_chooses_them(ac, key_type):
+def test_each_shards_validation_rows_are_counted_as_the_split_chooses_them(ac, key_type, monkeypatch):
     """Integer keys: the check scan hands over the validation rows' keys, counted per shard in Python (negative
     and extreme keys included); other keys: one more pass. Either way the split's own rows, per shard."""
     ac.execute(sql.SQL("CREATE TABLE t (id {} PRIMARY KEY, features real[], label integer)").format(
@@ -440,5 +440,11 @@ def test_each_shards_validation_rows_are_counted_as_the_split_chooses_them(ac, k
         for s in planned.shards]
     assert [s.val_count for s in planned.shards] == expected and 0 < sum(expected) < len(keys)
     assert [int(d.is_validation.sum()) for d in load_all(ac, run)] == expected
-    folded = manifest._keys_fold_into_the_check(ac, resolve_source(ac, "public.t", "id", "features", "label"))
+    source = resolve_source(ac, "public.t", "id", "features", "label")
+    folded = manifest._keys_fold_into_the_check(ac, source, 0.3)
     assert folded == (key_type != "numeric" and ac.info.server_version >= 160000)
+    # A table whose validation keys could outgrow FOLDED_KEYS_MAX_BYTES counts them in a pass of its own.
+    monkeypatch.setattr(manifest, "FOLDED_KEYS_MAX_BYTES", 0)
+    assert not manifest._keys_fold_into_the_check(ac, source, 0.3)
+    _, again = plan(ac, "public.t", "run-2", world_size=5, validation_fraction=0.3, seed=3)
+    assert [s.val_count for s in again.shards] == expected

@@ -119,7 +119,7 @@ def plan_shards(conn: psycopg.Connection, run: runs.Run, *, input_dim: int | Non
         dim = _feature_width(conn, source, given_dim)
         outputs = _target_width(conn, source)
         split = (is_validation(source, config.validation_fraction, config.seed)
-                 if _keys_fold_into_the_check(conn, source) else None)
+                 if _keys_fold_into_the_check(conn, source, config.validation_fraction) else None)
         check = check_rows(conn, source, dim, config.num_classes, clock, outputs,
                            values=config.bad_rows == "exclude", split=split)
         rows = _usable_rows(source, check, dim, config, length_given=bool(given_dim), outputs=outputs)
@@ -141,12 +141,22 @@ def plan_shards(conn: psycopg.Connection, run: runs.Run, *, input_dim: int | Non
 
 # Key types whose keys the check scan can hand over as int8s (their order is the integers' order).
 _INTEGER_KEYS = ("smallint", "integer", "bigint")
+# The most validation-key bytes the check scan may collect into one bytea (far below bytea's 1 GB limit).
+FOLDED_KEYS_MAX_BYTES = 256 << 20
+_MIN_HEAP_TUPLE_BYTES = 32  # tuple header and the smallest key, aligned: heap bytes / this >= the row count
 
 
-def _keys_fold_into_the_check(conn: psycopg.Connection, source: Source) -> bool:
-    """Whether the check scan collects the validation rows' keys (integer keys; PostgreSQL 16 and later, whose
-    string_agg(bytea) runs in parallel: before 16 it would make the check scan serial)."""
-    return source.key_type in _INTEGER_KEYS and conn.info.server_version >= 160000
+def _keys_fold_into_the_check(conn: psycopg.Connection, source: Source, validation_fraction: float) -> bool:
+    """Whether the check scan collects the validation rows' keys: integer keys, PostgreSQL 16 and later (whose
+    string_agg(bytea) runs in parallel: before 16 it would make the check scan serial), and a plain table whose
+    heap bounds those keys to FOLDED_KEYS_MAX_BYTES (a larger table counts them in a pass of its own)."""
+    if source.key_type not in _INTEGER_KEYS or conn.info.server_version < 160000:
+        return False
+    kind, heap_bytes = conn.execute(
+        "SELECT c.relkind::text, pg_relation_size(c.oid) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = %s AND c.relname = %s", (source.schema, source.table)).fetchone()
+    most_rows = heap_bytes // _MIN_HEAP_TUPLE_BYTES
+    return kind in ("r", "m") and validation_fraction * most_rows * 8 <= FOLDED_KEYS_MAX_BYTES
 
 
 def balanced_positions(total: int, world_size: int) -> list[tuple[int, int]]:
