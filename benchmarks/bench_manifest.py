@@ -117,7 +117,7 @@ def run_benchmark(url: str, rows: int, world_size: int, dim: int) -> dict[str, f
         batch = manifest.batch_size(source, dim)
         with snapshot_transaction(conn):
             clock = read_xid_clock(conn)
-            split = is_validation(source, 0.1, 0) if manifest._keys_fold_into_the_check(conn, source) else None
+            split = is_validation(source, 0.1, 0) if manifest._keys_fold_into_the_check(conn, source, 0.1) else None
             with stopwatch() as checking:  # as plan_shards runs it: with the validation keys for cut_shards
                 check = manifest.check_rows(conn, source, dim, 10, clock, values=False, split=split)
             with stopwatch() as checking_values:  # what bad_rows='exclude' pays: the NaN/infinity test in SQL
