@@ -8,19 +8,23 @@ layer of 50), validation_fraction 0.1. Every configuration trains the same rows;
 own figure (training rows of all ranks / the epoch's training-loop seconds, the median over its epochs).
 In each round, interleaved:
 
-- ``default``: the DAG's defaults (2 ranks, auto batch size and learning rate) through
+- ``default``: the DAG's defaults (1 rank with all CPUs' threads, auto batch size and learning rate) through
   ``launch_local.run_local``, i.e. ``horovodrun --gloo`` as the train task runs it;
-- ``one_rank``: the same with ``world_size=1`` (its own auto batch: 2,048 rows here, against 1,800 a rank
-  for 2 ranks), with the trainer's threads (all CPUs) and with ``OMP_NUM_THREADS=1``; the faster one is the
-  1-rank figure;
-- ``batch32``: the defaults before the auto batch (2 ranks x 32 rows, learning rate 0.05), one epoch;
+- ``two_ranks``: the same with ``world_size=2`` (auto batch 1,800 rows a rank here, 1 thread a rank on 2 CPUs);
+- ``one_rank_1t``: 1 rank with ``OMP_NUM_THREADS=1``; the faster of it and ``default`` is the 1-rank figure;
+- ``batch32``: the defaults before the auto batch (2 ranks x 32 rows, learning rate 0.05), one epoch, round 1;
 - ``plain_torch``: one process, no Horovod, the same model, optimizer and learning rate on the same training
-  rows at the default's global batch: a shuffled index, ``x[idx]``, forward, backward, step. Run once with
-  torch's default threads and once with one thread; the faster one is the floor.
+  rows at the default's global batch: a shuffled index, ``x[idx]``, forward, backward, step, subnormal floats
+  flushed as a rank does. Run with torch's default threads and with one thread; the faster one is the floor.
+  Once more unflushed (``training.flush_denormal_speedup``);
+- the two-process ceiling: two plain PyTorch processes at once, one thread each, each on half the rows at the
+  2-rank batch: what two local ranks reach with no allreduce at all.
 
 Figures: ``training.default_vs_plain_torch`` (default samples/s / plain PyTorch's best, best round),
-``training.local_2_vs_1_ranks`` (2 ranks / 1 rank, same round, best round), the samples/s of each, and the
-old default's ``training.batch32_vs_plain_torch`` (against plain PyTorch at its global batch of 64).
+``training.local_2_vs_1_ranks`` (2 ranks / the faster 1-rank setting, same round, best round),
+``training.local_2_vs_1_ranks_1_thread_each``, ``training.two_process_ceiling_vs_1_rank``,
+``training.two_ranks_vs_ceiling``, the samples/s of each, and the old default's
+``training.batch32_vs_plain_torch`` (against plain PyTorch at its global batch of 64).
 """
 
 from __future__ import annotations

@@ -18,9 +18,11 @@ from pgtrain.settings import load_settings
 settings = load_settings()
 entries, _ = load_entries()
 running_dag = get_parsing_context().dag_id
+# A task process of one model's DAG builds only that DAG (a context naming no entry builds them all).
+only = running_dag if running_dag in {entry.dag_id for entry in entries} else None
 
 for entry in entries:
-    if running_dag and entry.dag_id != running_dag:
+    if only and entry.dag_id != only:
         continue
     with DAG(
         dag_id=entry.dag_id,

@@ -159,3 +159,16 @@ def test_a_model_dags_task_process_builds_only_its_dag(monkeypatch):
     parsed = _parsed_in_a_task_process(monkeypatch, "pgtrain_models.py", dag_id, "plan_run")
     assert list(parsed.dags) == [dag_id]
     assert set(parsed.dags[dag_id].task_ids) == set(full.dags[dag_id].task_ids)
+
+
+def test_a_context_inherited_from_another_dags_task_changes_nothing(monkeypatch):
+    """The parsing context is environment variables, which a child process of any task inherits (for example a
+    task running `airflow dags reserialize`): a context naming another DAG leaves these DAGs whole."""
+    from pgtrain.airflow.train_operator import HorovodTrainOperator
+
+    full = DagBag(dag_folder=str(REPO / "dags" / "pgtrain_models.py"))
+    training = _parsed_in_a_task_process(monkeypatch, "pgtrain_training.py", "someone_elses_dag", "plan_run")
+    assert isinstance(training.dags[DAG_ID].get_task("train"), HorovodTrainOperator)
+    models = _parsed_in_a_task_process(monkeypatch, "pgtrain_models.py", "someone_elses_dag", "plan_run")
+    assert set(models.dags) == set(full.dags)
+    assert all(isinstance(d.get_task("train"), HorovodTrainOperator) for d in models.dags.values())

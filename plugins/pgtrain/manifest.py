@@ -95,7 +95,8 @@ class RowCheck:
     kinds: dict[str, BadRows]
     alias_xmin_ages: list[int]  # alias_xmin_age of the rows that have one
     bad_columns: tuple[str, ...] = ()
-    validation_keys: bytes | None = None  # the validation rows' keys as big-endian int8s, when asked (split)
+    # the validation rows' keys as big-endian int8s, when asked (split): up to FOLDED_KEYS_MAX_BYTES, kept out of reprs
+    validation_keys: bytes | None = field(default=None, repr=False)
 
 
 def source_for(conn: psycopg.Connection, run: runs.Run) -> Source:
@@ -119,7 +120,8 @@ def plan_shards(conn: psycopg.Connection, run: runs.Run, *, input_dim: int | Non
         dim = _feature_width(conn, source, given_dim)
         outputs = _target_width(conn, source)
         split = (is_validation(source, config.validation_fraction, config.seed)
-                 if _keys_fold_into_the_check(conn, source, config.validation_fraction) else None)
+                 if _keys_fold_into_the_check(conn, source, config.validation_fraction)
+                 else None)
         check = check_rows(conn, source, dim, config.num_classes, clock, outputs,
                            values=config.bad_rows == "exclude", split=split)
         rows = _usable_rows(source, check, dim, config, length_given=bool(given_dim), outputs=outputs)
@@ -150,7 +152,7 @@ def _keys_fold_into_the_check(conn: psycopg.Connection, source: Source, validati
     """Whether the check scan collects the validation rows' keys: integer keys, PostgreSQL 16 and later (whose
     string_agg(bytea) runs in parallel: before 16 it would make the check scan serial), and a plain table whose
     heap bounds those keys to FOLDED_KEYS_MAX_BYTES (a larger table counts them in a pass of its own)."""
-    if source.key_type not in _INTEGER_KEYS or conn.info.server_version < 160000:
+    if validation_fraction <= 0 or source.key_type not in _INTEGER_KEYS or conn.info.server_version < 160000:
         return False
     kind, heap_bytes = conn.execute(
         "SELECT c.relkind::text, pg_relation_size(c.oid) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
@@ -215,7 +217,7 @@ def check_rows(conn: psycopg.Connection, source: Source, dim: int, num_classes: 
            FROM {rel} {where}""").format(
         any_bad=bad_row(source, dim, num_classes, output_dim, values=values), rel=source.relation, where=restrict,
         aliasing=aliasing, max_label=sql.SQL("max({})").format(source.label) if infer else sql.SQL("NULL"),
-        keys=keys)
+        keys=keys), binary=split is not None  # the keys as bytes, not as hex text twice their size
     ).fetchone()
     if split is not None:
         validation_keys = bytes(validation_keys or b"")

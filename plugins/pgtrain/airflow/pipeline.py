@@ -49,8 +49,13 @@ def train_task(settings: AuthorSettings, training_run: Any) -> BaseOperator:
     sets the parsing context to that task first), so a run of six tasks paid it six times for the one task that
     needs it. The dag-processor and ``airflow dags test`` parse with no parsing context: they get the real
     operator, so the serialized DAG and the UI show it."""
-    running = get_parsing_context().task_id
-    if running and running != TRAIN_TASK_ID:
+    # Only for this very DAG and a task other than this train task (full id, inside a TaskGroup too): the context
+    # comes from environment variables, which child processes of any task inherit.
+    context, upstream = get_parsing_context(), training_run.operator
+    group = upstream.task_group
+    train_id = group.child_id(TRAIN_TASK_ID) if group is not None else TRAIN_TASK_ID
+    if context.task_id and context.dag_id == upstream.dag_id and context.task_id != train_id:
+        # Never executed: the scheduler schedules from the stored DAG, which has the real operator.
         placeholder = TrainPlaceholder(task_id=TRAIN_TASK_ID, execution_timeout=timedelta(hours=24))
         training_run >> placeholder
         return placeholder
