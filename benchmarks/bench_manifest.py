@@ -30,7 +30,7 @@ from psycopg import sql
 
 from pgtrain import loader, manifest, runs
 from pgtrain.config import TrainingConfig
-from pgtrain.source import bad_row, is_validation, read_xid_clock, resolve_source, snapshot_transaction
+from pgtrain.source import bad_row, read_xid_clock, resolve_source, snapshot_transaction
 
 TABLE = "bench_manifest"
 T = sql.Identifier(TABLE)
@@ -117,7 +117,7 @@ def run_benchmark(url: str, rows: int, world_size: int, dim: int) -> dict[str, f
         batch = manifest.batch_size(source, dim)
         with snapshot_transaction(conn):
             clock = read_xid_clock(conn)
-            split = is_validation(source, 0.1, 0) if manifest._keys_fold_into_the_check(conn, source, 0.1) else None
+            split = manifest.folded_split(conn, source, 0.1, 0)
             with stopwatch() as checking:  # as plan_shards runs it: with the validation keys for cut_shards
                 check = manifest.check_rows(conn, source, dim, 10, clock, values=False, split=split)
             with stopwatch() as checking_values:  # what bad_rows='exclude' pays: the NaN/infinity test in SQL

@@ -43,6 +43,7 @@ from common import bench_database, report
 
 from pgtrain import examples, launch_local, manifest, runs
 from pgtrain.config import TrainingConfig
+from trainer.train import batch_and_rate
 
 ROWS = int(os.environ.get("PGTRAIN_BENCH_TRAIN_ROWS", "200000"))
 DIM = int(os.environ.get("PGTRAIN_BENCH_TRAIN_DIM", "100"))
@@ -69,12 +70,12 @@ def horovod_run(conn: psycopg.Connection, url: str, name: str, **params: object)
     wall = time.perf_counter() - started
     speeds = [m["samples_per_second"] for m in runs.epoch_metrics(conn, run.run_id)]
     shards = runs.get_manifest(conn, run.run_id)
-    batch = config.batch_size_for(max(s.train_count for s in shards))
+    batch, rate = batch_and_rate(config, shards)
     said = next((line.partition(":")[2] for line in lines if "<stdout>:batch " in line), "")
     print(f"  {name:<10} {statistics.median(speeds):>10.0f} samples/s  epochs {[round(s) for s in speeds]}  "
           f"job {wall:.1f} s  [{said}]", flush=True)
     return {"samples_per_s": statistics.median(speeds), "batch": batch, "world_size": config.world_size,
-            "learning_rate": config.learning_rate_for(batch),
+            "learning_rate": rate,
             "train_rows": sum(s.train_count for s in shards)}
 
 

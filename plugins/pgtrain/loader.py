@@ -32,6 +32,7 @@ from pgtrain.runs import Shard
 from pgtrain.source import (
     COLUMNS,
     SCALAR_TYPES,
+    WIRE_ARRAYS,
     PlannedRows,
     Source,
     bad_row,
@@ -52,7 +53,6 @@ if TYPE_CHECKING:
 _BATCH_HEADER = struct.Struct(">hiqi")  # field count, length of count (8), count, length of payload
 ELEMENT_TYPES = {"float4_array": (700, ">f4"), "float8_array": (701, ">f8")}  # array format: (type oid, dtype)
 SCALAR_DTYPES = {"f4": ">f4", "f8": ">f8"}  # float4send, float8send
-WIRE_ARRAYS = {"f4": "float4_array", "f8": "float8_array"}  # scalar feature columns travel as one array per wire
 ROWS_ALIAS = "_pgtrain_rows"  # the source table in batch_query
 
 

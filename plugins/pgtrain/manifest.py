@@ -119,9 +119,7 @@ def plan_shards(conn: psycopg.Connection, run: runs.Run, *, input_dim: int | Non
         clock = read_xid_clock(conn)
         dim = _feature_width(conn, source, given_dim)
         outputs = _target_width(conn, source)
-        split = (is_validation(source, config.validation_fraction, config.seed)
-                 if _keys_fold_into_the_check(conn, source, config.validation_fraction)
-                 else None)
+        split = folded_split(conn, source, config.validation_fraction, config.seed)
         check = check_rows(conn, source, dim, config.num_classes, clock, outputs,
                            values=config.bad_rows == "exclude", split=split)
         rows = _usable_rows(source, check, dim, config, length_given=bool(given_dim), outputs=outputs)
@@ -146,6 +144,15 @@ _INTEGER_KEYS = ("smallint", "integer", "bigint")
 # The most validation-key bytes the check scan may collect into one bytea (far below bytea's 1 GB limit).
 FOLDED_KEYS_MAX_BYTES = 256 << 20
 _MIN_HEAP_TUPLE_BYTES = 32  # tuple header and the smallest key, aligned: heap bytes / this >= the row count
+
+
+def folded_split(conn: psycopg.Connection, source: Source, validation_fraction: float, seed: int
+                 ) -> sql.Composable | None:
+    """The validation split for ``check_rows(split=...)`` when the check scan can collect the validation keys
+    (``_keys_fold_into_the_check``), else None (``cut_shards`` counts them in a pass of its own)."""
+    if not _keys_fold_into_the_check(conn, source, validation_fraction):
+        return None
+    return is_validation(source, validation_fraction, seed)
 
 
 def _keys_fold_into_the_check(conn: psycopg.Connection, source: Source, validation_fraction: float) -> bool:

@@ -238,7 +238,7 @@ def find_entry(name: str, path: Path | str | None = None) -> ModelEntry:
     for entry in entries:
         if entry.name == name:
             return entry
-    bad = [str(error) for error in errors if f"(name {name!r})" in error.entry]
+    bad = [str(error) for error in errors if error.name == name]
     if bad:
         raise ConfigError("the model's entry is invalid: " + "; ".join(bad))
     raise ConfigError(f"{path or models_path()} has no entry named {name!r}; its models are: "

@@ -38,6 +38,8 @@ LABEL_TYPES = {"smallint", "integer", "bigint"}
 # to real must dodge PostgreSQL's underflow error), and float4send(c) is the fastest for real.
 SCALAR_TYPES = {"real": "f4", "smallint": "f4", "integer": "f4", "boolean": "f4",
                 "double precision": "f8", "bigint": "f8", "numeric": "f8"}
+# Scalar feature columns travel to the loader as one array per wire type (feature_payload).
+WIRE_ARRAYS = {"f4": "float4_array", "f8": "float8_array"}
 TARGET_ARRAY_TYPES = {"real[]": "float4_array", "double precision[]": "float8_array"}
 _FLOATING = {"real", "double precision", "numeric"}  # may hold NaN and infinities
 _WIDER_THAN_FLOAT32 = {"double precision", "numeric"}  # may hold finite values float32 cannot
@@ -614,7 +616,7 @@ def feature_payload(source: Source) -> sql.Composable:
         sql.SQL("array_send(CAST(ARRAY[{}] AS {}))").format(
             sql.SQL(", ").join(_scalar_value(sql.Identifier(source.feature_columns[i].name),
                                              source.feature_columns[i].type) for i in positions),
-            sql.SQL("real[]" if wire == "f4" else "double precision[]"))
+            sql.SQL(ARRAY_ELEMENTS[WIRE_ARRAYS[wire]] + "[]"))
         for wire, positions in feature_groups(source).items())
 
 

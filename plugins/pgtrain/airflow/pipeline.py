@@ -52,8 +52,7 @@ def train_task(settings: AuthorSettings, training_run: Any) -> BaseOperator:
     # Only for this very DAG and a task other than this train task (full id, inside a TaskGroup too): the context
     # comes from environment variables, which child processes of any task inherit.
     context, upstream = get_parsing_context(), training_run.operator
-    group = upstream.task_group
-    train_id = group.child_id(TRAIN_TASK_ID) if group is not None else TRAIN_TASK_ID
+    train_id = upstream.task_group.child_id(TRAIN_TASK_ID)
     if context.task_id and context.dag_id == upstream.dag_id and context.task_id != train_id:
         # Never executed: the scheduler schedules from the stored DAG, which has the real operator.
         placeholder = TrainPlaceholder(task_id=TRAIN_TASK_ID, execution_timeout=timedelta(hours=24))

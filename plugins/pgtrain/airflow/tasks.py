@@ -18,6 +18,13 @@ log = logging.getLogger(__name__)
 OUTCOME_KEY = "pgtrain_outcome"
 
 
+def leave_outcome(ti: Any, conn: Any, run_id: int) -> None:
+    """Leave the run's outcome as it stands in the database (``runs.outcome``) for the DAG run's note."""
+    from pgtrain import runs
+
+    ti.xcom_push(key=OUTCOME_KEY, value=runs.outcome(conn, run_id))
+
+
 @task
 def provision_tables(conn_id: str = DEFAULT_CONN_ID) -> list[int]:
     from pgtrain.db import connect
@@ -79,7 +86,7 @@ def compute_shards(training_run: str, model_entry: str | None = None, conn_id: s
             capacity.check_model_size(run.config, plan.input_dim, plan.output_dim)
         except PgtrainError as refused:
             runs.set_status(conn, training_run, "refused", str(refused))  # not left 'planned'
-            ti.xcom_push(key=OUTCOME_KEY, value=runs.outcome(conn, training_run))
+            leave_outcome(ti, conn, training_run)
             raise
     for shard in plan.shards:
         log.info("rank %d: keys %s..%s, %d rows (%d training)", shard.rank, shard.key_lo, shard.key_hi,
@@ -92,7 +99,6 @@ def compute_shards(training_run: str, model_entry: str | None = None, conn_id: s
 @task(outlets=[MODELS_ALIAS])
 def commit_parameters(training_run: str, conn_id: str = DEFAULT_CONN_ID, ti: Any = None,
                       outlet_events: Any = None) -> dict[str, Any]:
-    from pgtrain import runs
     from pgtrain.db import connect
     from pgtrain.errors import CommitRejected
     from pgtrain.model_store import commit_run
@@ -103,9 +109,9 @@ def commit_parameters(training_run: str, conn_id: str = DEFAULT_CONN_ID, ti: Any
         try:
             result = commit_run(conn, training_run, owner=owner)
         except CommitRejected:
-            ti.xcom_push(key=OUTCOME_KEY, value=runs.outcome(conn, training_run))
+            leave_outcome(ti, conn, training_run)
             raise
-        ti.xcom_push(key=OUTCOME_KEY, value=runs.outcome(conn, training_run))
+        leave_outcome(ti, conn, training_run)
     log.info("model %s version %d (%s)", result.model_name, result.version,
              "new" if result.created else "already committed by an earlier try")
     if not result.head_moved:

@@ -16,7 +16,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from pgtrain.airflow.connection import DEFAULT_CONN_ID, database_url
 from pgtrain.airflow.failures import RETRY_POLICY
 from pgtrain.airflow.mpijob_operator import MPIJobOperator
-from pgtrain.airflow.tasks import OUTCOME_KEY
+from pgtrain.airflow.tasks import leave_outcome
 from pgtrain.errors import TrainingFailed, TrainingInputError
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ class HorovodTrainOperator(MPIJobOperator):
             with connect(database_url(self.conn_id)) as conn:
                 runs.record_verdict(conn, self._training_run_id(context), status, str(failure).splitlines()[0])
                 # The DAG run's note (pgtrain.airflow.run_notes): the verdict that stays, with its reason.
-                context["ti"].xcom_push(key=OUTCOME_KEY, value=runs.outcome(conn, self._training_run_id(context)))
+                leave_outcome(context["ti"], conn, self._training_run_id(context))
             raise
 
     def _train(self, context: Context) -> None:

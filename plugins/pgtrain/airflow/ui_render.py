@@ -144,10 +144,10 @@ def run_page(run: Mapping[str, Any], root: str, airflow_root: str) -> str:
             f"{link(dag_run_href(airflow_root, run['dag_id'], run['dag_run_id']), run['dag_run_id'], top=True)}"
             f" of {e(run['dag_id'])}</td></tr></table>")
     body += "<h2>Curves</h2>" + curves(run["epochs"])
-    header = ("<tr><th>Epoch</th>" + "".join(f"<th>{e(k)}</th>" for k in _epoch_keys(run["epochs"]))
-              + "</tr>")
+    keys = _epoch_keys(run["epochs"])
+    header = "<tr><th>Epoch</th>" + "".join(f"<th>{e(k)}</th>" for k in keys) + "</tr>"
     lines = "".join("<tr><td>" + e(ep.get("epoch")) + "</td>"
-                    + "".join(f"<td>{number(ep.get(k))}</td>" for k in _epoch_keys(run["epochs"])) + "</tr>"
+                    + "".join(f"<td>{number(ep.get(k))}</td>" for k in keys) + "</tr>"
                     for ep in run["epochs"])
     body += f"<h2>Epochs</h2><table id=\"epochs\">{header}{lines}</table>"
     body += f"<h2>Config</h2><pre>{e(json.dumps(run['config'], indent=2, sort_keys=True, default=str))}</pre>"
@@ -165,8 +165,9 @@ def curves(epochs: Sequence[Mapping[str, Any]]) -> str:
     """A loss chart (train_loss, val_loss) and a validation-metric chart (the other val_* figures)."""
     if not epochs:
         return "<p>No epochs recorded for this run.</p>"
-    metric_keys = [k for k in _epoch_keys(epochs) if k.startswith("val_") and k != "val_loss"]
-    return (line_chart("loss", epochs, [k for k in ("train_loss", "val_loss") if k in _epoch_keys(epochs)])
+    keys = _epoch_keys(epochs)
+    metric_keys = [k for k in keys if k.startswith("val_") and k != "val_loss"]
+    return (line_chart("loss", epochs, [k for k in ("train_loss", "val_loss") if k in keys])
             + (line_chart("validation", epochs, metric_keys) if metric_keys else ""))
 
 
