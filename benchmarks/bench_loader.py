@@ -16,10 +16,13 @@ rotated every round:
   (FORMAT BINARY)`` drained with psycopg, nothing parsed: the floor every ratio is taken against, same round;
 - ``server_floor``: the same COPY ``TO '/dev/null'`` (the server alone; needs a superuser, as the embedded
   server's is; reported as not measured otherwise);
-- ``pgtrain``: ``loader.load_shard`` (its COPY, numpy arrays, the validation flag);
-- ``pgtrain_no_prefault``: the same without the thread that maps the arrays' pages while the COPY streams
+- ``pgtrain``: ``loader.load_shard`` as a one-rank run calls it (its batched COPY on ``loader.streams_for(1)``
+  = 2 connections, numpy arrays, the validation flag);
+- ``pgtrain_one_stream``: the same on one connection, as each rank of a larger run loads (diagnostic);
+- ``pgtrain_no_prefault``: ``pgtrain`` without the thread that maps the arrays' pages while the COPY streams
   (diagnostic: what first touching fresh memory costs);
-- ``pgtrain_server``: pgtrain's batched COPY ``TO '/dev/null'`` (diagnostic: what its query costs the server);
+- ``pgtrain_server``: pgtrain's batched COPY (one stream) ``TO '/dev/null'`` (diagnostic: what its query costs
+  the server);
 - peers producing the same arrays (features float32 rows x dim, labels int64): ``fetchall`` (the seed's way:
   SELECT, fetchall(), arrays from the Python rows), ``connectorx_1`` / ``connectorx_2`` (``read_sql`` to
   Arrow, 1 or 2 partitions on id, then numpy), ``asyncpg`` (``copy_from_query`` binary parsed with one numpy
@@ -47,7 +50,7 @@ from common import bench_database, machine, report
 LAYOUTS = ("float4_array", "bytea", "scalar_columns")
 FLOORS = ("copy_floor", "server_floor")
 PEERS = ("fetchall", "connectorx_1", "connectorx_2", "asyncpg")
-CONTENDERS = (*FLOORS, "pgtrain", "pgtrain_no_prefault", "pgtrain_server", *PEERS)
+CONTENDERS = (*FLOORS, "pgtrain", "pgtrain_one_stream", "pgtrain_no_prefault", "pgtrain_server", *PEERS)
 MB = 1 << 20
 
 
@@ -106,7 +109,8 @@ def measure(contender: str, url: str, spec: dict) -> dict:
     dim, rows, result = spec["dim"], spec["rows"], {}
     plain = _plain_select(spec)
     arrays = None
-    if contender in ("copy_floor", "server_floor", "pgtrain", "pgtrain_no_prefault", "pgtrain_server", "fetchall"):
+    if contender in ("copy_floor", "server_floor", "pgtrain", "pgtrain_one_stream", "pgtrain_no_prefault",
+                     "pgtrain_server", "fetchall"):
         conn = psycopg.connect(url, autocommit=True)
         run = runs.get_run(conn, spec["run_id"])
         source = manifest.source_for(conn, run)
@@ -129,10 +133,13 @@ def measure(contender: str, url: str, spec: dict) -> dict:
             result["bytes"] = sum(map(len, copy))
     elif contender == "server_floor":
         conn.execute(sql.SQL("COPY ({}) TO '/dev/null' (FORMAT BINARY)").format(plain))
-    elif contender in ("pgtrain", "pgtrain_no_prefault"):
+    elif contender in ("pgtrain", "pgtrain_one_stream", "pgtrain_no_prefault"):
         if contender == "pgtrain_no_prefault":
             loader.prefault_in_background = lambda arrays: None
-        data = loader.load_shard(conn, source, shard, dim, cfg.validation_fraction, cfg.seed, pin_memory=False)
+        streams = 1 if contender == "pgtrain_one_stream" else loader.streams_for(1)
+        data = loader.load_shard(conn, source, shard, dim, cfg.validation_fraction, cfg.seed, pin_memory=False,
+                                 streams=streams)
+        assert data.streams == streams, f"loaded on {data.streams} connections, not {streams}"
         arrays = (data.features, data.labels)
     elif contender == "pgtrain_server":
         with snapshot_transaction(conn):

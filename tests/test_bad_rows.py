@@ -268,6 +268,19 @@ def test_double_precision_array_values_beyond_float32_are_bad_rows(ac):
     assert at_load and reported_kinds(message) == {"out_of_range": (2, ["3", "4"]), "non_finite": (1, ["6"])}
 
 
+@pytest.mark.usefixtures("small_batches")
+def test_non_finite_rows_in_both_halves_of_a_two_stream_load_are_all_reported(ac):
+    make_table(ac, "t", 200, gaps=False)
+    ac.execute("UPDATE t SET features[1] = 'NaN' WHERE id IN (3, 198)")
+    ac.execute("UPDATE t SET features[4] = '-Infinity' WHERE id = 101")
+    run, _ = plan(ac, "public.t", world_size=1)
+    with pytest.raises(SourceError) as failure:
+        load_all(ac, run, streams=2)
+    count, keys = reported_kinds(str(failure.value))["non_finite"]
+    assert str(failure.value).startswith("rank 0 found 3 rows") and (count, sorted(keys, key=int)) == (
+        3, ["3", "101", "198"]), str(failure.value)
+
+
 @pytest.mark.horovod
 def test_a_rank_that_loads_a_nan_refuses_the_whole_job_for_good_with_the_report(autocommit, db_url):
     from pgtrain import launch_local

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import re
+import time
+import uuid
 
 import numpy as np
+import psycopg
 import pytest
 import torch
 from psycopg import sql
@@ -13,7 +17,7 @@ from pgtrain import examples, loader, manifest, runs
 from pgtrain.source import planned_rows, prefer_index_order, read_xid_clock, snapshot_transaction
 from tests import support
 from tests import test_manifest as shards
-from tests.test_manifest import load_all, plan
+from tests.test_manifest import load_all, make_table, plan, rows_in_key_order
 
 ac, small_batches = shards.ac, shards.small_batches  # fixtures
 
@@ -104,7 +108,8 @@ def test_the_breast_cancer_example_loads_from_quoted_scalar_columns_as_sklearn_h
 
 
 @pytest.mark.usefixtures("small_batches")
-def test_scalar_columns_of_every_type_load_in_the_given_order_like_a_direct_select(ac):
+@pytest.mark.parametrize("streams", [1, 2])
+def test_scalar_columns_of_every_type_load_in_the_given_order_like_a_direct_select(ac, streams):
     ac.execute('CREATE SCHEMA "Lab"')
     ac.execute('''CREATE TABLE "Lab"."Mixed Rows" (id bigint PRIMARY KEY, "mean radius" double precision,
                   "Texture" real, n integer, s smallint, flag boolean, big bigint, amount numeric(10, 3),
@@ -116,7 +121,8 @@ def test_scalar_columns_of_every_type_load_in_the_given_order_like_a_direct_sele
     run, planned = plan(ac, '"Lab"."Mixed Rows"', world_size=3, features_column=None, feature_columns=order,
                         validation_fraction=0.2)
     assert planned.input_dim == 7 and run.output_dim == run.num_classes == 4
-    data = load_all(ac, run)
+    data = load_all(ac, run, streams)
+    assert [d.streams for d in data] == [streams] * 3
     columns = sql.SQL(", ").join(sql.SQL("CAST({} AS double precision)").format(
         sql.SQL("CAST({} AS integer)").format(sql.Identifier(c)) if c == "flag" else sql.Identifier(c))
         for c in order)
@@ -168,6 +174,54 @@ def test_an_array_target_of_the_wrong_width_is_excluded_and_never_loaded(ac):
     data = load_all(ac, run)
     labels = np.concatenate([d.labels for d in data])
     assert labels.shape == (49, 2) and 7.0 not in labels[:, 0]
+
+
+def _sessions(conn) -> int:
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    return conn.execute("SELECT sessions FROM pg_stat_database WHERE datname = current_database()").fetchone()[0]
+
+
+@pytest.mark.usefixtures("small_batches")
+def test_a_second_stream_reads_the_back_half_on_a_connection_of_its_own(ac):
+    make_table(ac, "t", 1001, dim=5)  # 63 batches of 16: the back stream reads 31, last first
+    run, _ = plan(ac, "public.t", world_size=1, validation_fraction=0.3)
+    assert loader.streams_for(1) == 2 and loader.streams_for(2) == 1
+    (one,) = load_all(ac, run)
+    sessions = _sessions(ac)
+    (two,) = load_all(ac, run, streams=2)
+    assert (one.streams, two.streams) == (1, 2)
+    for name in ("features", "labels", "is_validation"):
+        np.testing.assert_array_equal(getattr(two, name), getattr(one, name))
+    features, labels = rows_in_key_order(ac, "t")
+    np.testing.assert_array_equal(two.features, features)
+    np.testing.assert_array_equal(two.labels, labels)
+    # the second connection's session is counted once it has ended (its backend reports it as it exits)
+    deadline = time.monotonic() + 60
+    while _sessions(ac) == sessions and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _sessions(ac) == sessions + 1
+
+
+@pytest.mark.usefixtures("small_batches")
+def test_a_rank_refused_a_second_connection_loads_on_one(ac, db_url, caplog):
+    role = f"pgtrain_one_connection_{uuid.uuid4().hex[:8]}"
+    make_table(ac, "t", 300)
+    run, _ = plan(ac, "public.t", world_size=1)
+    source, (shard,) = manifest.source_for(ac, run), runs.get_manifest(ac, run.run_id)
+    (expected,) = load_all(ac, run)
+    ac.execute(sql.SQL("CREATE ROLE {} LOGIN CONNECTION LIMIT 1").format(sql.Identifier(role)))
+    try:
+        ac.execute(sql.SQL("GRANT USAGE ON SCHEMA pgtrain TO {r}; GRANT SELECT ON public.t, pgtrain.shard_batches "
+                           "TO {r}").format(r=sql.Identifier(role)))
+        with psycopg.connect(db_url, user=role, autocommit=True) as limited, caplog.at_level(logging.WARNING):
+            data = loader.load_shard(limited, source, shard, 4, 0.1, 0, pin_memory=False, streams=2)
+        assert data.streams == 1
+        assert "loading on one connection: a second one could not be opened" in caplog.text
+        assert "too many connections for role" in caplog.text
+        np.testing.assert_array_equal(data.features, expected.features)
+        np.testing.assert_array_equal(data.is_validation, expected.is_validation)
+    finally:
+        ac.execute(sql.SQL("DROP OWNED BY {r}; DROP ROLE {r}").format(r=sql.Identifier(role)))
 
 
 def test_prefaulting_maps_fresh_arrays_without_changing_rows_already_stored():

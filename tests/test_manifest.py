@@ -58,10 +58,10 @@ def plan(conn: psycopg.Connection, table: str, dag_run: str = "run", *, input_di
     return runs.get_run(conn, run.run_id), planned
 
 
-def load_all(conn: psycopg.Connection, run: runs.Run) -> list[loader.ShardData]:
+def load_all(conn: psycopg.Connection, run: runs.Run, streams: int = 1) -> list[loader.ShardData]:
     source = manifest.source_for(conn, run)
     return [loader.load_shard(conn, source, shard, run.input_dim, run.config.validation_fraction, run.config.seed,
-                              pin_memory=False)
+                              pin_memory=False, streams=streams)
             for shard in runs.get_manifest(conn, run.run_id)]
 
 
@@ -75,7 +75,8 @@ def rows_in_key_order(conn: psycopg.Connection, table: str) -> tuple[np.ndarray,
 @pytest.mark.usefixtures("small_batches")
 @pytest.mark.parametrize("key_type", ["bigint", "text", "uuid"])
 @pytest.mark.parametrize("world_size", [1, 7])
-def test_shards_cover_every_row_once_balanced_in_key_order(ac, key_type, world_size):
+@pytest.mark.parametrize("streams", [1, 2])
+def test_shards_cover_every_row_once_balanced_in_key_order(ac, key_type, world_size, streams):
     make_table(ac, "t", 500, key_type=key_type, gaps=True)
     run, planned = plan(ac, "public.t", world_size=world_size, validation_fraction=0.2)
 
@@ -90,7 +91,8 @@ def test_shards_cover_every_row_once_balanced_in_key_order(ac, key_type, world_s
                          (run.run_id,)).fetchall()
     assert all(n >= s // 16 for (n,), s in zip(batches, sizes, strict=True))
 
-    data = load_all(ac, run)
+    data = load_all(ac, run, streams)
+    assert [d.streams for d in data] == [streams] * world_size  # 500 / 7 rows: at least 4 batches of 16 each
     features, labels = rows_in_key_order(ac, "t")
     np.testing.assert_array_equal(np.concatenate([d.features for d in data]), features)
     np.testing.assert_array_equal(np.concatenate([d.labels for d in data]), labels)
@@ -155,7 +157,9 @@ def test_the_key_pass_finds_the_keys_at_exact_positions_and_counts_each_shards_v
                 first += shard.row_count
 
 
-def test_rows_inserted_after_planning_are_not_read(ac, db_url):
+@pytest.mark.usefixtures("small_batches")
+@pytest.mark.parametrize("streams", [1, 2])
+def test_rows_inserted_after_planning_are_not_read(ac, db_url, streams):
     make_table(ac, "t", 300, gaps=True)  # keys spread over 1..3010: new keys land inside every shard's range
     free = [k for (k,) in ac.execute("SELECT g FROM generate_series(1, 3010) g "
                                      "WHERE mod(g, 37) = 0 AND g NOT IN (SELECT id FROM t)").fetchall()]
@@ -167,8 +171,8 @@ def test_rows_inserted_after_planning_are_not_read(ac, db_url):
     ac.execute(insert, (free[1::2], [7.0] * 4))  # committed after planning
     assert ac.execute("SELECT count(*) FROM t").fetchone()[0] == 300 + len(free) > 350
 
-    data = load_all(ac, run)
-    assert [len(d.labels) for d in data] == [100, 100, 100]
+    data = load_all(ac, run, streams)
+    assert [(len(d.labels), d.streams) for d in data] == [(100, streams)] * 3
     features = np.concatenate([d.features for d in data])
     assert not np.isin(features, [7.0, 9.0]).all(axis=1).any()
 
@@ -214,7 +218,9 @@ def test_thousands_of_transactions_beside_a_long_one_load_exactly_the_planned_ro
     np.testing.assert_array_equal(np.concatenate([d.labels for d in data]), [label for _, label in expected])
 
 
-def test_a_savepoint_row_of_a_transaction_in_progress_at_planning_refuses_rather_than_loading(ac, db_url):
+@pytest.mark.usefixtures("small_batches")
+@pytest.mark.parametrize("streams", [1, 2])
+def test_a_savepoint_row_of_a_transaction_in_progress_at_planning_refuses_rather_than_loading(ac, db_url, streams):
     """pg_snapshot lists no subtransaction xids: such a row looks committed before planning. The rank's count
     check must then refuse; it is never loaded silently."""
     make_table(ac, "t", 100, gaps=True)
@@ -228,7 +234,7 @@ def test_a_savepoint_row_of_a_transaction_in_progress_at_planning_refuses_rather
         run, _ = plan(ac, "public.t", world_size=1)
         writer.commit()
     with pytest.raises(SourceError, match=r"read more rows than the 100 its manifest planned"):
-        load_all(ac, run)
+        load_all(ac, run, streams)
 
 
 def test_rows_frozen_by_vacuum_after_planning_are_still_read(ac):
@@ -240,21 +246,26 @@ def test_rows_frozen_by_vacuum_after_planning_are_still_read(ac):
 
 @pytest.mark.parametrize("change", ["DELETE FROM t WHERE id = (SELECT max(id) FROM t)",
                                     "UPDATE t SET label = 0 WHERE id = (SELECT min(id) FROM t)"])
-def test_rows_deleted_or_updated_after_planning_fail_the_rank_with_a_clear_error(ac, change):
+@pytest.mark.parametrize("streams", [1, 2])
+@pytest.mark.usefixtures("small_batches")
+def test_rows_deleted_or_updated_after_planning_fail_the_rank_with_a_clear_error(ac, change, streams):
     make_table(ac, "t", 100)
     run, _ = plan(ac, "public.t", world_size=2)
     ac.execute(change)
     with pytest.raises(SourceError, match=r"read 49 rows in its key range but the manifest planned 50"):
-        load_all(ac, run)
+        load_all(ac, run, streams)
+    assert ac.execute("SELECT count(*) FROM t").fetchone() == (99 if change.startswith("DELETE") else 100,)
 
 
-def test_a_rank_that_reads_more_rows_than_planned_stops_and_leaves_the_connection_usable(ac):
+@pytest.mark.usefixtures("small_batches")
+@pytest.mark.parametrize("streams", [1, 2])
+def test_a_rank_that_reads_more_rows_than_planned_stops_and_leaves_the_connection_usable(ac, streams):
     make_table(ac, "t", 2000, dim=2)
     run, _ = plan(ac, "public.t", world_size=1)
     shard = runs.get_manifest(ac, run.run_id)[0]
     fewer = dataclasses.replace(shard, row_count=shard.row_count - 5)
     with pytest.raises(SourceError, match=r"read more rows than the 1995 its manifest planned"):
-        loader.load_shard(ac, manifest.source_for(ac, run), fewer, 2, 0.1, 0, pin_memory=False)
+        loader.load_shard(ac, manifest.source_for(ac, run), fewer, 2, 0.1, 0, pin_memory=False, streams=streams)
     assert ac.execute("SELECT count(*) FROM t").fetchone() == (2000,)
 
 
@@ -331,7 +342,8 @@ def test_keys_with_type_modifiers_are_read_in_their_full_type(ac, key_type, key)
         sql.SQL(key)))
     run, planned = plan(ac, "public.t", world_size=3)
     assert [s.row_count for s in planned.shards] == [100, 100, 100]
-    data = load_all(ac, run)
+    data = load_all(ac, run, streams=2)
+    assert [d.streams for d in data] == [2, 2, 2]
     features, labels = rows_in_key_order(ac, "t")
     np.testing.assert_array_equal(np.concatenate([d.features for d in data]), features)
     np.testing.assert_array_equal(np.concatenate([d.labels for d in data]), labels)

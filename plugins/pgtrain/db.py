@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote
 
 import psycopg
@@ -118,6 +119,17 @@ def connect(url: str | None = None, *, autocommit: bool = True, attempt: int | N
         if message == str(error):
             raise
         raise type(error)(message) from None
+
+
+def connect_like(conn_or_url: psycopg.Connection | str, application_name: str) -> psycopg.Connection:
+    """A new autocommit connection to the same database as ``conn_or_url`` (a connection or URL), as the same
+    user; errors never quote the password."""
+    if isinstance(conn_or_url, str):
+        return connect(conn_or_url, application_name=application_name)
+    kwargs: dict[str, Any] = {"autocommit": True, "application_name": application_name}
+    if conn_or_url.info.password:
+        kwargs["password"] = conn_or_url.info.password
+    return psycopg.connect(conn_or_url.info.dsn, **kwargs)
 
 
 def repo_root() -> Path:

@@ -28,7 +28,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from pgtrain.db import connect
+from pgtrain.db import connect_like
 from pgtrain.errors import LockTimeout, PgtrainError, StaleLockToken
 
 log = logging.getLogger(__name__)
@@ -128,16 +128,6 @@ def describe_owner(owner: Mapping[str, Any] | None) -> str:
     return ", ".join(parts)
 
 
-def _connect_like(conn_or_url: psycopg.Connection | str) -> psycopg.Connection:
-    """A new autocommit connection to the same database (lock traffic never joins a caller's transaction)."""
-    if isinstance(conn_or_url, str):
-        return connect(conn_or_url, application_name="pgtrain-locks")  # errors never quote the password
-    kwargs: dict[str, Any] = {"autocommit": True, "application_name": "pgtrain-locks"}
-    if conn_or_url.info.password:
-        kwargs["password"] = conn_or_url.info.password
-    return psycopg.connect(conn_or_url.info.dsn, **kwargs)
-
-
 class LockManager:
     """Take and release leased locks; a background heartbeat renews held leases every ``ttl / 3``.
 
@@ -155,7 +145,7 @@ class LockManager:
         self.heartbeat = heartbeat
         self.default_timeout = default_timeout
         self._owner_extra = dict(owner or {})
-        self._ctl = _connect_like(conn)
+        self._ctl = connect_like(conn, "pgtrain-locks")
         self._listening = False
         self._held: dict[str, Lease] = {}
         self._held_lock = threading.Lock()
@@ -344,7 +334,7 @@ class LockManager:
                     continue
                 try:
                     if conn is None or conn.closed:
-                        conn = _connect_like(self._source)
+                        conn = connect_like(self._source, "pgtrain-locks")
                     for lease in leases:
                         try:
                             self._renew(conn, lease)

@@ -378,8 +378,9 @@ def _no_unique_index(conn: psycopg.Connection, name: str, relkind: str, key: str
 
 
 @contextmanager
-def snapshot_transaction(conn: psycopg.Connection) -> Iterator[None]:
-    """One REPEATABLE READ transaction: every statement in it sees the same rows."""
+def snapshot_transaction(conn: psycopg.Connection, snapshot: str | None = None) -> Iterator[None]:
+    """One REPEATABLE READ transaction: every statement in it sees the same rows; with ``snapshot`` (from
+    ``pg_export_snapshot()`` in a transaction still open), the same rows as that transaction."""
     if not conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
         raise PgtrainError(
             "planning and loading shards need an autocommit connection outside any transaction "
@@ -387,6 +388,8 @@ def snapshot_transaction(conn: psycopg.Connection) -> Iterator[None]:
         )
     with conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        if snapshot is not None:
+            conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
         yield
 
 

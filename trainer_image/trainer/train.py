@@ -399,12 +399,13 @@ def train(args: argparse.Namespace) -> int:
 
     load_started = time.perf_counter()
     data = loader.load_shard(conn, manifest.source_for(conn, run), shards[rank], run.input_dim,
-                             config.validation_fraction, config.seed)
+                             config.validation_fraction, config.seed, streams=loader.streams_for(size))
     load_seconds = time.perf_counter() - load_started
     if rank != 0:
         conn.close()
     print(f"rank {rank}/{size}: {len(data.labels)} rows ({int(data.is_validation.sum())} validation) "
-          f"keys {shards[rank].key_lo}..{shards[rank].key_hi}, loaded in {load_seconds:.2f} s", flush=True)
+          f"keys {shards[rank].key_lo}..{shards[rank].key_hi}, loaded in {load_seconds:.2f} s on {data.streams} "
+          f"connection{'s' if data.streams > 1 else ''}", flush=True)
 
     device = pick_device()
     features, labels, _ = data.tensors()  # page-locked when CUDA is present (the loader allocates them so)
