@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
 import uuid
 
@@ -176,18 +177,30 @@ def test_an_array_target_of_the_wrong_width_is_excluded_and_never_loaded(ac):
     assert labels.shape == (49, 2) and 7.0 not in labels[:, 0]
 
 
-def _sessions(conn) -> int:
-    conn.execute("SELECT pg_stat_clear_snapshot()")
-    return conn.execute("SELECT sessions FROM pg_stat_database WHERE datname = current_database()").fetchone()[0]
+@pytest.fixture
+def second_connections(monkeypatch):
+    """(connection, its backend pid, its application_name) of each connection load_shard opens for a second
+    stream (real ones)."""
+    opened = []
+
+    def connect_like(conn, application_name):
+        second = real(conn, application_name)
+        opened.append((second, second.info.backend_pid,
+                       second.execute("SELECT current_setting('application_name')").fetchone()[0]))
+        return second
+
+    real = loader.connect_like
+    monkeypatch.setattr(loader, "connect_like", connect_like)
+    return opened
 
 
 @pytest.mark.usefixtures("small_batches")
-def test_a_second_stream_reads_the_back_half_on_a_connection_of_its_own(ac):
+def test_a_second_stream_reads_the_back_half_on_a_connection_of_its_own(ac, second_connections):
     make_table(ac, "t", 1001, dim=5)  # 63 batches of 16: the back stream reads 31, last first
     run, _ = plan(ac, "public.t", world_size=1, validation_fraction=0.3)
     assert loader.streams_for(1) == 2 and loader.streams_for(2) == 1
     (one,) = load_all(ac, run)
-    sessions = _sessions(ac)
+    assert second_connections == []
     (two,) = load_all(ac, run, streams=2)
     assert (one.streams, two.streams) == (1, 2)
     for name in ("features", "labels", "is_validation"):
@@ -195,11 +208,40 @@ def test_a_second_stream_reads_the_back_half_on_a_connection_of_its_own(ac):
     features, labels = rows_in_key_order(ac, "t")
     np.testing.assert_array_equal(two.features, features)
     np.testing.assert_array_equal(two.labels, labels)
-    # the second connection's session is counted once it has ended (its backend reports it as it exits)
-    deadline = time.monotonic() + 60
-    while _sessions(ac) == sessions and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _sessions(ac) == sessions + 1
+    ((second, pid, application_name),) = second_connections
+    assert second.closed and pid != ac.info.backend_pid and application_name == "pgtrain-load"
+
+
+@pytest.mark.usefixtures("small_batches")
+def test_a_second_stream_that_would_wait_behind_a_queued_lock_gives_its_half_back(ac, db_url, monkeypatch, caplog):
+    """The first connection holds shard_batches while a DDL queues behind it; the second connection's lock would
+    queue behind the DDL, and the first would wait for the second for ever. It gives its half back instead."""
+    make_table(ac, "t", 500)
+    run, _ = plan(ac, "public.t", world_size=1)
+    (expected,) = load_all(ac, run)
+    ddl = psycopg.connect(db_url)
+    ddl.execute("SET lock_timeout = '120s'")  # a broken fix would still end, and fail below
+    queued = threading.Thread(target=ddl.execute, args=("LOCK TABLE pgtrain.shard_batches IN ACCESS EXCLUSIVE MODE",))
+    real = loader.connect_like
+
+    def connect_like(conn, application_name):
+        queued.start()
+        while not ac.execute("SELECT EXISTS (SELECT FROM pg_locks WHERE NOT granted AND mode = 'AccessExclusiveLock' "
+                             "AND relation = 'pgtrain.shard_batches'::regclass)").fetchone()[0]:
+            time.sleep(0.01)
+        return real(conn, application_name)
+
+    monkeypatch.setattr(loader, "connect_like", connect_like)
+    try:
+        with caplog.at_level(logging.WARNING):
+            (data,) = load_all(ac, run, streams=2)
+        queued.join()
+    finally:
+        ddl.close()
+    assert data.streams == 1
+    assert "gave its half back before reading any of it" in caplog.text and "lock timeout" in caplog.text
+    for name in ("features", "labels", "is_validation"):
+        np.testing.assert_array_equal(getattr(data, name), getattr(expected, name))
 
 
 @pytest.mark.usefixtures("small_batches")

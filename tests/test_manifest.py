@@ -335,15 +335,16 @@ def test_a_load_long_after_planning_refuses_instead_of_guessing():
 @pytest.mark.usefixtures("small_batches")
 @pytest.mark.parametrize(("key_type", "key"), [("char(6)", "to_hex(g * 7)"), ("varchar(5)", "to_hex(g * 7)"),
                                                ("numeric(8, 2)", "g * 1.5")])
-def test_keys_with_type_modifiers_are_read_in_their_full_type(ac, key_type, key):
+@pytest.mark.parametrize("streams", [1, 2])
+def test_keys_with_type_modifiers_are_read_in_their_full_type(ac, key_type, key, streams):
     """char(6) keys are blank-padded: read back as plain `character` (one character) they would all collide."""
     ac.execute(sql.SQL("CREATE TABLE t (id {} PRIMARY KEY, features real[], label integer)").format(sql.SQL(key_type)))
     ac.execute(sql.SQL("INSERT INTO t SELECT {}, ARRAY[g, -g], g % 3 FROM generate_series(1, 300) g").format(
         sql.SQL(key)))
     run, planned = plan(ac, "public.t", world_size=3)
     assert [s.row_count for s in planned.shards] == [100, 100, 100]
-    data = load_all(ac, run, streams=2)
-    assert [d.streams for d in data] == [2, 2, 2]
+    data = load_all(ac, run, streams)
+    assert [d.streams for d in data] == [streams] * 3
     features, labels = rows_in_key_order(ac, "t")
     np.testing.assert_array_equal(np.concatenate([d.features for d in data]), features)
     np.testing.assert_array_equal(np.concatenate([d.labels for d in data]), labels)

@@ -18,7 +18,7 @@ import mmap
 import struct
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -56,7 +56,6 @@ _BATCH_HEADER = struct.Struct(">hiqi")  # field count, length of count (8), coun
 ELEMENT_TYPES = {"float4_array": (700, ">f4"), "float8_array": (701, ">f8")}  # array format: (type oid, dtype)
 SCALAR_DTYPES = {"f4": ">f4", "f8": ">f8"}  # float4send, float8send
 ROWS_ALIAS = "_pgtrain_rows"  # the source table in batch_query
-_ALL_BATCHES = 2**31 - 1  # batch ordinals are int8, a rank never has this many
 log = logging.getLogger(__name__)
 
 
@@ -120,7 +119,8 @@ class BatchSpan:
 
 def batch_query(source: Source, shard: Shard, visible: sql.Composable, validation_fraction: float,
                 seed: int, span: BatchSpan | None = None) -> sql.Composed:
-    """One row per batch of the rank (``span``: of those only), in key order: (row count, the rows packed as
+    """One row per batch of the rank (``span``: of those only), in key order (the batches last first if
+    ``span.descending``; the rows of a batch always in key order): (row count, the rows packed as
     ``record_dtype``).
 
     ``visible``: SQL that keeps the planned rows, on the source table aliased ROWS_ALIAS (``planned_rows``).
@@ -137,7 +137,7 @@ def batch_query(source: Source, shard: Shard, visible: sql.Composable, validatio
         """SELECT _pgtrain_packed.n, _pgtrain_packed.payload
            FROM (SELECT b.lo, b.hi, b.i FROM pgtrain.shard_batches s,
                         unnest(s.batch_lo, s.batch_hi) WITH ORDINALITY AS b(lo, hi, i)
-                 WHERE s.run_id = {run} AND s.rank = {rank} AND b.i BETWEEN {first} AND {last}
+                 WHERE s.run_id = {run} AND s.rank = {rank}{in_span}
                  ORDER BY b.i {order}) AS _pgtrain_batch
            CROSS JOIN LATERAL (
              SELECT count(*) AS n,
@@ -145,8 +145,8 @@ def batch_query(source: Source, shard: Shard, visible: sql.Composable, validatio
                                ORDER BY {key}) AS payload
              FROM {rel} AS {rows} WHERE {in_batch} AND {filters}) AS _pgtrain_packed
            ORDER BY _pgtrain_batch.i {order}"""
-    ).format(run=sql.Literal(plan.run_id), rank=sql.Literal(shard.rank), first=sql.Literal(span.first if span else 1),
-             last=sql.Literal(span.last if span else _ALL_BATCHES),
+    ).format(run=sql.Literal(plan.run_id), rank=sql.Literal(shard.rank),
+             in_span=sql.SQL(" AND b.i BETWEEN {} AND {}").format(span.first, span.last) if span else sql.SQL(""),
              order=sql.SQL("DESC" if span and span.descending else "ASC"), features=feature_payload(source),
              target=target_payload(source),
              is_val=is_validation(source, validation_fraction, seed), key=source.key, rel=source.relation,
@@ -183,8 +183,9 @@ def load_shard(conn: psycopg.Connection, source: Source, shard: Shard, dim: int,
 
     ``pin_memory``: allocate the arrays in CUDA pinned memory (needs torch); None = when CUDA is available.
     ``streams``: 2 reads the second half of the batches on a second connection (same user, same snapshot), in a
-    thread, filling the arrays from the end (``streams_for``); where that connection cannot be opened, the
-    load goes on with one.
+    thread, filling the arrays from the end (``streams_for``). Where that connection cannot be opened, or fails
+    before its first batch (a lock it would wait for, a snapshot it cannot import), this connection reads that
+    half too.
     ``conn`` must be an autocommit connection outside a transaction (the load runs in its own snapshot).
     """
     plan = _plan(source)
@@ -199,6 +200,12 @@ def load_shard(conn: psycopg.Connection, source: Source, shard: Shard, dim: int,
     # streams, rather than one page fault at a time in the loop below.
     prefault = None if out.pinned else prefault_in_background([out.features, out.labels, out.is_validation])
     fill = _Fill(out, shard, record_dtype(source, dim, plan.output_dim), feature_groups_of(source, dim))
+
+    def read(on: psycopg.Connection, span: BatchSpan) -> None:
+        with shard_copy(on, source, shard, validation_fraction, seed, span) as copy, np.errstate(over="ignore"):
+            for block in copy_binary.rows(copy):
+                _store(block, fill, span.descending)
+
     try:
         with snapshot_transaction(conn):
             (batches,) = conn.execute(
@@ -206,18 +213,19 @@ def load_shard(conn: psycopg.Connection, source: Source, shard: Shard, dim: int,
                 (plan.run_id, shard.rank)).fetchone() or (None,)
             if batches is None:
                 raise PgtrainError(f"run {plan.run_id} has no batches for rank {shard.rank}; re-run compute_shards")
-            second = _second_connection(conn) if streams == 2 and batches > 1 else None
+            half = (batches + 1) // 2 if streams == 2 and batches > 1 else batches
+            front, back = BatchSpan(1, half), BatchSpan(half + 1, batches, descending=True)
+            snapshot = conn.execute("SELECT pg_export_snapshot()").fetchone()[0] if half < batches else None
+            second = _second_connection(conn) if snapshot else None
             if second is None:
-                _read(conn, source, shard, validation_fraction, seed, BatchSpan(1, batches), fill)
+                read(conn, BatchSpan(1, batches))
             else:
-                half = (batches + 1) // 2
-                snapshot = conn.execute("SELECT pg_export_snapshot()").fetchone()[0]
-                back = BatchSpan(half + 1, batches, descending=True)
-                with second, _in_thread(_read_in_snapshot, second, snapshot, source, shard, validation_fraction,
-                                        seed, back, fill) as finished:
-                    _read(conn, source, shard, validation_fraction, seed, BatchSpan(1, half), fill)
-                    finished()
-                out.streams = 2
+                with second:
+                    helper = _BackStream(second, snapshot, lambda on: read(on, back), fill)
+                    if helper.run_alongside(lambda: read(conn, front)):
+                        out.streams = 2
+                    else:
+                        read(conn, back)
     finally:
         if prefault is not None:
             prefault.join()
@@ -230,7 +238,7 @@ def load_shard(conn: psycopg.Connection, source: Source, shard: Shard, dim: int,
 
 
 class _Stopped(Exception):
-    """The other stream of the same load failed: this one stops (its error is the one raised)."""
+    """The other stream of the same load failed: this one stops (the other's error is the one raised)."""
 
 
 class _Fill:
@@ -259,6 +267,10 @@ class _Fill:
             self.front += count
             return slice(self.front - count, self.front)
 
+    def back_started(self) -> bool:
+        with self._lock:
+            return self.back < self.shard.row_count
+
     def add_non_finite(self, count: int) -> None:
         with self._lock:
             self.non_finite += count
@@ -273,21 +285,61 @@ class _Fill:
             )
 
 
-def _read(conn: psycopg.Connection, source: Source, shard: Shard, validation_fraction: float, seed: int,
-          span: BatchSpan, fill: _Fill) -> None:
-    """Read ``span``'s batches into ``fill``, inside the connection's open snapshot transaction."""
-    try:
-        with shard_copy(conn, source, shard, validation_fraction, seed, span) as copy, np.errstate(over="ignore"):
-            for block in copy_binary.rows(copy):
-                _store(block, fill, span.descending)
-    except BaseException:
-        fill.failed = True
-        raise
+# How long the second connection waits for a lock. The first connection holds its locks until the load ends, so
+# a lock the second waits for may be queued behind a DDL that waits for the first: a wait PostgreSQL cannot see
+# as a deadlock. Past this the second gives its half back to the first.
+BACK_STREAM_LOCK_TIMEOUT = "1s"
 
 
-def _read_in_snapshot(conn: psycopg.Connection, snapshot: str, *args: Any) -> None:
-    with snapshot_transaction(conn, snapshot):
-        _read(conn, *args)
+class _BackStream:
+    """The back half of a two-connection load, read in a thread on ``conn`` in the exported ``snapshot``."""
+
+    def __init__(self, conn: psycopg.Connection, snapshot: str, read: Callable[[psycopg.Connection], None],
+                 fill: _Fill) -> None:
+        self.conn, self.snapshot, self.read, self.fill = conn, snapshot, read, fill
+        self.error: BaseException | None = None
+        self.handed_back = False
+
+    def run_alongside(self, front: Callable[[], None]) -> bool:
+        """Run ``front()`` here while the thread reads the back half; False if the thread gave its half back
+        before reading any of it (the caller reads it then). Either side's error stops the other and is raised."""
+        thread = threading.Thread(target=self._run, name="pgtrain-load", daemon=True)
+        thread.start()
+        try:
+            front()
+            thread.join()
+        except BaseException as error:
+            self.fill.failed = True
+            self.conn.cancel_safe()  # a COPY waiting for its next batch stops now
+            thread.join()
+            if isinstance(error, _Stopped) and self.error is not None:
+                raise self.error from None
+            if self.error is not None and not isinstance(self.error, _Stopped):
+                log.debug("the second loading connection failed too: %s", self.error)
+            raise
+        if self.error is not None:
+            raise self.error
+        return not self.handed_back
+
+    def _run(self) -> None:
+        try:
+            with snapshot_transaction(self.conn, self.snapshot):
+                self.conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(
+                    sql.Literal(BACK_STREAM_LOCK_TIMEOUT)))
+                self.read(self.conn)
+        except _Stopped:
+            pass
+        except Exception as error:
+            if self.fill.failed or self.fill.back_started():
+                self.error = error
+                self.fill.failed = True
+            else:
+                log.warning("the second loading connection gave its half back before reading any of it (%s); "
+                            "reading it on the first", str(error).strip())
+                self.handed_back = True
+        except BaseException as error:
+            self.error = error
+            self.fill.failed = True
 
 
 def _second_connection(conn: psycopg.Connection) -> psycopg.Connection | None:
@@ -296,40 +348,6 @@ def _second_connection(conn: psycopg.Connection) -> psycopg.Connection | None:
     except psycopg.OperationalError as error:  # e.g. the role's or the server's connection limit
         log.warning("loading on one connection: a second one could not be opened (%s)", str(error).strip())
         return None
-
-
-@contextmanager
-def _in_thread(target: Any, *args: Any) -> Iterator[Any]:
-    """Run ``target(*args)`` in a thread for the block; the block calls the yielded function to wait for it and
-    raise its error. Leaving the block early (an error) still waits for the thread, which stops at its next
-    batch (``_Fill.failed``)."""
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            target(*args)
-        except _Stopped:
-            pass
-        except BaseException as error:  # raised in the caller's thread
-            errors.append(error)
-
-    thread = threading.Thread(target=run, name="pgtrain-load", daemon=True)
-    thread.start()
-
-    def finished() -> None:
-        thread.join()
-        if errors:
-            raise errors[0]
-
-    try:
-        yield finished
-    except _Stopped:
-        thread.join()
-        if errors:
-            raise errors[0] from None
-        raise
-    finally:
-        thread.join()
 
 
 def non_finite_rows(features: np.ndarray) -> int:
