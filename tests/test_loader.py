@@ -227,7 +227,9 @@ def test_a_second_stream_that_would_wait_behind_a_queued_lock_gives_its_half_bac
     def connect_like(conn, application_name):
         queued.start()
         while not ac.execute("SELECT EXISTS (SELECT FROM pg_locks WHERE NOT granted AND mode = 'AccessExclusiveLock' "
+                             "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
                              "AND relation = 'pgtrain.shard_batches'::regclass)").fetchone()[0]:
+            assert queued.is_alive(), "the LOCK TABLE ended before it queued"
             time.sleep(0.01)
         return real(conn, application_name)
 
@@ -235,13 +237,43 @@ def test_a_second_stream_that_would_wait_behind_a_queued_lock_gives_its_half_bac
     try:
         with caplog.at_level(logging.WARNING):
             (data,) = load_all(ac, run, streams=2)
-        queued.join()
+    except BaseException:
+        ddl.cancel_safe()  # the LOCK would wait for the load's transaction, which the failure may have left open
+        raise
     finally:
+        queued.join()  # granted as soon as the load's transaction ended
         ddl.close()
     assert data.streams == 1
     assert "gave its half back before reading any of it" in caplog.text and "lock timeout" in caplog.text
     for name in ("features", "labels", "is_validation"):
         np.testing.assert_array_equal(getattr(data, name), getattr(expected, name))
+
+
+@pytest.mark.usefixtures("small_batches")
+def test_any_other_failure_of_the_second_stream_fails_the_load_and_leaves_the_first_connection_usable(
+        ac, monkeypatch, caplog):
+    role = f"pgtrain_no_rows_{uuid.uuid4().hex[:8]}"  # may read the plan, not the rows
+    make_table(ac, "t", 500)
+    run, _ = plan(ac, "public.t", world_size=1)
+    ac.execute(sql.SQL("CREATE ROLE {r}; GRANT USAGE ON SCHEMA pgtrain TO {r}; GRANT SELECT ON pgtrain.shard_batches "
+                       "TO {r}").format(r=sql.Identifier(role)))
+    opened, real = [], loader.connect_like
+
+    def connect_like(conn, application_name):
+        opened.append(real(conn, application_name))
+        opened[-1].execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
+        return opened[-1]
+
+    monkeypatch.setattr(loader, "connect_like", connect_like)
+    try:
+        with caplog.at_level(logging.WARNING), pytest.raises(psycopg.errors.InsufficientPrivilege,
+                                                             match="permission denied for table t"):
+            load_all(ac, run, streams=2)
+        assert "gave its half back" not in caplog.text
+        assert [c.closed for c in opened] == [True]
+        assert ac.execute("SELECT count(*) FROM t").fetchone() == (500,)  # the first connection is usable
+    finally:
+        ac.execute(sql.SQL("DROP OWNED BY {r}; DROP ROLE {r}").format(r=sql.Identifier(role)))
 
 
 @pytest.mark.usefixtures("small_batches")

@@ -183,9 +183,9 @@ def load_shard(conn: psycopg.Connection, source: Source, shard: Shard, dim: int,
 
     ``pin_memory``: allocate the arrays in CUDA pinned memory (needs torch); None = when CUDA is available.
     ``streams``: 2 reads the second half of the batches on a second connection (same user, same snapshot), in a
-    thread, filling the arrays from the end (``streams_for``). Where that connection cannot be opened, or fails
-    before its first batch (a lock it would wait for, a snapshot it cannot import), this connection reads that
-    half too.
+    thread, filling the arrays from the end (``streams_for``). Where that connection cannot be opened, cannot
+    import the snapshot, or would wait for a lock (BACK_STREAM_LOCK_TIMEOUT) before its first batch, this
+    connection reads that half too.
     ``conn`` must be an autocommit connection outside a transaction (the load runs in its own snapshot).
     """
     plan = _plan(source)
@@ -221,11 +221,12 @@ def load_shard(conn: psycopg.Connection, source: Source, shard: Shard, dim: int,
                 read(conn, BatchSpan(1, batches))
             else:
                 with second:
-                    helper = _BackStream(second, snapshot, lambda on: read(on, back), fill)
-                    if helper.run_alongside(lambda: read(conn, front)):
-                        out.streams = 2
-                    else:
-                        read(conn, back)
+                    both = _BackStream(second, snapshot, lambda on: read(on, back), fill).run_alongside(
+                        lambda: read(conn, front))
+                if both:
+                    out.streams = 2
+                else:
+                    read(conn, back)
     finally:
         if prefault is not None:
             prefault.join()
@@ -299,10 +300,12 @@ class _BackStream:
         self.conn, self.snapshot, self.read, self.fill = conn, snapshot, read, fill
         self.error: BaseException | None = None
         self.handed_back = False
+        self._imported = False
 
     def run_alongside(self, front: Callable[[], None]) -> bool:
         """Run ``front()`` here while the thread reads the back half; False if the thread gave its half back
-        before reading any of it (the caller reads it then). Either side's error stops the other and is raised."""
+        before reading any of it (the caller reads it then). An error of the front cancels the back's query; an
+        error of the back stops the front at its next batch. The first error is raised; the thread has ended."""
         thread = threading.Thread(target=self._run, name="pgtrain-load", daemon=True)
         thread.start()
         try:
@@ -310,12 +313,16 @@ class _BackStream:
             thread.join()
         except BaseException as error:
             self.fill.failed = True
-            self.conn.cancel_safe()  # a COPY waiting for its next batch stops now
-            thread.join()
+            try:
+                self.conn.cancel_safe(timeout=5)  # ends the back's COPY or lock wait now
+            except Exception as cancel_error:  # the thread still stops at its next batch
+                log.warning("could not cancel the second loading connection's query: %s", cancel_error)
+            finally:
+                thread.join()
             if isinstance(error, _Stopped) and self.error is not None:
                 raise self.error from None
             if self.error is not None and not isinstance(self.error, _Stopped):
-                log.debug("the second loading connection failed too: %s", self.error)
+                error.add_note(f"the second loading connection failed too: {self.error}")
             raise
         if self.error is not None:
             raise self.error
@@ -324,22 +331,26 @@ class _BackStream:
     def _run(self) -> None:
         try:
             with snapshot_transaction(self.conn, self.snapshot):
+                self._imported = True
                 self.conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(
                     sql.Literal(BACK_STREAM_LOCK_TIMEOUT)))
                 self.read(self.conn)
         except _Stopped:
             pass
-        except Exception as error:
-            if self.fill.failed or self.fill.back_started():
-                self.error = error
-                self.fill.failed = True
-            else:
+        except BaseException as error:
+            if self._may_hand_back(error):
                 log.warning("the second loading connection gave its half back before reading any of it (%s); "
                             "reading it on the first", str(error).strip())
                 self.handed_back = True
-        except BaseException as error:
-            self.error = error
-            self.fill.failed = True
+            else:
+                self.error = error
+                self.fill.failed = True
+
+    def _may_hand_back(self, error: BaseException) -> bool:
+        """Only a snapshot it could not import or a lock it would wait for, before it placed any row."""
+        fits = isinstance(error, psycopg.errors.LockNotAvailable) or (
+            isinstance(error, psycopg.Error) and not self._imported)
+        return fits and not self.fill.failed and not self.fill.back_started()
 
 
 def _second_connection(conn: psycopg.Connection) -> psycopg.Connection | None:
