@@ -44,16 +44,16 @@ bench-quick: install  # the same benchmarks on small tables, to check they run
 		$(PY) benchmarks/run_all.py
 
 load-digits: install
-	$(PY) -m pgtrain.examples digits --if-empty
+	$(PY) -m dev.examples digits --if-empty
 
 render-mpijob: install
 	$(PY) -m pgtrain.mpijob render --world-size 8 --gpus-per-worker 4 --image pgtrain-trainer:latest --run-id example
 
 ui: install  # a local Airflow on http://127.0.0.1:8080 (api-server, scheduler, dag-processor, triggerer); see README
-	$(PY) -m pgtrain.devstack start
+	$(PY) -m dev.devstack start
 
 stop-ui:  # stop what `make ui` started (the embedded PostgreSQL keeps running: make stop-db)
-	test ! -x $(PY) || $(PY) -m pgtrain.devstack stop
+	test ! -x $(PY) || $(PY) -m dev.devstack stop
 
 browser:  # Debian's Chromium and chromedriver, for the browser test only (tests/test_models_page.py); apt-get, as root
 	command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
@@ -64,7 +64,7 @@ test-stack: install browser  # only the tests that start the real Airflow stack 
 	bash scripts/test.sh -m stack
 
 stop-db:  # stop the demo's embedded PostgreSQL (its data stays in .pgdata/)
-	test ! -d .pgdata || $(PY) -m pgtrain.devdb stop .pgdata
+	test ! -d .pgdata || $(PY) -m dev.devdb stop .pgdata
 
 clean: stop-ui stop-db
 	rm -rf .airflow .airflow-ui .demo .pytest_cache test-artifacts

@@ -38,7 +38,7 @@ from pathlib import Path
 import psycopg
 from common import REPO, bench_database, report
 
-from pgtrain import examples
+from dev import examples
 
 ROUNDS = int(os.environ.get("PGTRAIN_BENCH_DAG_ROUNDS", "2"))
 AIRFLOW = str(Path(sys.executable).parent / "airflow")

@@ -6,7 +6,7 @@
     contenders; embedded PostgreSQL unless PGTRAIN_BENCH_DATABASE_URL. Peers need benchmarks/requirements.txt
     (connectorx, pyarrow, asyncpg); a peer that is not installed is left out and said so.
 
-The same synthetic rows (pgtrain.examples.synthetic) are stored three ways: ``real[]`` (float4_array), packed
+The same synthetic rows (dev.examples.synthetic) are stored three ways: ``real[]`` (float4_array), packed
 float32 ``bytea``, and DIM ``real`` columns (scalar_columns), bigint keys, integer labels; each table is planned
 as a one-rank run. Contenders, each timed in its own fresh process (imports and the connection before the
 clock; the whole call after it, so allocating and first touching the arrays counts), interleaved, their order
@@ -103,8 +103,9 @@ def measure(contender: str, url: str, spec: dict) -> dict:
     import psycopg
     from psycopg import sql
 
-    from pgtrain import loader, manifest, runs
-    from pgtrain.source import planned_rows, read_xid_clock, snapshot_transaction
+    from pgtrain.data import loader, manifest
+    from pgtrain.data.source.snapshot import planned_rows, read_xid_clock, snapshot_transaction
+    from pgtrain.runs import record
 
     dim, rows, result = spec["dim"], spec["rows"], {}
     plain = _plain_select(spec)
@@ -112,9 +113,9 @@ def measure(contender: str, url: str, spec: dict) -> dict:
     if contender in ("copy_floor", "server_floor", "pgtrain", "pgtrain_one_stream", "pgtrain_no_prefault",
                      "pgtrain_server", "fetchall"):
         conn = psycopg.connect(url, autocommit=True)
-        run = runs.get_run(conn, spec["run_id"])
+        run = record.get_run(conn, spec["run_id"])
         source = manifest.source_for(conn, run)
-        shard = runs.get_manifest(conn, run.run_id)[0]
+        shard = record.get_manifest(conn, run.run_id)[0]
         cfg = run.config
     if contender == "connectorx_1" or contender == "connectorx_2":
         import connectorx
@@ -226,8 +227,10 @@ def prepare(url: str, rows: int, dim: int, layouts: list[str]) -> dict[str, dict
     import psycopg
     from psycopg import sql
 
-    from pgtrain import examples, manifest, runs
-    from pgtrain.config import TrainingConfig
+    from dev import examples
+    from pgtrain.config.params import TrainingConfig
+    from pgtrain.data import manifest
+    from pgtrain.runs import record
 
     features, labels = examples.synthetic(rows, dim, classes=10, seed=0)
     specs = {}
@@ -248,7 +251,7 @@ def prepare(url: str, rows: int, dim: int, layouts: list[str]) -> dict[str, dict
             conn.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(*table)))
             print(f"  wrote {rows} x {dim} as {layout} in {time.perf_counter() - start:.1f} s", flush=True)
             config = TrainingConfig(world_size=1, source_table=".".join(table), num_classes=10, **params)
-            run = runs.plan_run(conn, "bench_loader", layout, config)
+            run = record.plan_run(conn, "bench_loader", layout, config)
             shard = manifest.plan_shards(conn, run).shards[0]
             specs[layout] = {"layout": layout, "table": table, "columns": names, "rows": rows, "dim": dim,
                              "run_id": run.run_id, "lo": shard.key_lo, "hi": shard.key_hi}

@@ -18,13 +18,13 @@ import numpy as np
 import psycopg
 from common import bench_database, report, stopwatch
 
-from pgtrain.config import TrainingConfig
-from pgtrain.errors import LockTimeout
-from pgtrain.locks import Lease, LockManager
-from pgtrain.model_spec import ModelSpec
-from pgtrain.model_store import commit_run
-from pgtrain.runs import plan_run, record_epoch
-from pgtrain.tensors import write_staged
+from pgtrain.config.params import TrainingConfig
+from pgtrain.core.errors import LockTimeout
+from pgtrain.runs.record import plan_run, record_epoch
+from pgtrain.store.locks import Lease, LockManager
+from pgtrain.store.model_spec import ModelSpec
+from pgtrain.store.model_store import commit_run
+from pgtrain.store.tensors import write_staged
 
 SPEC = ModelSpec(64, (50,), 10)
 CTX = mp.get_context("fork")

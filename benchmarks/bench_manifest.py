@@ -28,9 +28,12 @@ import psycopg
 from common import bench_database, machine, report, stopwatch
 from psycopg import sql
 
-from pgtrain import loader, manifest, runs
-from pgtrain.config import TrainingConfig
-from pgtrain.source import bad_row, read_xid_clock, resolve_source, snapshot_transaction
+from pgtrain.config.params import TrainingConfig
+from pgtrain.data import loader, manifest
+from pgtrain.data.source.resolve import resolve_source
+from pgtrain.data.source.rows import bad_row
+from pgtrain.data.source.snapshot import read_xid_clock, snapshot_transaction
+from pgtrain.runs import record
 
 TABLE = "bench_manifest"
 T = sql.Identifier(TABLE)
@@ -42,7 +45,7 @@ def generate(conn: psycopg.Connection, rows: int, dim: int) -> None:
     the primary key is built afterwards."""
     import numpy as np
 
-    from pgtrain import examples
+    from dev import examples
 
     conn.execute(sql.SQL("CREATE UNLOGGED TABLE {} (id bigint NOT NULL, features real[] NOT NULL, "
                          "label integer NOT NULL)").format(T))
@@ -97,7 +100,7 @@ def run_benchmark(url: str, rows: int, world_size: int, dim: int) -> dict[str, f
             with stopwatch() as key_pass:
                 conn.execute(sql.SQL("SELECT percentile_disc(%s::float8[]) WITHIN GROUP (ORDER BY id) FROM {}"
                                      ).format(T), (fractions,)).fetchone()
-            run = runs.plan_run(conn, "bench_manifest", f"plan-{round_}", config)
+            run = record.plan_run(conn, "bench_manifest", f"plan-{round_}", config)
             with stopwatch() as planning:
                 plan = manifest.plan_shards(conn, run)
             scans.append(scanning())
@@ -128,7 +131,7 @@ def run_benchmark(url: str, rows: int, world_size: int, dim: int) -> dict[str, f
             with stopwatch() as cutting_excluding:  # bad_rows='exclude' with bad rows found: reads the heap too
                 manifest.cut_shards(conn, source, rows, world_size, 0.1, 0, batch, bad_row(source, dim, 10))
 
-        run = runs.get_run(conn, run.run_id)
+        run = record.get_run(conn, run.run_id)
         source = manifest.source_for(conn, run)
 
         def load_all() -> None:

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_scheduler_run.py   # embedded PostgreSQL unless PGTRAIN_BENCH_DATABASE_URL
 
-Starts the stack ``make ui`` starts (``pgtrain.devstack``: api-server, scheduler, dag-processor, triggerer,
+Starts the stack ``make ui`` starts (``dev.devstack``: api-server, scheduler, dag-processor, triggerer,
 LocalExecutor, its settings unchanged) on a fresh metadata database and a fresh training database holding the
 digits, unpauses pgtrain_training and triggers it over the REST API with no conf (the digits and the DAG's
 defaults, as ``make demo``), one run after the other: once, then PGTRAIN_BENCH_SCHEDULER_ROUNDS times (default
@@ -50,7 +50,7 @@ import psycopg
 from common import REPO, bench_database, report
 from psycopg import sql
 
-from pgtrain import devdb, devstack, examples
+from dev import devdb, devstack, examples
 
 ROUNDS = int(os.environ.get("PGTRAIN_BENCH_SCHEDULER_ROUNDS", "3"))
 DAG_ID = "pgtrain_training"
@@ -168,7 +168,7 @@ def dags_folder(folder: Path) -> None:
     text = (REPO / "dags" / "pgtrain_training.py").read_text()
     text = text.replace(f'dag_id="{DAG_ID}"', f'dag_id="{EAGER_DAG_ID}"').replace(
         "\nfrom airflow.sdk import DAG\n",
-        "\nimport pgtrain.airflow.train_operator  # noqa: F401  (before)\nfrom airflow.sdk import DAG\n")
+        "\nimport pgtrain.airflow.local.operator  # noqa: F401  (before)\nfrom airflow.sdk import DAG\n")
     assert EAGER_DAG_ID in text and "train_operator" in text, "dags/pgtrain_training.py changed: fix the benchmark"
     (folder / "bench_eager_training.py").write_text(text)
 

@@ -26,10 +26,10 @@ import numpy as np
 import psycopg
 from common import bench_database, report, stopwatch
 
-from pgtrain import tensors
-from pgtrain.config import TrainingConfig
-from pgtrain.model_store import commit_run, load_tensors
-from pgtrain.runs import plan_run, set_model_layout
+from pgtrain.config.params import TrainingConfig
+from pgtrain.runs.record import plan_run, set_model_layout
+from pgtrain.store import tensors
+from pgtrain.store.model_store import commit_run, load_tensors
 
 MB = 1024 * 1024
 SIZE_MB = int(os.environ.get("PGTRAIN_BENCH_STORE_MB", "1024"))

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_training.py       # embedded PostgreSQL unless PGTRAIN_BENCH_DATABASE_URL
     PGTRAIN_BENCH_TRAIN_ROWS=20000 PGTRAIN_BENCH_TRAIN_ROUNDS=1 .venv/bin/python benchmarks/bench_training.py
 
-200,000 synthetic rows x 100 features, 10 classes (pgtrain.examples.synthetic), the default mlp (one hidden
+200,000 synthetic rows x 100 features, 10 classes (dev.examples.synthetic), the default mlp (one hidden
 layer of 50), validation_fraction 0.1. Every configuration trains the same rows; samples/s is the trainer's
 own figure (training rows of all ranks / the epoch's training-loop seconds, the median over its epochs).
 In each round, interleaved:
@@ -41,8 +41,11 @@ import time
 import psycopg
 from common import bench_database, report
 
-from pgtrain import examples, launch_local, manifest, runs
-from pgtrain.config import TrainingConfig
+from dev import examples
+from pgtrain.config.params import TrainingConfig
+from pgtrain.data import manifest
+from pgtrain.launch import local as launch_local
+from pgtrain.runs import record
 from trainer.train import batch_and_rate
 
 ROWS = int(os.environ.get("PGTRAIN_BENCH_TRAIN_ROWS", "200000"))
@@ -55,9 +58,9 @@ CLASSES = 10
 def horovod_run(conn: psycopg.Connection, url: str, name: str, **params: object) -> dict[str, float]:
     """Plan and train one run through the local launcher; its resolved batch, rate and median samples/s."""
     config = TrainingConfig.from_mapping({"epochs": EPOCHS, "checkpoint_every": 0, **params})
-    run = runs.plan_run(conn, "bench_training", f"{name}-{time.time_ns()}", config)
+    run = record.plan_run(conn, "bench_training", f"{name}-{time.time_ns()}", config)
     manifest.plan_shards(conn, run)
-    run = runs.get_run(conn, run.run_id)
+    run = record.get_run(conn, run.run_id)
     lines: list[str] = []
     log = logging.getLogger(f"bench.{name}")
     log.propagate = False
@@ -68,8 +71,8 @@ def horovod_run(conn: psycopg.Connection, url: str, name: str, **params: object)
     started = time.perf_counter()
     launch_local.run_local(run.run_id, config.world_size, url, log, timeout_seconds=1800)
     wall = time.perf_counter() - started
-    speeds = [m["samples_per_second"] for m in runs.epoch_metrics(conn, run.run_id)]
-    shards = runs.get_manifest(conn, run.run_id)
+    speeds = [m["samples_per_second"] for m in record.epoch_metrics(conn, run.run_id)]
+    shards = record.get_manifest(conn, run.run_id)
     batch, rate = batch_and_rate(config, shards)
     said = next((line.partition(":")[2] for line in lines if "<stdout>:batch " in line), "")
     print(f"  {name:<10} {statistics.median(speeds):>10.0f} samples/s  epochs {[round(s) for s in speeds]}  "

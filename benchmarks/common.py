@@ -44,8 +44,8 @@ def bench_database() -> Iterator[tuple[str, str]]:
     import psycopg
     from psycopg import sql
 
-    from pgtrain import devdb
-    from pgtrain.migrations import apply_migrations
+    from dev import devdb
+    from pgtrain.core.migrations import apply_migrations
 
     explicit = os.environ.get("PGTRAIN_BENCH_DATABASE_URL")
     with tempfile.TemporaryDirectory(prefix="pgtrain-bench-pg-") as data_dir:

@@ -10,10 +10,10 @@ from datetime import datetime
 
 from airflow.sdk import DAG, get_parsing_context
 
-from pgtrain.airflow.params import dag_params
-from pgtrain.airflow.pipeline import DEFAULT_ARGS, model_schedule, training_pipeline
-from pgtrain.model_entries import FIXED_PARAMS, load_entries
-from pgtrain.settings import load_settings
+from pgtrain.airflow.dag.params import dag_params
+from pgtrain.airflow.dag.pipeline import DEFAULT_ARGS, model_schedule, training_pipeline
+from pgtrain.config.model_entries import FIXED_PARAMS, load_entries
+from pgtrain.config.settings import load_settings
 
 settings = load_settings()
 entries, _ = load_entries()

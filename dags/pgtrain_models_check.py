@@ -3,8 +3,8 @@ each entry and its field. It defines no DAG: the good entries' DAGs come from pg
 (Airflow marks every DAG of a file with an import error stale, so the error must not be in that file).
 """
 
-from pgtrain.errors import ConfigError
-from pgtrain.model_entries import errors_report, load_entries
+from pgtrain.config.model_entries import errors_report, load_entries
+from pgtrain.core.errors import ConfigError
 
 try:
     _, errors = load_entries()

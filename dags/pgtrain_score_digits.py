@@ -10,7 +10,7 @@ from datetime import datetime
 
 from airflow.sdk import DAG, task
 
-from pgtrain.airflow.assets import model_asset
+from pgtrain.airflow.dag.assets import model_asset
 
 DIGITS = model_asset("digits-mlp")
 
@@ -26,9 +26,9 @@ with DAG(
 
     @task(inlets=[DIGITS])
     def score(triggering_asset_events=None) -> dict:
-        from pgtrain.airflow.connection import database_url
-        from pgtrain.db import connect
-        from pgtrain.inference import predict
+        from pgtrain.airflow.dag.connection import database_url
+        from pgtrain.core.db import connect
+        from pgtrain.store.inference import predict
 
         version = triggering_asset_events[DIGITS][-1].extra["version"]
         with connect(database_url()) as conn:

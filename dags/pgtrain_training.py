@@ -14,9 +14,9 @@ from datetime import datetime
 
 from airflow.sdk import DAG
 
-from pgtrain.airflow.params import dag_params
-from pgtrain.airflow.pipeline import DEFAULT_ARGS, training_pipeline
-from pgtrain.settings import load_settings
+from pgtrain.airflow.dag.params import dag_params
+from pgtrain.airflow.dag.pipeline import DEFAULT_ARGS, training_pipeline
+from pgtrain.config.settings import load_settings
 
 ADHOC_MODEL_NAME = "adhoc-model"  # digits-mlp, the default of the config, is the models file's
 

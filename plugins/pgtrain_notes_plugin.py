@@ -1,9 +1,9 @@
 """Registers the listener that writes each pgtrain DAG run's outcome into the run's note
-(pgtrain.airflow.run_notes): the scheduler (and `airflow dags test`) call it when a run ends."""
+(pgtrain.airflow.ui.run_notes): the scheduler (and `airflow dags test`) call it when a run ends."""
 
 from airflow.plugins_manager import AirflowPlugin
 
-from pgtrain.airflow import run_notes
+from pgtrain.airflow.ui import run_notes
 
 
 class PgtrainRunNotesPlugin(AirflowPlugin):

@@ -13,7 +13,7 @@ from typing import Any
 
 from airflow.plugins_manager import AirflowPlugin
 
-from pgtrain.airflow.ui import URL_PREFIX
+from pgtrain.airflow.ui.app import URL_PREFIX
 
 
 class PgtrainPlugin(AirflowPlugin):
@@ -24,6 +24,6 @@ class PgtrainPlugin(AirflowPlugin):
     @cached_property
     def fastapi_apps(self) -> list[dict[str, Any]]:  # type: ignore[override]
         """The models page app, built once per plugin instance on first use (the api-server's mount)."""
-        from pgtrain.airflow.ui import create_app
+        from pgtrain.airflow.ui.app import create_app
 
         return [{"app": create_app(), "url_prefix": URL_PREFIX, "name": "pgtrain models"}]

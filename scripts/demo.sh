@@ -8,7 +8,7 @@ source scripts/airflow_env.sh
 
 if [ -z "${PGTRAIN_DATABASE_URL:-}" ]; then
   mkdir -p .demo
-  if ! PGTRAIN_DATABASE_URL=$(.venv/bin/python -m pgtrain.devdb url .pgdata 2>.demo/devdb.log); then
+  if ! PGTRAIN_DATABASE_URL=$(.venv/bin/python -m dev.devdb url .pgdata 2>.demo/devdb.log); then
     cat .demo/devdb.log >&2
     echo "could not start the embedded PostgreSQL in .pgdata/ (log above); or set PGTRAIN_DATABASE_URL" >&2
     exit 1
@@ -18,7 +18,7 @@ fi
 export PGTRAIN_DATABASE_URL
 export AIRFLOW_CONN_PGTRAIN_DB="$PGTRAIN_DATABASE_URL"
 
-.venv/bin/python -m pgtrain.examples digits --if-empty
+.venv/bin/python -m dev.examples digits --if-empty
 echo "running the digits model's DAG pgtrain_model_digits-mlp (airflow dags test, world_size 2, launcher local) ..."
 if ! .venv/bin/airflow dags test pgtrain_model_digits-mlp >.demo/dags-test.log 2>&1; then
   tail -n 60 .demo/dags-test.log
@@ -26,5 +26,5 @@ if ! .venv/bin/airflow dags test pgtrain_model_digits-mlp >.demo/dags-test.log 2
   exit 1
 fi
 echo
-.venv/bin/python -m pgtrain.report --require-committed
+.venv/bin/python -m pgtrain.runs.report --require-committed
 echo "demo wall time    $(( $(date +%s) - started )) s (full Airflow log: .demo/dags-test.log)"

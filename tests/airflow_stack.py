@@ -1,5 +1,5 @@
 """The session's real Airflow stack (fixture ``airflow_stack``): api-server, scheduler, dag-processor and triggerer
-on 127.0.0.1, started by ``pgtrain.devstack`` with LocalExecutor, its metadata in a database of the session's
+on 127.0.0.1, started by ``dev.devstack`` with LocalExecutor, its metadata in a database of the session's
 PostgreSQL and the connection ``pgtrain_db`` pointing at a migrated training database of the same server.
 
 One stack per test session, shared by every test marked ``stack``; it stops at the session's end. A test that
@@ -21,8 +21,8 @@ import pytest
 from cryptography.fernet import Fernet
 from psycopg import sql
 
-from pgtrain import devdb, devstack, examples
-from pgtrain.migrations import apply_migrations
+from dev import devdb, devstack, examples
+from pgtrain.core.migrations import apply_migrations
 from tests.conftest import REPO
 
 STACK_MODELS = REPO / "tests" / "stack_models.yaml"

@@ -14,8 +14,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pgtrain import devdb
-from pgtrain.migrations import apply_migrations
+from dev import devdb
+from pgtrain.core.migrations import apply_migrations
 
 REPO = Path(__file__).resolve().parents[1]
 pytest_plugins = ["tests.airflow_stack"]  # the session's Airflow stack (fixture airflow_stack), for tests marked stack

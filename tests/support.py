@@ -11,8 +11,11 @@ from typing import Any
 
 import psycopg
 
-from pgtrain import examples, launch_local, manifest, runs
-from pgtrain.config import TrainingConfig
+from dev import examples
+from pgtrain.config.params import TrainingConfig
+from pgtrain.data import manifest
+from pgtrain.launch import local as launch_local
+from pgtrain.runs import record
 
 
 def seed_samples(conn: psycopg.Connection, rows: int, dim: int = 8, classes: int = 4, seed: int = 0) -> None:
@@ -20,14 +23,14 @@ def seed_samples(conn: psycopg.Connection, rows: int, dim: int = 8, classes: int
     examples.insert_samples(conn, features, labels)
 
 
-def planned_run(conn: psycopg.Connection, dag_run_id: str = "test-run", **params) -> runs.Run:
+def planned_run(conn: psycopg.Connection, dag_run_id: str = "test-run", **params) -> record.Run:
     """plan_run + compute_shards, as the DAG's first tasks do; returns the run with its dimensions."""
-    run = runs.plan_run(conn, "pgtrain_test", dag_run_id, TrainingConfig.from_mapping(params))
+    run = record.plan_run(conn, "pgtrain_test", dag_run_id, TrainingConfig.from_mapping(params))
     manifest.plan_shards(conn, run)
-    return runs.get_run(conn, run.run_id)
+    return record.get_run(conn, run.run_id)
 
 
-# Params of the example tables of pgtrain.examples (load them with examples.load_breast_cancer / load_diabetes).
+# Params of the example tables of dev.examples (load them with examples.load_breast_cancer / load_diabetes).
 def breast_cancer_params() -> dict[str, object]:
     """Classification on "Clinic"."Biopsies": 30 scalar double precision columns, smallint label "diagnosis"."""
     return {"source_table": '"Clinic"."Biopsies"', "key_column": "id", "features_column": None,
@@ -40,7 +43,7 @@ def diabetes_params() -> dict[str, object]:
             "feature_columns": examples.diabetes()[0], "label_column": "progression", "task": "regression"}
 
 
-def run_job(run: runs.Run, db_url: str, lines: list[str] | None = None) -> list[str]:
+def run_job(run: record.Run, db_url: str, lines: list[str] | None = None) -> list[str]:
     """One attempt of the train task's local job (run_local starts a new attempt, as a retried task does);
     its log lines are appended to ``lines`` as they come, also when it fails."""
     lines = [] if lines is None else lines

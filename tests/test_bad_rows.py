@@ -11,9 +11,10 @@ import numpy as np
 import psycopg
 import pytest
 
-from pgtrain import examples, runs
-from pgtrain.errors import SourceError
-from pgtrain.source import LOAD_KINDS
+from dev import examples
+from pgtrain.core.errors import SourceError
+from pgtrain.data.source.rows import LOAD_KINDS
+from pgtrain.runs import record
 from tests import test_manifest as shards
 from tests.test_manifest import load_all, make_table, plan
 
@@ -187,7 +188,7 @@ def test_a_given_input_dim_is_the_expected_length(ac):
 
 
 def test_a_length_inferred_from_unrepresentative_first_rows_is_refused(ac, monkeypatch):
-    monkeypatch.setattr("pgtrain.manifest.LENGTH_SAMPLE", 5)
+    monkeypatch.setattr("pgtrain.data.manifest.LENGTH_SAMPLE", 5)
     make_table(ac, "t", 50, gaps=False)
     ac.execute("UPDATE t SET features = features[1:2] WHERE id <= 5")
     with pytest.raises(SourceError, match=r"45 of 50 rows of public\.t do not have 2 features .* set input_dim"):
@@ -283,8 +284,8 @@ def test_non_finite_rows_in_both_halves_of_a_two_stream_load_are_all_reported(ac
 
 @pytest.mark.horovod
 def test_a_rank_that_loads_a_nan_refuses_the_whole_job_for_good_with_the_report(autocommit, db_url):
-    from pgtrain import launch_local
-    from pgtrain.errors import TrainingInputError
+    from pgtrain.core.errors import TrainingInputError
+    from pgtrain.launch import local as launch_local
     from tests.support import planned_run, seed_samples
 
     seed_samples(autocommit, rows=300, dim=8, classes=3)  # keys 1..300: rank 1 holds 151..300
@@ -294,7 +295,7 @@ def test_a_rank_that_loads_a_nan_refuses_the_whole_job_for_good_with_the_report(
     with pytest.raises(TrainingInputError) as failure:
         launch_local.run_local(run.run_id, 2, db_url, logging.getLogger("test.nan"), timeout_seconds=300)
 
-    run = runs.get_run(autocommit, run.run_id)
+    run = record.get_run(autocommit, run.run_id)
     assert run.status == "refused" and run.attempt == 1
     assert run.status_reason.startswith("rank 1 found 1 rows with NaN"), run.status_reason
     assert reported_kinds(run.status_reason) == {"non_finite": (1, ["300"])}
@@ -326,7 +327,8 @@ VALUE_SHAPES = {"float4_array": {11, 12}, "float8_array": {5, 6, 7}, "bytea": {7
 def test_the_combined_bad_row_test_picks_exactly_the_rows_of_the_per_kind_checks(ac, fmt, num_classes):
     from psycopg import sql
 
-    from pgtrain.source import bad_row, resolve_source, row_checks
+    from pgtrain.data.source.resolve import resolve_source
+    from pgtrain.data.source.rows import bad_row, row_checks
 
     shapes = SHAPES[fmt]
     make_table(ac, "t", len(shapes) + 6, fmt=fmt, gaps=False, not_null=False)

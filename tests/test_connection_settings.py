@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import psycopg
 
-from pgtrain.airflow.connection import database_url
-from pgtrain.devdb import database_url_for
+from dev.devdb import database_url_for
+from pgtrain.airflow.dag.connection import database_url
 
 
 def test_database_url_for_keeps_password_port_and_options():

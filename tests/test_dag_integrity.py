@@ -10,7 +10,7 @@ import pytest
 from airflow.dag_processing.dagbag import DagBag
 from airflow.sdk.exceptions import ParamValidationError
 
-from pgtrain.config import PARAMETERS, TrainingConfig
+from pgtrain.config.params import PARAMETERS, TrainingConfig
 from tests.conftest import REPO
 
 DAG_ID = "pgtrain_training"
@@ -86,13 +86,13 @@ print(json.dumps({{"seconds": time.perf_counter() - started, "connections": open
 
 
 def test_every_task_follows_the_one_retry_policy(dag):
-    from pgtrain.airflow.failures import RETRY_POLICY
+    from pgtrain.airflow.dag.failures import RETRY_POLICY
 
     assert [t.task_id for t in dag.tasks if t.retry_policy is not RETRY_POLICY] == []
 
 
 def test_the_scoring_example_runs_on_the_asset_commit_parameters_emits(dagbag, dag):
-    from pgtrain.airflow.assets import MODELS_ALIAS, model_asset
+    from pgtrain.airflow.dag.assets import MODELS_ALIAS, model_asset
 
     scoring = dagbag.dags["pgtrain_score_digits"]
     assert [a.uri for a in scoring.timetable.asset_condition.objects] == [model_asset("digits-mlp").uri]
@@ -108,8 +108,8 @@ def _parsed_in_a_task_process(monkeypatch, dag_file: str, dag_id: str, task_id: 
 
 @pytest.mark.parametrize("task_id", [t for t in TASK_ORDER if t != "train"])
 def test_a_task_process_of_another_task_gets_the_same_dag_with_a_placeholder_train(monkeypatch, dag, task_id):
-    from pgtrain.airflow.pipeline import TrainPlaceholder
-    from pgtrain.airflow.train_operator import HorovodTrainOperator
+    from pgtrain.airflow.dag.pipeline import TrainPlaceholder
+    from pgtrain.airflow.local.operator import HorovodTrainOperator
 
     parsed = _parsed_in_a_task_process(monkeypatch, "pgtrain_training.py", DAG_ID, task_id).dags[DAG_ID]
     assert {t.task_id: t.upstream_task_ids for t in parsed.tasks} == {t.task_id: t.upstream_task_ids for t in dag.tasks}
@@ -119,7 +119,7 @@ def test_a_task_process_of_another_task_gets_the_same_dag_with_a_placeholder_tra
 
 
 def test_the_train_task_process_gets_horovod_train_operator(monkeypatch, dag):
-    from pgtrain.airflow.train_operator import HorovodTrainOperator
+    from pgtrain.airflow.local.operator import HorovodTrainOperator
 
     parsed = _parsed_in_a_task_process(monkeypatch, "pgtrain_training.py", DAG_ID, "train").dags[DAG_ID]
     train = parsed.get_task("train")
@@ -130,7 +130,7 @@ def test_the_train_task_process_gets_horovod_train_operator(monkeypatch, dag):
 def test_a_placeholder_train_refuses_to_run():
     from airflow.sdk.exceptions import AirflowFailException
 
-    from pgtrain.airflow.pipeline import TrainPlaceholder
+    from pgtrain.airflow.dag.pipeline import TrainPlaceholder
 
     with pytest.raises(AirflowFailException, match="HorovodTrainOperator"):
         TrainPlaceholder(task_id="train").execute({})
@@ -164,7 +164,7 @@ def test_a_model_dags_task_process_builds_only_its_dag(monkeypatch):
 def test_a_context_inherited_from_another_dags_task_changes_nothing(monkeypatch):
     """The parsing context is environment variables, which a child process of any task inherits (for example a
     task running `airflow dags reserialize`): a context naming another DAG leaves these DAGs whole."""
-    from pgtrain.airflow.train_operator import HorovodTrainOperator
+    from pgtrain.airflow.local.operator import HorovodTrainOperator
 
     full = DagBag(dag_folder=str(REPO / "dags" / "pgtrain_models.py"))
     training = _parsed_in_a_task_process(monkeypatch, "pgtrain_training.py", "someone_elses_dag", "plan_run")

@@ -1,4 +1,4 @@
-"""pgtrain.devstack's stop signals only the process groups its pid files still name: a pid file left by a crash or
+"""dev.devstack's stop signals only the process groups its pid files still name: a pid file left by a crash or
 a reboot, whose pid now belongs to another process, is removed with a message and nothing is signalled.
 Real processes (sleep, each leading its own session as the services do); no Airflow needed."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pgtrain import devstack
+from dev import devstack
 
 
 @pytest.fixture

@@ -10,9 +10,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pgtrain import examples
-from pgtrain.model_spec import ModelSpec
-from pgtrain.model_store import commit_run, load_tensors
+from dev import examples
+from pgtrain.store.model_spec import ModelSpec
+from pgtrain.store.model_store import commit_run, load_tensors
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.airflow

@@ -8,8 +8,8 @@ import pytest
 from airflow.sdk import RetryAction
 from airflow.sdk.exceptions import AirflowTaskTimeout
 
-from pgtrain.airflow.failures import RETRY_POLICY
-from pgtrain.errors import (
+from pgtrain.airflow.dag.failures import RETRY_POLICY
+from pgtrain.core.errors import (
     CommitRejected,
     ConfigError,
     LockTimeout,

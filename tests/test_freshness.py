@@ -13,14 +13,15 @@ import psycopg
 import pytest
 from pgserver._commands import pg_ctl
 
-from pgtrain import devdb, freshness
-from pgtrain.airflow.new_rows_trigger import NewRowsTrigger
-from pgtrain.config import TrainingConfig
-from pgtrain.migrations import apply_migrations
-from pgtrain.model_spec import ModelSpec
-from pgtrain.model_store import commit_run
+from dev import devdb
+from pgtrain.airflow.triggers.new_rows import NewRowsTrigger
+from pgtrain.config.params import TrainingConfig
+from pgtrain.core.migrations import apply_migrations
+from pgtrain.data import freshness
 from pgtrain.runs import record_epoch
-from pgtrain.tensors import write_staged
+from pgtrain.store.model_spec import ModelSpec
+from pgtrain.store.model_store import commit_run
+from pgtrain.store.tensors import write_staged
 from tests.support import planned_run, seed_samples
 
 MODEL = "fresh-mlp"
@@ -201,7 +202,7 @@ def watcher(min_new_rows: int) -> NewRowsTrigger:
 def test_the_trigger_serializes_to_what_builds_it():
     trigger = watcher(5)
     classpath, kwargs = trigger.serialize()
-    assert classpath == "pgtrain.airflow.new_rows_trigger.NewRowsTrigger"
+    assert classpath == "pgtrain.airflow.triggers.new_rows.NewRowsTrigger"
     assert NewRowsTrigger(**kwargs).serialize() == (classpath, kwargs)
 
 
@@ -261,8 +262,8 @@ def test_plan_run_skips_a_scheduled_run_of_an_unchanged_source_and_says_why(auto
 
     from airflow.sdk.exceptions import AirflowSkipException
 
-    from pgtrain.airflow import tasks
-    from pgtrain.airflow.params import dag_params
+    from pgtrain.airflow.dag import tasks
+    from pgtrain.airflow.dag.params import dag_params
     from tests.k8s_sim.airflow_context import FakeTaskInstance
 
     monkeypatch.setenv("AIRFLOW_CONN_PGTRAIN_DB", db_url)
@@ -286,8 +287,8 @@ def test_plan_run_skips_a_scheduled_run_of_an_unchanged_source_and_says_why(auto
 
 
 def test_the_outcome_line_says_version_metric_and_head_or_why_not(autocommit):
-    from pgtrain.errors import CommitRejected
-    from pgtrain.runs import outcome, record_verdict
+    from pgtrain.core.errors import CommitRejected
+    from pgtrain.runs.record import outcome, record_verdict
 
     seed_samples(autocommit, 20)
     first = commit_version(autocommit, "first", val_accuracy=0.75)

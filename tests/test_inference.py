@@ -11,13 +11,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import pgtrain  # noqa: E402
-from pgtrain.config import TrainingConfig  # noqa: E402
-from pgtrain.errors import ConfigError, PgtrainError, SourceError  # noqa: E402
-from pgtrain.inference import predict  # noqa: E402
-from pgtrain.model_store import commit_run  # noqa: E402
-from pgtrain.runs import plan_run, record_epoch, set_model_layout  # noqa: E402
-from pgtrain.tensors import write_staged  # noqa: E402
-from pgtrain.trainer_command import DATABASE_URL_ENV  # noqa: E402
+from pgtrain.config.params import TrainingConfig  # noqa: E402
+from pgtrain.core.db import DATABASE_URL_ENV  # noqa: E402
+from pgtrain.core.errors import ConfigError, PgtrainError, SourceError  # noqa: E402
+from pgtrain.runs.record import plan_run, record_epoch, set_model_layout  # noqa: E402
+from pgtrain.store.inference import predict  # noqa: E402
+from pgtrain.store.model_store import commit_run  # noqa: E402
+from pgtrain.store.tensors import write_staged  # noqa: E402
 from trainer.model import build_model, state_layout  # noqa: E402
 
 
@@ -82,7 +82,7 @@ def test_predict_classification_from_scalar_columns_of_a_mixed_case_table(aconn,
         cur.executemany('INSERT INTO "Clinic"."Biopsy Rows" VALUES (%s, %s, %s, %s, 0)',
                         [(f"k{i:03d}", *map(float, row)) for i, row in enumerate(x)])
     monkeypatch.setenv(DATABASE_URL_ENV, db_url)
-    from pgtrain.models_cli import main
+    from pgtrain.cli.models import main
 
     assert main(["predict", "--model", "clf", "--source", '"Clinic"."Biopsy Rows"', "--key-column", "code",
                  "--into", '"Clinic"."Scores"', "--batch-rows", "10"]) == 0
@@ -171,7 +171,7 @@ def test_predict_reports_bad_rows_or_skips_them_when_asked(aconn, db_url, capsys
     assert aconn.execute("SELECT to_regclass('scores')").fetchone() == (None,), "nothing is written"
 
     monkeypatch.setenv(DATABASE_URL_ENV, db_url)
-    from pgtrain.models_cli import main
+    from pgtrain.cli.models import main
 
     assert main(["predict", "--model", "clf", "--source", "visits", "--key-column", "id", "--into", "scores",
                  "--batch-rows", "6", "--skip-bad-rows"]) == 0

@@ -113,7 +113,7 @@ def test_every_module_the_trainer_loads_comes_from_the_images_requirements():
 
     from packaging.requirements import Requirement
 
-    probe = ("import json, sys, trainer.train, trainer.model; from pgtrain.config import TrainingConfig; "
+    probe = ("import json, sys, trainer.train, trainer.model; from pgtrain.config.params import TrainingConfig; "
              "TrainingConfig.from_mapping({}); print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))")
     loaded = json.loads(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                                        check=True).stdout.splitlines()[-1])

@@ -19,8 +19,8 @@ import pytest
 from airflow.sdk import RetryAction
 from airflow.sdk.exceptions import TaskDeferred
 
-from pgtrain.airflow.mpijob_operator import MPIJobInputRefused, MPIJobOperator, MPIJobStartupTimeout
-from pgtrain.airflow.train_operator import HorovodTrainOperator
+from pgtrain.airflow.kubernetes.operator import MPIJobInputRefused, MPIJobOperator, MPIJobStartupTimeout
+from pgtrain.airflow.local.operator import HorovodTrainOperator
 from tests.k8s_sim import fixtures
 from tests.k8s_sim.airflow_context import FakeTaskStateStore, task_context
 from tests.k8s_sim.validation import assert_cluster_accepted_every_manifest
@@ -38,11 +38,11 @@ def plan(db_url: str, dag_run_id: str, *, rows: int = 240, epochs: int = 2, shar
         if conn.execute("SELECT count(*) FROM public.samples").fetchone()[0] == 0:
             seed_samples(conn, rows, dim=8, classes=3)
         if not shard:
-            from pgtrain import runs
-            from pgtrain.config import TrainingConfig
+            from pgtrain.config.params import TrainingConfig
+            from pgtrain.runs import record
 
             config = TrainingConfig.from_mapping({"world_size": 2, "launcher": "kubernetes"})
-            return runs.plan_run(conn, DAG_ID, dag_run_id, config).run_id
+            return record.plan_run(conn, DAG_ID, dag_run_id, config).run_id
         return planned_run(conn, dag_run_id, world_size=2, epochs=epochs, batch_size=16,
                            launcher="kubernetes").run_id
 
@@ -101,7 +101,7 @@ def test_failing_trainer_fails_the_task_with_reason_and_log_tail(k8s, namespace,
     assert f"trainer verdict: refused: {reason}" in message
     (job,) = k8s.mpijobs(namespace)  # keep_pod: kept, and marked so a retry does not re-attach to it
     assert job["metadata"]["labels"]["already_checked"] == "True"
-    outcome = context["ti"].xcoms.pop("pgtrain_outcome")  # the DAG run's note (pgtrain.airflow.run_notes)
+    outcome = context["ti"].xcoms.pop("pgtrain_outcome")  # the DAG run's note (pgtrain.airflow.ui.run_notes)
     assert outcome.startswith("digits-mlp: refused: ") and "has no shard manifest" in outcome
     assert context["ti"].xcoms == {"mpijob_name": job["metadata"]["name"], "mpijob_namespace": namespace}
     assert_no_secret_leaked(k8s, namespace, password_sentinel, message, task_log, repr(context["ti"].xcoms))

@@ -14,8 +14,10 @@ import pytest
 import torch
 from psycopg import sql
 
-from pgtrain import examples, loader, manifest, runs
-from pgtrain.source import planned_rows, prefer_index_order, read_xid_clock, snapshot_transaction
+from dev import examples
+from pgtrain.data import loader, manifest
+from pgtrain.data.source.snapshot import planned_rows, prefer_index_order, read_xid_clock, snapshot_transaction
+from pgtrain.runs import record
 from tests import support
 from tests import test_manifest as shards
 from tests.test_manifest import load_all, make_table, plan, rows_in_key_order
@@ -52,7 +54,7 @@ def test_tensors_share_the_loaded_memory(ac):
     examples.insert_samples(ac, *examples.synthetic(50, 3, 2), ("public", "t"), keys=examples.synthetic_keys(50))
     run, _ = plan(ac, "public.t", world_size=1)
     source = manifest.source_for(ac, run)
-    shard = runs.get_manifest(ac, run.run_id)[0]
+    shard = record.get_manifest(ac, run.run_id)[0]
     data = loader.load_shard(ac, source, shard, run.input_dim, 0.1, 0)  # pin_memory=None: pinned iff CUDA
     assert data.pinned == torch.cuda.is_available()
     features, labels, is_validation = data.tensors()
@@ -66,7 +68,7 @@ def test_each_batch_is_one_range_scan_of_the_key_index_and_no_rows_are_sorted(ac
     examples.insert_samples(ac, *examples.synthetic(2000, 3, 2), ("public", "t"), keys=examples.synthetic_keys(2000))
     run, _ = plan(ac, "public.t", world_size=2, bad_rows="exclude")
     source = manifest.source_for(ac, run)
-    shard = runs.get_manifest(ac, run.run_id)[1]
+    shard = record.get_manifest(ac, run.run_id)[1]
     with snapshot_transaction(ac):
         prefer_index_order(ac)  # as shard_copy does
         query = loader.batch_query(source, shard, planned_rows(source, read_xid_clock(ac), loader.ROWS_ALIAS), 0.1,
@@ -281,7 +283,7 @@ def test_a_rank_refused_a_second_connection_loads_on_one(ac, db_url, caplog):
     role = f"pgtrain_one_connection_{uuid.uuid4().hex[:8]}"
     make_table(ac, "t", 300)
     run, _ = plan(ac, "public.t", world_size=1)
-    source, (shard,) = manifest.source_for(ac, run), runs.get_manifest(ac, run.run_id)
+    source, (shard,) = manifest.source_for(ac, run), record.get_manifest(ac, run.run_id)
     (expected,) = load_all(ac, run)
     ac.execute(sql.SQL("CREATE ROLE {} LOGIN CONNECTION LIMIT 1").format(sql.Identifier(role)))
     try:

@@ -12,22 +12,23 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pgtrain import examples, loader, manifest, runs
-from pgtrain.config import TrainingConfig
-from pgtrain.errors import PgtrainError, SourceError
-from pgtrain.source import (
+from dev import examples
+from pgtrain.config.params import TrainingConfig
+from pgtrain.core.errors import PgtrainError, SourceError
+from pgtrain.data import loader, manifest
+from pgtrain.data.source.resolve import Source, resolve_source
+from pgtrain.data.source.rows import bad_row
+from pgtrain.data.source.snapshot import (
     XID_HORIZON,
     PlannedRows,
-    Source,
     XidClock,
-    bad_row,
     planned_rows,
-    resolve_source,
     seen_xmins,
     snapshot_transaction,
     widen_xid,
     xmins_may_alias,
 )
+from pgtrain.runs import record
 
 
 @pytest.fixture
@@ -52,17 +53,17 @@ def make_table(conn: psycopg.Connection, name: str, rows: int, dim: int = 4, *, 
 
 
 def plan(conn: psycopg.Connection, table: str, dag_run: str = "run", *, input_dim: int | None = None,
-         **params) -> tuple[runs.Run, manifest.Plan]:
-    run = runs.plan_run(conn, "test_shards", dag_run, TrainingConfig.from_mapping({"source_table": table, **params}))
+         **params) -> tuple[record.Run, manifest.Plan]:
+    run = record.plan_run(conn, "test_shards", dag_run, TrainingConfig.from_mapping({"source_table": table, **params}))
     planned = manifest.plan_shards(conn, run, input_dim=input_dim)
-    return runs.get_run(conn, run.run_id), planned
+    return record.get_run(conn, run.run_id), planned
 
 
-def load_all(conn: psycopg.Connection, run: runs.Run, streams: int = 1) -> list[loader.ShardData]:
+def load_all(conn: psycopg.Connection, run: record.Run, streams: int = 1) -> list[loader.ShardData]:
     source = manifest.source_for(conn, run)
     return [loader.load_shard(conn, source, shard, run.input_dim, run.config.validation_fraction, run.config.seed,
                               pin_memory=False, streams=streams)
-            for shard in runs.get_manifest(conn, run.run_id)]
+            for shard in record.get_manifest(conn, run.run_id)]
 
 
 def rows_in_key_order(conn: psycopg.Connection, table: str) -> tuple[np.ndarray, np.ndarray]:
@@ -80,7 +81,7 @@ def test_shards_cover_every_row_once_balanced_in_key_order(ac, key_type, world_s
     make_table(ac, "t", 500, key_type=key_type, gaps=True)
     run, planned = plan(ac, "public.t", world_size=world_size, validation_fraction=0.2)
 
-    shards = runs.get_manifest(ac, run.run_id)
+    shards = record.get_manifest(ac, run.run_id)
     assert shards == planned.shards and len(shards) == world_size
     sizes = [s.row_count for s in shards]
     assert sum(sizes) == planned.total_rows == 500 and max(sizes) - min(sizes) <= 1
@@ -126,7 +127,7 @@ def test_an_empty_table_is_a_clear_error(ac):
 def test_replanning_replaces_the_manifest(ac):
     make_table(ac, "t", 100)
     run, _ = plan(ac, "public.t", world_size=4)
-    again = manifest.plan_shards(ac, runs.get_run(ac, run.run_id))
+    again = manifest.plan_shards(ac, record.get_run(ac, run.run_id))
     assert len(again.shards) == 4
     assert ac.execute("SELECT count(*) FROM pgtrain.shard_batches WHERE run_id = %s", (run.run_id,)).fetchone()[0] == 4
     assert sum(len(d.labels) for d in load_all(ac, run)) == 100
@@ -262,7 +263,7 @@ def test_rows_deleted_or_updated_after_planning_fail_the_rank_with_a_clear_error
 def test_a_rank_that_reads_more_rows_than_planned_stops_and_leaves_the_connection_usable(ac, streams):
     make_table(ac, "t", 2000, dim=2)
     run, _ = plan(ac, "public.t", world_size=1)
-    shard = runs.get_manifest(ac, run.run_id)[0]
+    shard = record.get_manifest(ac, run.run_id)[0]
     fewer = dataclasses.replace(shard, row_count=shard.row_count - 5)
     with pytest.raises(SourceError, match=r"read more rows than the 1995 its manifest planned"):
         loader.load_shard(ac, manifest.source_for(ac, run), fewer, 2, 0.1, 0, pin_memory=False, streams=streams)
@@ -272,7 +273,7 @@ def test_a_rank_that_reads_more_rows_than_planned_stops_and_leaves_the_connectio
 def test_loading_needs_the_plan_and_its_own_transaction(ac):
     make_table(ac, "t", 10)
     run, _ = plan(ac, "public.t", world_size=1)
-    shard = runs.get_manifest(ac, run.run_id)[0]
+    shard = record.get_manifest(ac, run.run_id)[0]
     with pytest.raises(PgtrainError, match="run compute_shards first"):
         loader.load_shard(ac, resolve_source(ac, "public.t", "id", "features", "label"), shard, 4, 0.1, 0)
     source = manifest.source_for(ac, run)

@@ -7,8 +7,8 @@ import shutil
 import psycopg
 import pytest
 
-from pgtrain.errors import PgtrainError
-from pgtrain.migrations import apply_migrations, discover, sql_dir
+from pgtrain.core.errors import PgtrainError
+from pgtrain.core.migrations import apply_migrations, discover, sql_dir
 
 SCHEMA_QUERY = """
     SELECT table_schema, table_name, column_name, data_type, is_nullable

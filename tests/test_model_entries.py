@@ -8,9 +8,7 @@ import pytest
 from airflow.dag_processing.dagbag import DagBag
 from airflow.sdk.exceptions import ParamValidationError
 
-from pgtrain.config import TrainingConfig
-from pgtrain.errors import ConfigError
-from pgtrain.model_entries import (
+from pgtrain.config.model_entries import (
     DEFAULT_MODELS_FILE,
     FIXED_PARAMS,
     MODELS_ENV,
@@ -19,6 +17,8 @@ from pgtrain.model_entries import (
     model_owners,
     models_path,
 )
+from pgtrain.config.params import TrainingConfig
+from pgtrain.core.errors import ConfigError
 from tests.conftest import REPO
 
 TASK_ORDER = ["provision_tables", "plan_run", "compute_shards", "train", "commit_parameters", "report"]
@@ -100,7 +100,7 @@ def test_duplicate_names_are_errors_and_the_first_entry_stays(tmp_path):
 
 
 def test_every_model_of_the_file_is_owned_by_its_dag_even_a_bad_entry(tmp_path):
-    from pgtrain.policy import check_unowned
+    from pgtrain.data.policy import check_unowned
 
     path = models_file(tmp_path, good("kept"), good("broken", schedule="{cron: 'not a cron'}"))
     owners = model_owners(path)

@@ -10,21 +10,14 @@ import numpy as np
 import psycopg
 import pytest
 
-from pgtrain.catalog import head_history, list_versions
-from pgtrain.config import TrainingConfig
-from pgtrain.errors import CommitRejected, PgtrainError
-from pgtrain.model_spec import ModelSpec
-from pgtrain.model_store import (
-    commit_run,
-    export_state_dict,
-    get_version,
-    head_version,
-    load_tensors,
-    promote,
-)
-from pgtrain.runs import plan_run, record_epoch, set_model_layout
-from pgtrain.tensors import write_staged
-from pgtrain.trainer_command import DATABASE_URL_ENV
+from pgtrain.config.params import TrainingConfig
+from pgtrain.core.db import DATABASE_URL_ENV
+from pgtrain.core.errors import CommitRejected, PgtrainError
+from pgtrain.runs.record import plan_run, record_epoch, set_model_layout
+from pgtrain.store.catalog import head_history, list_versions
+from pgtrain.store.model_spec import ModelSpec
+from pgtrain.store.model_store import commit_run, export_state_dict, get_version, head_version, load_tensors, promote
+from pgtrain.store.tensors import write_staged
 
 SPEC = ModelSpec(input_dim=6, hidden_sizes=(5,), num_classes=3)
 MODEL = "test-mlp"
@@ -79,7 +72,7 @@ def test_commit_creates_version_moves_head_and_is_idempotent(db_url, aconn):
     assert version == 1 and set(tensors) == set(SPEC.parameter_shapes())
     assert all(np.array_equal(tensors[n], a) for n, a in parameters(0.5).items())
     assert run_status(db_url, run_id) == ("committed", None)
-    lock = aconn.execute("SELECT owner FROM pgtrain.locks WHERE name = %s", (f"model:{MODEL}",)).fetchone()
+    lock = aconn.execute("SELECT owner FROM pgtrain.store.locks WHERE name = %s", (f"model:{MODEL}",)).fetchone()
     assert lock == (None,), "the model lock is released after the commit"
 
 
@@ -274,7 +267,7 @@ def test_export_loads_into_the_trainer_model(db_url, aconn, tmp_path):
 
 # -- the command-line tool ---------------------------------------------------------------------------
 def test_models_cli_reads_the_database_only_from_the_environment(monkeypatch, capsys):
-    from pgtrain.models_cli import build_parser, main
+    from pgtrain.cli.models import build_parser, main
 
     monkeypatch.delenv(DATABASE_URL_ENV, raising=False)
     assert main(["list"]) == 1
@@ -289,7 +282,7 @@ def test_models_cli_reads_the_database_only_from_the_environment(monkeypatch, ca
 
 
 def test_models_cli_lists_shows_promotes_rolls_back_and_exports(db_url, aconn, tmp_path, capsys, monkeypatch):
-    from pgtrain.models_cli import main
+    from pgtrain.cli.models import main
 
     commit_run(aconn, prepare_run(db_url, "one", fill=1.0, val_accuracy=0.91), owner=OWNER)
     commit_run(aconn, prepare_run(db_url, "two", fill=2.0, val_accuracy=0.93), owner=OWNER)
@@ -321,7 +314,7 @@ def test_models_cli_runs_as_a_module_and_exports_a_loadable_state_dict(db_url, a
     commit_run(aconn, prepare_run(db_url, "one", fill=0.25), owner=OWNER)
     out = tmp_path / "v1.pt"
 
-    proc = subprocess.run([sys.executable, "-m", "pgtrain.models_cli", "export", MODEL, "1", "-o", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "pgtrain.cli.models", "export", MODEL, "1", "-o", str(out)],
                           env={**os.environ, DATABASE_URL_ENV: db_url}, capture_output=True, text=True, timeout=120)
 
     assert proc.returncode == 0, proc.stderr
@@ -356,7 +349,7 @@ def custom(seed: int = 0) -> dict[str, np.ndarray]:
 
 def test_commit_hands_the_staged_blobs_to_the_version_without_copying_and_forgets_the_run_s(db_url, aconn,
                                                                                            monkeypatch):
-    from pgtrain import tensors
+    from pgtrain.store import tensors
 
     monkeypatch.setattr(tensors, "CHUNK_BYTES", 32)
     arrays = custom()
@@ -479,7 +472,7 @@ def test_the_version_records_what_rebuilding_it_takes(db_url, aconn):
 
 
 def test_gc_keeps_the_newest_the_head_and_the_head_s_history_unless_forced(db_url, aconn, capsys, monkeypatch):
-    from pgtrain.models_cli import main
+    from pgtrain.cli.models import main
 
     for i in range(1, 7):
         commit_run(aconn, prepare_run(db_url, f"r{i}", fill=float(i)), owner=OWNER)
@@ -511,8 +504,8 @@ def test_a_commit_that_outlasts_its_lease_keeps_the_lock(db_url, aconn):
     model's lock meanwhile, and the commit lands."""
     import threading
 
-    from pgtrain.errors import LockTimeout
-    from pgtrain.locks import LockManager
+    from pgtrain.core.errors import LockTimeout
+    from pgtrain.store.locks import LockManager
 
     run_id = prepare_run(db_url, "slow")
     blocker = psycopg.connect(db_url)
@@ -543,7 +536,7 @@ def test_a_commit_refuses_staged_tensors_rewritten_after_it_checked_them(db_url,
     must not hand the version blobs it did not check (nor dangling ones); committing again takes the new ones."""
     import threading
 
-    from pgtrain import tensors
+    from pgtrain.store import tensors
 
     run_id = prepare_any(db_url, "r1", custom(0), metrics={"val_accuracy": 0.5})
     rewriter = psycopg.connect(db_url)

@@ -1,4 +1,4 @@
-"""The models page's queries (pgtrain.catalog) on a real PostgreSQL, and its HTML (escaped, inline SVG curves)."""
+"""The models page's queries (pgtrain.store.catalog) on a real PostgreSQL, and its HTML (escaped, inline SVG curves)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from urllib.parse import urlencode
 
 import pytest
 
-from pgtrain import catalog
-from pgtrain.airflow import ui_render
-from pgtrain.model_store import commit_run, promote
+from pgtrain.airflow.ui import render as ui_render
+from pgtrain.store import catalog
+from pgtrain.store.model_store import commit_run, promote
 from tests.test_model_store import MODEL, OWNER, prepare_run
 
 
@@ -84,7 +84,7 @@ def page_client(make_database, monkeypatch, tmp_path):
     from airflow.api_fastapi.app import init_auth_manager
     from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
 
-    from pgtrain.airflow.ui import URL_PREFIX, create_app
+    from pgtrain.airflow.ui.app import URL_PREFIX, create_app
 
     token = init_auth_manager().generate_jwt(SimpleAuthManagerUser(username="admin", role="admin"))
     airflow = FastAPI()
@@ -112,7 +112,7 @@ def test_the_login_redirect_comes_back_to_a_path_not_to_the_requests_host(page_c
 
 
 def test_the_cli_lists_through_the_same_queries(db_url, autocommit, capsys, monkeypatch):
-    from pgtrain.models_cli import main
+    from pgtrain.cli.models import main
 
     commit_run(autocommit, prepare_run(db_url, "manual__1"), owner=OWNER, lock_timeout=5)
     monkeypatch.setenv("PGTRAIN_DATABASE_URL", db_url)

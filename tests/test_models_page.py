@@ -13,7 +13,7 @@ from urllib.parse import urlencode
 import httpx
 import pytest
 
-from pgtrain.runs import training_run_id
+from pgtrain.runs.record import training_run_id
 from tests.airflow_stack import AirflowStack
 from tests.conftest import REPO
 

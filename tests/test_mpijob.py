@@ -11,17 +11,18 @@ from contextlib import redirect_stdout
 import pytest
 import yaml
 
-from pgtrain import mpijob
-from pgtrain.errors import ConfigError
-from pgtrain.trainer_command import DATABASE_URL_ENV, DATABASE_URL_FILE_ENV, trainer_argv
+from pgtrain.core.db import DATABASE_URL_ENV, DATABASE_URL_FILE_ENV
+from pgtrain.core.errors import ConfigError
+from pgtrain.launch.mpijob import api, cli, spec, validation, watch
+from pgtrain.launch.trainer_command import trainer_argv
 from tests.k8s_sim.validation import assert_valid_mpijob
 
 LAYOUTS = [(1, 1), (2, 1), (2, 4), (8, 4), (16, 8), (64, 8), (1024, 1)]
 LONG_RUN_ID = "a_rather_long_dag_id_for_training/scheduled__2026-01-01T00:00:00+00:00" * 2
 
 
-def settings(world_size: int = 8, gpus: int = 4, **overrides) -> mpijob.MPIJobSettings:
-    return mpijob.MPIJobSettings(run_id=overrides.pop("run_id", LONG_RUN_ID), world_size=world_size,
+def settings(world_size: int = 8, gpus: int = 4, **overrides) -> spec.MPIJobSettings:
+    return spec.MPIJobSettings(run_id=overrides.pop("run_id", LONG_RUN_ID), world_size=world_size,
                                  gpus_per_worker=gpus, image="registry.example/pgtrain-trainer:1",
                                  attempt=overrides.pop("attempt", 3), **overrides)
 
@@ -36,22 +37,22 @@ def container(manifest: dict, role: str) -> dict:
 
 @pytest.mark.parametrize(("world_size", "gpus"), LAYOUTS)
 def test_manifest_follows_the_v2beta1_rules(world_size, gpus):
-    manifest = mpijob.build_mpijob(settings(world_size, gpus))
-    spec = manifest["spec"]
+    manifest = spec.build_mpijob(settings(world_size, gpus))
+    job = manifest["spec"]
     workers, slots = -(-world_size // gpus), min(gpus, world_size)
     assert manifest["apiVersion"] == "kubeflow.org/v2beta1" and manifest["kind"] == "MPIJob"
     assert replica(manifest, "Launcher")["replicas"] == 1
     assert replica(manifest, "Worker")["replicas"] == workers
-    assert spec["slotsPerWorker"] == slots
-    assert container(manifest, "Worker")["resources"]["limits"][mpijob.GPU_RESOURCE] == slots
+    assert job["slotsPerWorker"] == slots
+    assert container(manifest, "Worker")["resources"]["limits"][api.GPU_RESOURCE] == slots
     assert container(manifest, "Worker")["resources"]["requests"].keys() >= {"cpu", "memory"}
     launcher_resources = container(manifest, "Launcher")["resources"]
-    assert mpijob.GPU_RESOURCE not in {**launcher_resources.get("limits", {}), **launcher_resources["requests"]}
+    assert api.GPU_RESOURCE not in {**launcher_resources.get("limits", {}), **launcher_resources["requests"]}
     assert replica(manifest, "Launcher")["restartPolicy"] in ("Never", "OnFailure")
     assert replica(manifest, "Worker")["restartPolicy"] in ("Never", "OnFailure")
-    assert spec["launcherCreationPolicy"] == "WaitForWorkersReady"
-    assert spec["runPolicy"]["cleanPodPolicy"] == "Running"
-    assert {"backoffLimit", "activeDeadlineSeconds", "ttlSecondsAfterFinished"} <= spec["runPolicy"].keys()
+    assert job["launcherCreationPolicy"] == "WaitForWorkersReady"
+    assert job["runPolicy"]["cleanPodPolicy"] == "Running"
+    assert {"backoffLimit", "activeDeadlineSeconds", "ttlSecondsAfterFinished"} <= job["runPolicy"].keys()
     command = container(manifest, "Launcher")["command"]
     assert command[:3] == ["horovodrun", "-np", str(workers * slots)]
     assert command[-len(trainer_argv(LONG_RUN_ID, 3)):] == trainer_argv(LONG_RUN_ID, 3)
@@ -59,33 +60,33 @@ def test_manifest_follows_the_v2beta1_rules(world_size, gpus):
     name = manifest["metadata"]["name"]
     assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name)
     assert len(f"{name}-worker-{workers - 1}") <= 63 and len(f"{name}-launcher") <= 63
-    assert list(mpijob.mpijob_problems(manifest)) == []
+    assert list(validation.mpijob_problems(manifest)) == []
 
 
 @pytest.mark.parametrize(("world_size", "gpus"), LAYOUTS)
 def test_pod_templates_are_valid_kubernetes(world_size, gpus):
-    assert_valid_mpijob(mpijob.build_mpijob(settings(world_size, gpus, node_selector={"gpu": "h100"},
-                                            tolerations=[{"key": mpijob.GPU_RESOURCE, "operator": "Exists",
+    assert_valid_mpijob(spec.build_mpijob(settings(world_size, gpus, node_selector={"gpu": "h100"},
+                                            tolerations=[{"key": api.GPU_RESOURCE, "operator": "Exists",
                                                           "effect": "NoSchedule"}])))
 
 
 def test_database_url_only_from_the_secret_mounted_as_a_file():
-    manifest = mpijob.build_mpijob(settings(database_secret="team-db", database_secret_key="dsn"))
+    manifest = spec.build_mpijob(settings(database_secret="team-db", database_secret_key="dsn"))
     for role in ("Launcher", "Worker"):
-        spec = manifest["spec"]["mpiReplicaSpecs"][role]["template"]["spec"]
+        pod_spec = manifest["spec"]["mpiReplicaSpecs"][role]["template"]["spec"]
         env = {e["name"]: e for e in container(manifest, role)["env"]}
         assert DATABASE_URL_ENV not in env  # Horovod's Gloo launcher would put an env var on `ps`-visible lines
         assert env[DATABASE_URL_FILE_ENV] == {"name": DATABASE_URL_FILE_ENV, "value": "/var/run/secrets/pgtrain/url"}
-        (volume,) = [v for v in spec["volumes"] if v["name"] == mpijob.DATABASE_VOLUME]
+        (volume,) = [v for v in pod_spec["volumes"] if v["name"] == api.DATABASE_VOLUME]
         assert volume["secret"] == {"secretName": "team-db", "items": [{"key": "dsn", "path": "url"}],
                                     "defaultMode": 0o400}
-        assert {"name": mpijob.DATABASE_VOLUME, "mountPath": "/var/run/secrets/pgtrain", "readOnly": True} in \
+        assert {"name": api.DATABASE_VOLUME, "mountPath": "/var/run/secrets/pgtrain", "readOnly": True} in \
             container(manifest, role)["volumeMounts"]
-    assert mpijob.credential_literals(manifest) == []
+    assert validation.credential_literals(manifest) == []
 
 
 def test_a_url_file_is_read_and_its_problems_explained(tmp_path, monkeypatch):
-    from pgtrain.db import database_url
+    from pgtrain.core.db import database_url
 
     monkeypatch.delenv(DATABASE_URL_ENV, raising=False)
     url_file = tmp_path / "url"
@@ -101,32 +102,32 @@ def test_a_url_file_is_read_and_its_problems_explained(tmp_path, monkeypatch):
 
 
 def test_importing_the_module_does_not_load_the_database_driver():
-    """DAG files import pgtrain.mpijob at parse time: it must not pull in psycopg (pgtrain.db does)."""
+    """DAG files import pgtrain.mpijob at parse time: it must not pull in psycopg (pgtrain.core.db does)."""
     code = "import sys, pgtrain.mpijob; print('psycopg' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
 
 def test_credential_literals_are_found_and_rejected():
-    manifest = mpijob.build_mpijob(settings())
+    manifest = spec.build_mpijob(settings())
     container(manifest, "Worker")["env"].append({"name": "OTHER", "value": "postgresql://u:hunter2@db/x"})
-    assert mpijob.credential_literals(manifest) == [
+    assert validation.credential_literals(manifest) == [
         "spec.mpiReplicaSpecs.Worker.template.spec.containers[0].env[2].value"]
     container(manifest, "Launcher")["env"][0] = {"name": DATABASE_URL_ENV, "value": "postgresql://db/x"}
     with pytest.raises(ConfigError) as error:
-        mpijob.validate_mpijob(manifest)
+        validation.validate_mpijob(manifest)
     assert "must come from the Secret mounted at" in str(error.value) and "looks like a credential" in str(error.value)
-    assert mpijob.credential_literals({"dsn": "host=db password=hunter2"})
-    assert not mpijob.credential_literals({"url": "postgresql://u@/db?host=/tmp"})
+    assert validation.credential_literals({"dsn": "host=db password=hunter2"})
+    assert not validation.credential_literals({"url": "postgresql://u@/db?host=/tmp"})
 
 
 def test_violations_of_the_operator_rules_are_reported():
-    manifest = mpijob.build_mpijob(settings())
+    manifest = spec.build_mpijob(settings())
     replica(manifest, "Launcher")["replicas"] = 2
     replica(manifest, "Worker")["restartPolicy"] = "Always"
-    container(manifest, "Launcher")["resources"]["limits"][mpijob.GPU_RESOURCE] = 1
+    container(manifest, "Launcher")["resources"]["limits"][api.GPU_RESOURCE] = 1
     manifest["metadata"]["name"] = "x" * 60
-    problems = "\n".join(mpijob.mpijob_problems(manifest))
+    problems = "\n".join(validation.mpijob_problems(manifest))
     for expected in ("Launcher replicas must be 1", "Worker restartPolicy 'Always'",
                      "Launcher must not request GPUs", "would be longer than 63"):
         assert expected in problems
@@ -135,15 +136,15 @@ def test_violations_of_the_operator_rules_are_reported():
 def test_uneven_layout_is_refused_with_advice():
     with pytest.raises(ConfigError, match=r"world_size=6 is not a multiple of gpus_per_worker=4.*e\.g\. 8"):
         settings(6, 4)
-    assert mpijob.layout(2, 4) == (1, 2)
-    assert mpijob.layout(8, 4) == (2, 4)
+    assert spec.layout(2, 4) == (1, 2)
+    assert spec.layout(8, 4) == (2, 4)
 
 
 def test_job_names_are_unique_per_attempt_and_bounded():
-    names = {mpijob.job_name("pgtrain_training", "train", "manual__2026", -1, attempt, workers=128)
+    names = {spec.job_name("pgtrain_training", "train", "manual__2026", -1, attempt, workers=128)
              for attempt in (1, 2, 3)}
     assert len(names) == 3
-    long = mpijob.job_name("9" * 300, "Train_Task", workers=1024)
+    long = spec.job_name("9" * 300, "Train_Task", workers=1024)
     assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", long) and len(f"{long}-worker-1023") <= 63
 
 
@@ -152,19 +153,19 @@ def test_job_state_reads_the_conditions():
         return {"status": {"conditions": [{"type": t, "status": s, "reason": f"r-{t}", "message": f"m-{t}"}
                                           for t, s in conditions]}}
 
-    assert mpijob.job_state({}).phase == "Pending"
-    assert mpijob.job_state(job(("Created", "True"))).phase == "Pending"
-    assert mpijob.job_state(job(("Created", "True"), ("Running", "True"))).phase == "Running"
-    finished = mpijob.job_state(job(("Running", "False"), ("Failed", "True")))
+    assert watch.job_state({}).phase == "Pending"
+    assert watch.job_state(job(("Created", "True"))).phase == "Pending"
+    assert watch.job_state(job(("Created", "True"), ("Running", "True"))).phase == "Running"
+    finished = watch.job_state(job(("Running", "False"), ("Failed", "True")))
     assert (finished.phase, finished.reason, finished.message, finished.finished) == ("Failed", "r-Failed",
                                                                                       "m-Failed", True)
-    assert mpijob.job_state(job(("Running", "False"), ("Succeeded", "True"))).phase == "Succeeded"
+    assert watch.job_state(job(("Running", "False"), ("Succeeded", "True"))).phase == "Succeeded"
 
 
 def render(args: list[str]) -> dict:
     out = io.StringIO()
     with redirect_stdout(out):
-        assert mpijob.main(args) == 0
+        assert cli.main(args) == 0
     return yaml.safe_load(out.getvalue())
 
 
@@ -172,7 +173,7 @@ def test_render_command_prints_what_the_builder_builds():
     rendered = render(["render", "--world-size", "8", "--gpus-per-worker", "4", "--image", "reg/img:1",
                        "--run-id", "d/r", "--node-selector", "pool=gpu", "--toleration", "nvidia.com/gpu:NoSchedule",
                        "--attempt", "4"])
-    expected = mpijob.build_mpijob(mpijob.MPIJobSettings(
+    expected = spec.build_mpijob(spec.MPIJobSettings(
         run_id="d/r", world_size=8, gpus_per_worker=4, image="reg/img:1", node_selector={"pool": "gpu"},
         tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}], attempt=4))
     assert rendered == expected
@@ -188,14 +189,14 @@ def test_render_command_tells_the_trainer_attempt_1_by_default():
 
 def test_settings_need_a_train_attempt():
     with pytest.raises(TypeError, match="attempt"):
-        mpijob.MPIJobSettings(run_id="r", world_size=1)  # type: ignore[call-arg]
+        spec.MPIJobSettings(run_id="r", world_size=1)  # type: ignore[call-arg]
     for bad in (0, -1, None, True, "2"):
         with pytest.raises(ConfigError, match=f"attempt={bad!r} should be the run's train attempt"):
             settings(attempt=bad)
 
 
 def test_render_command_explains_a_bad_layout(capsys):
-    assert mpijob.main(["render", "--world-size", "6", "--gpus-per-worker", "4", "--run-id", "r"]) == 2
+    assert cli.main(["render", "--world-size", "6", "--gpus-per-worker", "4", "--run-id", "r"]) == 2
     assert "not a multiple of gpus_per_worker" in capsys.readouterr().err
 
 
@@ -217,34 +218,34 @@ def _pod(name: str, waiting: dict | None = None, unschedulable: str | None = Non
 
 
 def test_watch_step_reads_finished_jobs_from_their_conditions():
-    done = mpijob.watch_step(_job(("Created", "", ""), ("Succeeded", "MPIJobSucceeded", "ok")), [], 0, 100)
-    failed = mpijob.watch_step(_job(("Failed", "BackoffLimitExceeded", "launcher failed")), [], 0, 100)
+    done = watch.watch_step(_job(("Created", "", ""), ("Succeeded", "MPIJobSucceeded", "ok")), [], 0, 100)
+    failed = watch.watch_step(_job(("Failed", "BackoffLimitExceeded", "launcher failed")), [], 0, 100)
     assert (done.outcome, done.done, failed.outcome, failed.reason) == (
         "succeeded", True, "failed", "BackoffLimitExceeded")
 
 
 def test_watch_step_fails_fast_on_a_container_that_can_never_start():
     pods = [_pod("job-launcher", {"reason": "CreateContainerConfigError", "message": 'secret "db" not found'})]
-    verdict = mpijob.watch_step(_job(("Created", "", "")), pods, now=0, startup_deadline=3600)
+    verdict = watch.watch_step(_job(("Created", "", "")), pods, now=0, startup_deadline=3600)
     assert verdict.outcome == "cannot_start" and 'secret "db" not found' in verdict.message
 
 
 def test_watch_step_fails_fast_when_the_database_secret_cannot_be_mounted():
     pods = [_pod("job-worker-0", {"reason": "ContainerCreating"})]
-    message = f'MountVolume.SetUp failed for volume "{mpijob.DATABASE_VOLUME}" : secret "db" not found'
+    message = f'MountVolume.SetUp failed for volume "{api.DATABASE_VOLUME}" : secret "db" not found'
     failed_mount = {"reason": "FailedMount", "message": message,
                     "involvedObject": {"kind": "Pod", "name": "job-worker-0"}}
     other_pod = {**failed_mount, "involvedObject": {"kind": "Pod", "name": "another-job-worker-0"}}
-    verdict = mpijob.watch_step(_job(("Created", "", "")), pods, 0, 3600, events=[failed_mount])
+    verdict = watch.watch_step(_job(("Created", "", "")), pods, 0, 3600, events=[failed_mount])
     assert verdict.outcome == "cannot_start" and verdict.message == f"job-worker-0: FailedMount: {message}"
-    assert mpijob.watch_step(_job(("Created", "", "")), pods, 0, 3600, events=[other_pod]).outcome == "waiting"
+    assert watch.watch_step(_job(("Created", "", "")), pods, 0, 3600, events=[other_pod]).outcome == "waiting"
 
 
 def test_watch_step_times_out_only_a_job_that_never_started():
     pods = [_pod("job-worker-0", unschedulable="0/1 nodes are available: 1 Insufficient nvidia.com/gpu.")]
-    waiting = mpijob.watch_step(_job(), pods, now=10, startup_deadline=60)
-    timeout = mpijob.watch_step(_job(), pods, now=60, startup_deadline=60)
-    started = mpijob.watch_step(_job(), pods, now=600, startup_deadline=60, started=True)
+    waiting = watch.watch_step(_job(), pods, now=10, startup_deadline=60)
+    timeout = watch.watch_step(_job(), pods, now=60, startup_deadline=60)
+    started = watch.watch_step(_job(), pods, now=600, startup_deadline=60, started=True)
     assert (waiting.outcome, waiting.done) == ("waiting", False)
     assert timeout.outcome == "timeout" and "Insufficient nvidia.com/gpu" in timeout.message
     assert (started.outcome, started.done) == ("running", False)

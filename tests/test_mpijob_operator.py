@@ -11,12 +11,12 @@ from airflow.providers.cncf.kubernetes.pod_generator import make_safe_label_valu
 from airflow.providers.cncf.kubernetes.secret import Secret
 from kubernetes.client import models as k8s
 
-from pgtrain import mpijob
-from pgtrain.airflow.mpijob_operator import MPIJobOperator
-from pgtrain.airflow.train_operator import HorovodTrainOperator
-from pgtrain.errors import ConfigError
-from pgtrain.settings import load_settings
-from pgtrain.trainer_command import DATABASE_URL_ENV, DATABASE_URL_FILE_ENV
+from pgtrain.airflow.kubernetes.operator import MPIJobOperator
+from pgtrain.airflow.local.operator import HorovodTrainOperator
+from pgtrain.config.settings import load_settings
+from pgtrain.core.db import DATABASE_URL_ENV, DATABASE_URL_FILE_ENV
+from pgtrain.core.errors import ConfigError
+from pgtrain.launch.mpijob import api
 from tests.k8s_sim.airflow_context import task_context
 from tests.k8s_sim.validation import assert_valid_mpijob
 
@@ -63,12 +63,12 @@ def test_both_templates_carry_what_kubernetes_pod_operator_builds(manifest):
         env = {e["name"]: e for e in container["env"]}
         assert env["NCCL_DEBUG"]["value"] == "WARN"
         assert env["WANDB_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "wandb", "key": "key"}
-        assert DATABASE_URL_ENV not in env and env[DATABASE_URL_FILE_ENV]["value"] == mpijob.DATABASE_URL_FILE
+        assert DATABASE_URL_ENV not in env and env[DATABASE_URL_FILE_ENV]["value"] == api.DATABASE_URL_FILE
         assert container["volumeMounts"] == [{"name": "shm", "mountPath": "/dev/shm"},
-                                             {"name": mpijob.DATABASE_VOLUME, "mountPath": mpijob.DATABASE_MOUNT_PATH,
+                                             {"name": api.DATABASE_VOLUME, "mountPath": api.DATABASE_MOUNT_PATH,
                                               "readOnly": True}]
         assert spec["volumes"] == [{"name": "shm", "emptyDir": {"medium": "Memory"}},
-                                   mpijob.database_volume("pgtrain-db", "url")]
+                                   spec.database_volume("pgtrain-db", "url")]
         assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "H100"}
         assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
         assert spec["affinity"]["nodeAffinity"]
@@ -88,7 +88,7 @@ def test_operator_manifest_is_valid(manifest):
     assert_valid_mpijob(manifest)
     assert manifest["spec"]["runPolicy"]["activeDeadlineSeconds"] == 86400
     worker = templates(manifest)["Worker"]["spec"]["containers"][0]
-    assert worker["resources"]["limits"][mpijob.GPU_RESOURCE] == 4
+    assert worker["resources"]["limits"][api.GPU_RESOURCE] == 4
     assert manifest["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
     launcher = templates(manifest)["Launcher"]["spec"]["containers"][0]
     assert launcher["command"][:3] == ["horovodrun", "-np", "8"]
@@ -145,7 +145,7 @@ def test_settings_file_errors_name_the_file_and_the_field(tmp_path):
 
 
 def test_importing_the_operators_stays_light_for_dag_parsing():
-    probe = ("import sys, pgtrain.airflow.train_operator, pgtrain.mpijob; "
+    probe = ("import sys, pgtrain.airflow.local.operator, pgtrain.mpijob; "
              "print([m for m in ('torch', 'horovod', 'psycopg', 'numpy') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -7,7 +7,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pgtrain import examples
+from dev import examples
 from tests.support import wait_for
 
 pytestmark = pytest.mark.stack

@@ -12,15 +12,16 @@ import psutil
 import psycopg
 import pytest
 
-from pgtrain import runs, tensors
-from pgtrain.db import connect
+from pgtrain.core.db import connect
+from pgtrain.runs import record
+from pgtrain.store import tensors
 from tests.conftest import REPO
 from tests.support import planned_run, seed_samples, wait_for
 
 # Stands in for the Airflow task: the local launcher in a process of its own, killed without warning.
 LAUNCHER = """
 import logging, sys
-from pgtrain.launch_local import run_local
+from pgtrain.launch.local import run_local
 logging.basicConfig(level=logging.INFO)
 run_local(sys.argv[1], 2, sys.stdin.readline().strip(), logging.getLogger("launcher"))
 """
@@ -72,29 +73,29 @@ def test_a_killed_launcher_takes_its_ranks_with_it_and_its_attempt_is_fenced(db_
     assert epochs_recorded(db_url, run.run_id) == recorded  # nobody trains on
 
     with connect(db_url) as conn:
-        killed = runs.get_run(conn, run.run_id).attempt
+        killed = record.get_run(conn, run.run_id).attempt
         assert killed == 1
-        assert runs.begin_attempt(conn, run.run_id) == 2  # the retry
+        assert record.begin_attempt(conn, run.run_id) == 2  # the retry
     with connect(db_url, attempt=killed) as stale:
-        assert_refused(stale, lambda c: runs.record_epoch(c, run.run_id, 99, {"train_loss": 1.0, "seconds": 1.0}),
+        assert_refused(stale, lambda c: record.record_epoch(c, run.run_id, 99, {"train_loss": 1.0, "seconds": 1.0}),
                        killed, run.run_id)
-        assert_refused(stale, lambda c: runs.record_verdict(c, run.run_id, "failed", "late"), killed, run.run_id)
+        assert_refused(stale, lambda c: record.record_verdict(c, run.run_id, "failed", "late"), killed, run.run_id)
 
 
 def test_writes_of_an_older_attempt_are_refused_and_others_pass(db_url):
     with psycopg.connect(db_url, autocommit=True) as conn:
         seed_samples(conn, rows=40)
         run = planned_run(conn, world_size=2, epochs=1)
-        assert runs.get_run(conn, run.run_id).attempt == 0
-        assert [runs.begin_attempt(conn, run.run_id) for _ in range(3)] == [1, 2, 3]
+        assert record.get_run(conn, run.run_id).attempt == 0
+        assert [record.begin_attempt(conn, run.run_id) for _ in range(3)] == [1, 2, 3]
     epoch = {"train_loss": 1.0, "train_accuracy": 0.5, "seconds": 1.0}
     with connect(db_url, attempt=3) as current:
-        runs.record_epoch(current, run.run_id, 1, epoch)
+        record.record_epoch(current, run.run_id, 1, epoch)
     with connect(db_url, attempt=2) as stale:
         for write in (
-            lambda c: runs.record_epoch(c, run.run_id, 2, epoch),
-            lambda c: runs.mark_training(c, run.run_id),
-            lambda c: runs.set_status(c, run.run_id, "trained"),
+            lambda c: record.record_epoch(c, run.run_id, 2, epoch),
+            lambda c: record.mark_training(c, run.run_id),
+            lambda c: record.set_status(c, run.run_id, "trained"),
             lambda c: c.execute("DELETE FROM pgtrain.run_metrics WHERE run_id = %s", (run.run_id,)),
             lambda c: tensors.write_staged(c, run.run_id, {"w": np.zeros(3, np.float32)}),
             lambda c: tensors.write_checkpoint(c, run.run_id, 1, {"w": np.zeros(3, np.float32)}, {}),
@@ -103,12 +104,12 @@ def test_writes_of_an_older_attempt_are_refused_and_others_pass(db_url):
     with connect(db_url, attempt=3) as current:
         tensors.write_checkpoint(current, run.run_id, 1, {"w": np.zeros(3, np.float32)}, {})
         tensors.write_staged(current, run.run_id, {"w": np.zeros(3, np.float32)})
-        runs.set_status(current, run.run_id, "trained")
+        record.set_status(current, run.run_id, "trained")
     with connect(db_url) as airflow_side:  # no attempt: the launchers and commit are not fenced
-        runs.set_status(airflow_side, run.run_id, "committed")
-        assert [m["epoch"] for m in runs.epoch_metrics(airflow_side, run.run_id)] == [1]
-        assert runs.get_run(airflow_side, run.run_id).status == "committed"
-        runs.clear_training_output(airflow_side, run.run_id)
+        record.set_status(airflow_side, run.run_id, "committed")
+        assert [m["epoch"] for m in record.epoch_metrics(airflow_side, run.run_id)] == [1]
+        assert record.get_run(airflow_side, run.run_id).status == "committed"
+        record.clear_training_output(airflow_side, run.run_id)
 
 
 def test_every_table_a_trainer_writes_is_fenced(conn):

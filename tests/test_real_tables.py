@@ -12,7 +12,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pgtrain import examples, manifest, runs
+from dev import examples
+from pgtrain.data import manifest
+from pgtrain.runs import record
 from tests.conftest import REPO
 
 pytestmark = [pytest.mark.airflow, pytest.mark.horovod]
@@ -40,9 +42,9 @@ def split_rows(conn: psycopg.Connection, model_name: str, columns: list[str], ta
     """The committed version's metrics, and the run's own train/validation rows (by pgtrain's split)."""
     run_id, metrics = conn.execute(
         "SELECT run_id, metrics FROM pgtrain.model_versions WHERE model_name = %s", (model_name,)).fetchone()
-    run = runs.get_run(conn, run_id)
+    run = record.get_run(conn, run_id)
     source = manifest.source_for(conn, run)
-    from pgtrain.source import is_validation
+    from pgtrain.data.source.rows import is_validation
 
     query = sql.SQL("SELECT {cols}, {target}, {is_val} FROM {rel} ORDER BY {key}").format(
         cols=sql.SQL(", ").join(map(sql.Identifier, columns)), target=sql.Identifier(target),

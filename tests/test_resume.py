@@ -11,9 +11,11 @@ import psutil
 import psycopg
 import pytest
 
-from pgtrain import examples, runs, tensors
-from pgtrain.errors import TrainingFailed, TrainingInputError
-from pgtrain.model_store import commit_run, load_tensors
+from dev import examples
+from pgtrain.core.errors import TrainingFailed, TrainingInputError
+from pgtrain.runs import record
+from pgtrain.store import tensors
+from pgtrain.store.model_store import commit_run, load_tensors
 from tests.support import planned_run, run_job, seed_samples, wait_for
 
 pytestmark = pytest.mark.horovod
@@ -36,7 +38,7 @@ def test_a_retried_run_resumes_from_its_checkpoint_and_ends_where_an_uninterrupt
     full = planned_run(autocommit, "full", **params)
     run_job(full, db_url)
     expected = tensors.read_staged(autocommit, full.run_id)
-    expected_metrics = runs.epoch_metrics(autocommit, full.run_id)
+    expected_metrics = record.epoch_metrics(autocommit, full.run_id)
 
     resumed = planned_run(autocommit, "resumed", **params)
     # Hold rank 0 at its epoch-3 metrics (an uncommitted row with that key makes its upsert wait): the
@@ -77,7 +79,7 @@ def test_a_retried_run_resumes_from_its_checkpoint_and_ends_where_an_uninterrupt
     for name in expected:
         np.testing.assert_allclose(actual[name], expected[name], atol=1e-5, rtol=0, err_msg=name)
     # Every epoch's metrics are there, the resumed ones kept in the checkpoint across the retry's cleanup.
-    metrics = runs.epoch_metrics(autocommit, resumed.run_id)
+    metrics = record.epoch_metrics(autocommit, resumed.run_id)
     assert [m["epoch"] for m in metrics] == [1, 2, 3, 4]
     for got, want in zip(metrics, expected_metrics, strict=True):
         assert got["train_loss"] == pytest.approx(want["train_loss"], rel=1e-5)
@@ -95,8 +97,8 @@ def test_warm_start_from_the_head(autocommit, db_url):
     first = planned_run(autocommit, "first", **params)
     lines = run_job(first, db_url)
     assert any("model 'warm' has no head yet; training from scratch" in line for line in lines)
-    assert runs.get_run(autocommit, first.run_id).config.init_from == "head"
-    scratch_loss = runs.epoch_metrics(autocommit, first.run_id)[0]["train_loss"]
+    assert record.get_run(autocommit, first.run_id).config.init_from == "head"
+    scratch_loss = record.epoch_metrics(autocommit, first.run_id)[0]["train_loss"]
     parent = commit_run(autocommit, first.run_id)
     _, parent_arrays = load_tensors(autocommit, "warm", parent.version)
 
@@ -109,7 +111,7 @@ def test_warm_start_from_the_head(autocommit, db_url):
     init_version = autocommit.execute("SELECT init_version FROM pgtrain.training_runs WHERE run_id = %s",
                                       (second.run_id,)).fetchone()[0]
     assert init_version == parent.version
-    assert runs.epoch_metrics(autocommit, second.run_id)[0]["train_loss"] < scratch_loss
+    assert record.epoch_metrics(autocommit, second.run_id)[0]["train_loss"] < scratch_loss
     staged = tensors.read_staged(autocommit, second.run_id)
     for name in ("normalizer.mean", "normalizer.std"):
         np.testing.assert_array_equal(staged[name], parent_arrays[name])

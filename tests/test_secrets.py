@@ -14,8 +14,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pgtrain import db, launch_local, runs
-from pgtrain.errors import ConfigError
+from pgtrain.core import db
+from pgtrain.core.errors import ConfigError
+from pgtrain.launch import local as launch_local
+from pgtrain.runs import record
 from tests.k8s_sim.fixtures import with_password
 from tests.support import ProcessWatch, planned_run, seed_samples
 
@@ -132,7 +134,7 @@ def test_the_password_is_nowhere_while_ranks_train(db_url, pg_admin_url, sentine
     assert not os.path.exists(passfile) and not os.path.exists(os.path.dirname(passfile))
     assert not any(sentinel in line for line in lines) and any("rank 1/2" in line for line in lines)
     with psycopg.connect(db_url, autocommit=True) as conn:
-        assert runs.get_run(conn, run.run_id).status == "trained"  # the ranks connected (scram when checked)
+        assert record.get_run(conn, run.run_id).status == "trained"  # the ranks connected (scram when checked)
         records = conn.execute(
             "SELECT r::text || coalesce((SELECT string_agg(m::text, '') FROM pgtrain.run_metrics m "
             "WHERE m.run_id = r.run_id), '') FROM pgtrain.training_runs r WHERE run_id = %s",

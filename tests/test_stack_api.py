@@ -8,7 +8,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from pgtrain import devstack
+from dev import devstack
 from tests.airflow_stack import AirflowStack
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(1800)]

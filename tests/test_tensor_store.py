@@ -8,11 +8,11 @@ import numpy as np
 import psycopg
 import pytest
 
-from pgtrain import tensors
-from pgtrain.config import TrainingConfig
-from pgtrain.migrations import apply_migrations, discover
-from pgtrain.model_store import load_tensors
-from pgtrain.runs import plan_run
+from pgtrain.config.params import TrainingConfig
+from pgtrain.core.migrations import apply_migrations, discover
+from pgtrain.runs.record import plan_run
+from pgtrain.store import tensors
+from pgtrain.store.model_store import load_tensors
 
 
 @pytest.fixture
@@ -199,10 +199,10 @@ def test_migration_moves_001_rows_into_chunks_and_old_versions_keep_loading(make
 _BIG_WORKER = r"""
 import json, resource, sys
 import numpy as np, psycopg
-from pgtrain import tensors
-from pgtrain.config import TrainingConfig
-from pgtrain.model_store import commit_run, load_tensors
-from pgtrain.runs import plan_run, set_model_layout
+from pgtrain.store import tensors
+from pgtrain.config.params import TrainingConfig
+from pgtrain.store.model_store import commit_run, load_tensors
+from pgtrain.runs.record import plan_run, set_model_layout
 
 url, phase, sizes = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 

@@ -11,9 +11,10 @@ import pytest
 import torch
 from torch import nn
 
-from pgtrain import runs, tensors
-from pgtrain.errors import ConfigError, TrainingFailed
-from pgtrain.memory import available_bytes
+from pgtrain.core.errors import ConfigError, TrainingFailed
+from pgtrain.core.memory import available_bytes
+from pgtrain.runs import record
+from pgtrain.store import tensors
 from tests.support import planned_run, run_job, seed_samples
 from trainer.model import PgtrainModel, build_model, planned_size, resolve_factory, state_layout
 from trainer.train import steps_per_epoch
@@ -137,12 +138,12 @@ def test_planned_size_matches_the_built_model():
 
 
 def test_steps_per_epoch_comes_from_the_largest_shard():
-    shards = [runs.Shard(0, 2, "1", "5", 10, 9, 1), runs.Shard(1, 2, "6", "9", 10, 7, 3)]
+    shards = [record.Shard(0, 2, "1", "5", 10, 9, 1), record.Shard(1, 2, "6", "9", 10, 7, 3)]
     assert steps_per_epoch(shards, 4) == 3
 
 
 # -- real ranks -----------------------------------------------------------------------------------------
-def job_output(run: runs.Run, db_url: str) -> tuple[list[str], Exception | None]:
+def job_output(run: record.Run, db_url: str) -> tuple[list[str], Exception | None]:
     lines: list[str] = []
     try:
         run_job(run, db_url, lines)
@@ -160,7 +161,7 @@ def test_a_factory_model_trains_end_to_end(autocommit, db_url):
     lines, failure = job_output(run, db_url)
     assert failure is None, lines[-20:]
 
-    metrics = runs.epoch_metrics(autocommit, run.run_id)
+    metrics = record.epoch_metrics(autocommit, run.run_id)
     assert [m["epoch"] for m in metrics] == [1, 2, 3]
     assert metrics[-1]["train_loss"] < metrics[0]["train_loss"]
     assert metrics[-1]["val_accuracy"] > 0.6  # three separable clusters: far above chance (1/3)
@@ -192,8 +193,8 @@ def test_a_bad_model_fails_the_run_before_any_data_is_read(autocommit, db_url, m
     assert len(refusals) == 1, refusals  # one line, no traceback around it
     assert not any("<stderr>:Traceback" in line for line in lines)  # the rank's, not horovodrun's own
     assert not any("rank 0/1:" in line for line in lines)  # the shard was never loaded
-    assert runs.epoch_metrics(autocommit, run.run_id) == []
-    assert runs.get_run(autocommit, run.run_id).status == "refused"  # bad input: not retried
+    assert record.epoch_metrics(autocommit, run.run_id) == []
+    assert record.get_run(autocommit, run.run_id).status == "refused"  # bad input: not retried
 
 
 def test_the_epoch_line_says_progress_metric_speed_and_eta():

@@ -12,9 +12,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pgtrain import launch_local, loader, manifest, runs, tensors
-from pgtrain.errors import TrainingFailed, TrainingInputError
-from pgtrain.model_spec import ModelSpec
+from pgtrain.core.errors import TrainingFailed, TrainingInputError
+from pgtrain.data import loader, manifest
+from pgtrain.launch import local as launch_local
+from pgtrain.runs import record
+from pgtrain.store import tensors
+from pgtrain.store.model_spec import ModelSpec
 from tests.support import planned_run, run_job, seed_samples
 from trainer.model import build_model
 from trainer.train import MOMENTUM, batch_and_rate, epoch_batches, parse_args, steps_per_epoch
@@ -36,11 +39,11 @@ def seed_regression(conn: psycopg.Connection, rows: int, dim: int, seed: int = 0
     return price
 
 
-def reference_training(autocommit: psycopg.Connection, run: runs.Run, loss_of) -> tuple[torch.nn.Module, list]:
+def reference_training(autocommit: psycopg.Connection, run: record.Run, loss_of) -> tuple[torch.nn.Module, list]:
     """One process replaying the ranks' epochs: per step, the mean over ranks of each rank's batch loss
     (what averaging the ranks' gradients computes), on the same seeded batches and global statistics."""
     config = run.config
-    shards = runs.get_manifest(autocommit, run.run_id)
+    shards = record.get_manifest(autocommit, run.run_id)
     source = manifest.source_for(autocommit, run)
     data = [loader.load_shard(autocommit, source, s, run.input_dim, config.validation_fraction, config.seed)
             for s in shards]
@@ -70,7 +73,7 @@ def reference_training(autocommit: psycopg.Connection, run: runs.Run, loss_of) -
     return model, data
 
 
-def assert_same_parameters(distributed: dict[str, np.ndarray], model: torch.nn.Module, run: runs.Run) -> None:
+def assert_same_parameters(distributed: dict[str, np.ndarray], model: torch.nn.Module, run: record.Run) -> None:
     reference = {name: t.detach().numpy() for name, t in model.state_dict().items()}
     assert set(reference) == set(distributed)
     for name in reference:
@@ -90,7 +93,7 @@ def test_two_ranks_train_and_stage_parameters(autocommit, db_url):
 
     assert any("rank 0/2" in line for line in output) and any("rank 1/2" in line for line in output)
     assert any("epoch 3/3" in line and "samples/s" in line for line in output)
-    metrics = runs.epoch_metrics(autocommit, run.run_id)
+    metrics = record.epoch_metrics(autocommit, run.run_id)
     assert [m["epoch"] for m in metrics] == [1, 2, 3]
     assert metrics[-1]["train_loss"] < metrics[0]["train_loss"]
     assert all(m["samples_per_second"] > 0 and 0 <= m["val_accuracy"] <= 1 for m in metrics)
@@ -102,7 +105,7 @@ def test_two_ranks_train_and_stage_parameters(autocommit, db_url):
         "SELECT model_layout, init_version FROM pgtrain.training_runs WHERE run_id = %s", (run.run_id,)).fetchone()
     assert layout == {name: {"shape": list(arr.shape), "dtype": "float32"} for name, arr in staged.items()}
     assert init_version is None
-    assert runs.get_run(autocommit, run.run_id).status == "trained"
+    assert record.get_run(autocommit, run.run_id).status == "trained"
 
 
 def test_model_state_dict_matches_the_spec():
@@ -129,7 +132,7 @@ def test_two_rank_sgd_equals_single_process_on_the_same_global_batches(autocommi
     run_job(run, db_url)
     distributed = tensors.read_staged(autocommit, run.run_id)
 
-    shards = runs.get_manifest(autocommit, run.run_id)
+    shards = record.get_manifest(autocommit, run.run_id)
     assert [s.train_count for s in shards] == [48, 48]
     model, _ = reference_training(autocommit, run, lambda m, x, y: F.cross_entropy(m(x), y))
     assert_same_parameters(distributed, model, run)
@@ -142,7 +145,7 @@ def test_the_auto_batch_and_learning_rate_train_as_the_reference_does(autocommit
     run = planned_run(autocommit, world_size=2, epochs=1, hidden_sizes=[5], validation_fraction=0.0, seed=2)
     assert (run.config.batch_size, run.config.learning_rate) == (None, None)
     output = run_job(run, db_url)
-    assert batch_and_rate(run.config, runs.get_manifest(autocommit, run.run_id)) == (40, 0.0625)
+    assert batch_and_rate(run.config, record.get_manifest(autocommit, run.run_id)) == (40, 0.0625)
     assert any("batch 40 rows per rank (global 80), learning rate 0.0625, 50 steps per epoch" in line
                for line in output)
     model, _ = reference_training(autocommit, run, lambda m, x, y: F.cross_entropy(m(x), y))
@@ -174,8 +177,8 @@ def test_two_rank_regression_equals_single_process_and_reports_its_metrics(autoc
     with torch.no_grad():
         predicted = model(x).double().numpy().reshape(-1)
     error = predicted - y
-    last = runs.epoch_metrics(autocommit, run.run_id)[-1]
-    # A regression records no accuracy: runs.epoch_metrics leaves out the columns that do not apply.
+    last = record.epoch_metrics(autocommit, run.run_id)[-1]
+    # A regression records no accuracy: record.epoch_metrics leaves out the columns that do not apply.
     assert last["epoch"] == 2 and "train_accuracy" not in last and "val_accuracy" not in last
     assert last["val_rmse"] == pytest.approx(np.sqrt(np.mean(error ** 2)), rel=1e-4)
     assert last["val_mae"] == pytest.approx(np.mean(np.abs(error)), rel=1e-4)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from pgtrain.config import TrainingConfig
+from pgtrain.config.params import TrainingConfig
 from trainer.model import PgtrainModel
 from trainer.train import Task, batch_bounds, epoch_batches, epoch_order, set_up_torch, threads_per_rank, train_epoch
 

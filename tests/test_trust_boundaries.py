@@ -8,10 +8,10 @@ import subprocess
 import psycopg
 import pytest
 
-from pgtrain import policy
-from pgtrain.config import PARAMETERS, TrainingConfig, unknown_keys
-from pgtrain.errors import ConfigError, SourceError
-from pgtrain.settings import AuthorSettings, load_settings
+from pgtrain.config.params import PARAMETERS, TrainingConfig, unknown_keys
+from pgtrain.config.settings import AuthorSettings, load_settings
+from pgtrain.core.errors import ConfigError, SourceError
+from pgtrain.data import policy
 from tests.conftest import REPO
 
 CLUSTER_SETTINGS = ["k8s_image", "k8s_namespace", "k8s_database_secret", "k8s_database_secret_key",
@@ -129,7 +129,7 @@ def test_a_triggered_image_or_foreign_table_fails_plan_run_and_nothing_is_planne
 
 
 def test_more_local_ranks_than_cpus_is_refused_while_planning():
-    from pgtrain import capacity
+    from pgtrain.launch import capacity
 
     config = TrainingConfig.from_mapping({"world_size": 1024, "launcher": "local"})
     with pytest.raises(ConfigError, match=r"world_size 1024 is more ranks than this machine's \d+ CPUs"):
@@ -138,7 +138,7 @@ def test_more_local_ranks_than_cpus_is_refused_while_planning():
 
 
 def test_an_mlp_too_big_for_this_machine_is_refused_while_planning():
-    from pgtrain import capacity
+    from pgtrain.launch import capacity
 
     config = TrainingConfig.from_mapping({"hidden_sizes": [65536, 65536], "world_size": 1})
     assert capacity.mlp_parameter_count(64, (65536, 65536), 10) > 4 * 10**9

@@ -8,8 +8,9 @@ import sys
 import psycopg
 import pytest
 
-from pgtrain import launch_local, runs
-from pgtrain.errors import TrainingFailed, TrainingInputError
+from pgtrain.core.errors import TrainingFailed, TrainingInputError
+from pgtrain.launch import local as launch_local
+from pgtrain.runs import record
 from tests.k8s_sim import fixtures
 from tests.k8s_sim.airflow_context import task_context
 from tests.support import planned_run, seed_samples
@@ -20,7 +21,7 @@ DAG_ID = "pgtrain_test"  # tests.support.planned_run plans runs of this DAG
 
 
 def verdict(conn: psycopg.Connection, run_id: str) -> tuple[str, str | None]:
-    run = runs.get_run(conn, run_id)
+    run = record.get_run(conn, run_id)
     return run.status, run.status_reason
 
 
@@ -28,33 +29,33 @@ def test_training_and_refused_are_statuses_and_nonsense_is_not(autocommit):
     seed_samples(autocommit, rows=20)
     run = planned_run(autocommit, world_size=1)
     for status in ("training", "refused", "failed", "trained"):
-        runs.set_status(autocommit, run.run_id, status)
+        record.set_status(autocommit, run.run_id, status)
     with pytest.raises(psycopg.errors.CheckViolation):
-        runs.set_status(autocommit, run.run_id, "crashed")
+        record.set_status(autocommit, run.run_id, "crashed")
 
 
 def test_a_refusal_outranks_the_failures_it_causes_and_a_new_attempt_clears_both(autocommit):
     seed_samples(autocommit, rows=20)
     run = planned_run(autocommit, world_size=2)
-    assert runs.begin_attempt(autocommit, run.run_id) == 1
+    assert record.begin_attempt(autocommit, run.run_id) == 1
     assert verdict(autocommit, run.run_id) == ("training", None)
-    runs.record_verdict(autocommit, run.run_id, "failed", "RuntimeError: peer closed the connection")
-    runs.mark_training(autocommit, run.run_id)  # a slower rank starting does not hide the verdict
-    runs.record_verdict(autocommit, run.run_id, "failed", "RuntimeError: another")
+    record.record_verdict(autocommit, run.run_id, "failed", "RuntimeError: peer closed the connection")
+    record.mark_training(autocommit, run.run_id)  # a slower rank starting does not hide the verdict
+    record.record_verdict(autocommit, run.run_id, "failed", "RuntimeError: another")
     assert verdict(autocommit, run.run_id) == ("failed", "RuntimeError: peer closed the connection")
-    runs.record_verdict(autocommit, run.run_id, "refused", "rank 1 read 3 rows")
-    runs.record_verdict(autocommit, run.run_id, "failed", "RuntimeError: later")
-    runs.record_verdict(autocommit, run.run_id, "refused", "rank 0 read 2 rows")
+    record.record_verdict(autocommit, run.run_id, "refused", "rank 1 read 3 rows")
+    record.record_verdict(autocommit, run.run_id, "failed", "RuntimeError: later")
+    record.record_verdict(autocommit, run.run_id, "refused", "rank 0 read 2 rows")
     assert verdict(autocommit, run.run_id) == ("refused", "rank 1 read 3 rows")
-    assert runs.begin_attempt(autocommit, run.run_id) == 2
+    assert record.begin_attempt(autocommit, run.run_id) == 2
     assert verdict(autocommit, run.run_id) == ("training", None)
     with pytest.raises(ValueError):
-        runs.record_verdict(autocommit, run.run_id, "trained", "fine")
+        record.record_verdict(autocommit, run.run_id, "trained", "fine")
 
 
 def delete_a_row_of_rank(conn: psycopg.Connection, run_id: str, rank: int) -> None:
     """After planning: the rank will find one row fewer than its manifest says, and refuse."""
-    shard = runs.get_manifest(conn, run_id)[rank]
+    shard = record.get_manifest(conn, run_id)[rank]
     deleted = conn.execute("DELETE FROM public.samples WHERE id = (SELECT max(id) FROM public.samples "
                            "WHERE id BETWEEN %s AND %s)", (int(shard.key_lo), int(shard.key_hi))).rowcount
     assert deleted == 1
@@ -73,7 +74,7 @@ def test_one_refusing_rank_of_two_fails_the_job_for_good_with_its_reason(autocom
     assert status == "refused"
     assert reason.startswith("rank 1 read ") and "rows were deleted or updated after compute_shards" in reason
     assert str(failure.value).startswith(f"run {run.run_id} cannot train on its planned input: {reason}")
-    assert runs.get_run(autocommit, run.run_id).attempt == 1
+    assert record.get_run(autocommit, run.run_id).attempt == 1
 
 
 @pytest.mark.horovod
@@ -93,8 +94,8 @@ def test_a_crash_without_a_verdict_is_a_failure_to_retry(autocommit, db_url, mon
 
 @pytest.mark.horovod
 def test_the_mpijob_path_reads_the_refusal_from_the_run(k8s, namespace, autocommit, password_sentinel):
-    from pgtrain.airflow.mpijob_operator import MPIJobInputRefused
-    from pgtrain.airflow.train_operator import HorovodTrainOperator
+    from pgtrain.airflow.kubernetes.operator import MPIJobInputRefused
+    from pgtrain.airflow.local.operator import HorovodTrainOperator
 
     seed_samples(autocommit, rows=240, dim=8, classes=3)
     run = planned_run(autocommit, "refusing", world_size=2, epochs=2, batch_size=16, launcher="kubernetes")
@@ -111,4 +112,4 @@ def test_the_mpijob_path_reads_the_refusal_from_the_run(k8s, namespace, autocomm
     assert password_sentinel not in str(failure.value)
     (job,) = k8s.mpijobs(namespace)
     command = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
-    assert command[-2:] == ["--attempt", "1"] and runs.get_run(autocommit, run.run_id).attempt == 1
+    assert command[-2:] == ["--attempt", "1"] and record.get_run(autocommit, run.run_id).attempt == 1

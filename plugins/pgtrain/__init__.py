@@ -10,7 +10,7 @@ __version__ = "0.1.0"
 def __getattr__(name: str):
     # load_model and predict need torch: import it only when they are used, not with pgtrain.
     if name in {"load_model", "predict"}:
-        from pgtrain import inference
+        from pgtrain.store import inference
 
         return getattr(inference, name)
     raise AttributeError(f"module 'pgtrain' has no attribute {name!r}")

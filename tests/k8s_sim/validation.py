@@ -6,14 +6,14 @@ from typing import Any
 
 import kubernetes_validate
 
-from pgtrain import mpijob
+from pgtrain.launch.mpijob import validation
 
 KUBERNETES_VERSION = "1.30.0"
 
 
 def assert_valid_mpijob(manifest: dict[str, Any]) -> None:
     """pgtrain's and the MPI Operator's rules, and both pod templates against the Kubernetes schemas."""
-    assert list(mpijob.mpijob_problems(manifest)) == []
+    assert list(validation.mpijob_problems(manifest)) == []
     for role, replica in manifest["spec"]["mpiReplicaSpecs"].items():
         template = replica["template"]
         resource = {"apiVersion": "v1", "kind": "PodTemplate",

@@ -21,9 +21,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from pgtrain.errors import ConfigError
-from pgtrain.memory import available_bytes
-from pgtrain.model_spec import BUILTIN_MLP
+from pgtrain.core.errors import ConfigError
+from pgtrain.core.memory import available_bytes
+from pgtrain.store.model_spec import BUILTIN_MLP
 
 
 class _Scale(nn.Module):

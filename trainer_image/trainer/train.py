@@ -24,11 +24,13 @@ import psycopg
 import torch
 import torch.nn.functional as F
 
-from pgtrain import loader, manifest, model_store, runs, tensors
-from pgtrain.config import TrainingConfig
-from pgtrain.db import connect
-from pgtrain.errors import ConfigError, PgtrainError
-from pgtrain.lifetime import die_with_parent
+from pgtrain.config.params import TrainingConfig
+from pgtrain.core.db import connect
+from pgtrain.core.errors import ConfigError, PgtrainError
+from pgtrain.data import loader, manifest
+from pgtrain.launch.lifetime import die_with_parent
+from pgtrain.runs import record
+from pgtrain.store import model_store, tensors
 from trainer.model import PgtrainModel, build_model, layout_problems, state_layout
 
 MOMENTUM = 0.9
@@ -43,17 +45,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--run-id", required=True, help="the training run (pgtrain.training_runs.run_id)")
     # Required: an unfenced trainer (started by hand) could overwrite a newer attempt's output.
     parser.add_argument("--attempt", type=int, required=True,
-                        help="the train attempt (pgtrain.runs.begin_attempt); writes of a stale attempt are refused")
+                        help="the train attempt (pgtrain.runs.record.begin_attempt); a stale attempt cannot write")
     return parser.parse_args(argv)
 
 
-def steps_per_epoch(manifest_rows: list[runs.Shard], batch_size: int) -> int:
+def steps_per_epoch(manifest_rows: list[record.Shard], batch_size: int) -> int:
     """The same for every rank, from the largest shard, so no rank waits in an allreduce the others skip."""
     return max(1, math.ceil(max(s.train_count for s in manifest_rows) / batch_size))
 
 
-def batch_and_rate(config: TrainingConfig, shards: list[runs.Shard]) -> tuple[int, float]:
-    """(rows per rank per step, learning rate): the run's, or the auto ones (pgtrain.config) for this manifest."""
+def batch_and_rate(config: TrainingConfig, shards: list[record.Shard]) -> tuple[int, float]:
+    """(rows per rank per step, learning rate): the run's, or the auto ones (TrainingConfig) for this manifest."""
     batch = config.batch_size_for(max(s.train_count for s in shards))
     return batch, config.learning_rate_for(batch)
 
@@ -130,13 +132,13 @@ class Start:
     error: str | None = None
 
 
-def plan_fingerprint(shards: list[runs.Shard]) -> str:
+def plan_fingerprint(shards: list[record.Shard]) -> str:
     """Identifies the manifest a checkpoint was trained on: a re-planned run must not resume from it."""
     text = "|".join(f"{s.rank}:{s.key_lo}:{s.key_hi}:{s.row_count}:{s.train_count}" for s in shards)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def resolve_start(conn: psycopg.Connection, run: runs.Run, model: PgtrainModel, fingerprint: str) -> Start:
+def resolve_start(conn: psycopg.Connection, run: record.Run, model: PgtrainModel, fingerprint: str) -> Start:
     """Rank 0: load the weights the run starts from into ``model``; PgtrainError when they do not fit."""
     found = tensors.read_checkpoint(conn, run.run_id)
     if found is not None:
@@ -178,7 +180,7 @@ def resolve_start(conn: psycopg.Connection, run: runs.Run, model: PgtrainModel, 
                       f"{run.config.init_from!r})")
 
 
-def init_version(conn: psycopg.Connection, run: runs.Run) -> int | None:
+def init_version(conn: psycopg.Connection, run: record.Run) -> int | None:
     """The committed version ``init_from`` names now ("head" with no head yet: None, i.e. scratch)."""
     init_from = run.config.init_from
     if init_from == "scratch":
@@ -197,7 +199,7 @@ def load_arrays(model: torch.nn.Module, arrays: dict[str, np.ndarray]) -> None:
                            for name, a in arrays.items()}, strict=True)
 
 
-def agree_on_start(conn: psycopg.Connection, run: runs.Run, model: PgtrainModel, rank: int,
+def agree_on_start(conn: psycopg.Connection, run: record.Run, model: PgtrainModel, rank: int,
                    fingerprint: str) -> Start:
     """Rank 0 decides; every rank learns the outcome, so a refusal stops all ranks with the same line."""
     start = Start()
@@ -229,7 +231,7 @@ def set_momentum(optimizer: torch.optim.Optimizer, model: PgtrainModel, momentum
         optimizer.state[param]["momentum_buffer"] = buffer
 
 
-def write_checkpoint(conn: psycopg.Connection, run: runs.Run, epoch: int, model: PgtrainModel,
+def write_checkpoint(conn: psycopg.Connection, run: record.Run, epoch: int, model: PgtrainModel,
                      optimizer: torch.optim.Optimizer, start: Start, history: list[dict[str, Any]],
                      fingerprint: str) -> None:
     arrays = {MODEL_PREFIX + name: t.detach().cpu().numpy() for name, t in model.state_dict().items()}
@@ -238,7 +240,7 @@ def write_checkpoint(conn: psycopg.Connection, run: runs.Run, epoch: int, model:
         if buffer is not None:
             arrays[MOMENTUM_PREFIX + name] = buffer.detach().cpu().numpy()
     meta = {"format": CHECKPOINT_FORMAT, "epoch": epoch, "init_version": start.init_version, "plan": fingerprint,
-            "metrics": [runs.json_safe(m) for m in history]}
+            "metrics": [record.json_safe(m) for m in history]}
     tensors.write_checkpoint(conn, run.run_id, epoch, arrays, meta)
 
 
@@ -364,7 +366,7 @@ def record_verdict(args: argparse.Namespace, status: str, reason: str) -> None:
     """Best effort: the launchers read the verdict from the run; one that cannot be written reads as a crash."""
     try:
         with connect(attempt=args.attempt) as conn:
-            runs.record_verdict(conn, args.run_id, status, reason)
+            record.record_verdict(conn, args.run_id, status, reason)
     except Exception as error:
         print(f"could not record the verdict of run {args.run_id}: {error}", file=sys.stderr, flush=True)
 
@@ -374,10 +376,10 @@ def train(args: argparse.Namespace) -> int:
     rank, size = hvd.rank(), hvd.size()
     set_up_torch(os.environ, hvd.local_size())
     conn = connect(attempt=args.attempt)
-    runs.mark_training(conn, args.run_id)  # the first fenced write: a stale attempt stops here
-    run = runs.get_run(conn, args.run_id)
+    record.mark_training(conn, args.run_id)  # the first fenced write: a stale attempt stops here
+    run = record.get_run(conn, args.run_id)
     config = run.config
-    shards = runs.get_manifest(conn, run.run_id)
+    shards = record.get_manifest(conn, run.run_id)
     if len(shards) != size:
         raise PgtrainError(
             f"run {run.run_id} was planned for {len(shards)} ranks but this Horovod job has {size}; "
@@ -392,10 +394,10 @@ def train(args: argparse.Namespace) -> int:
     fingerprint = plan_fingerprint(shards)
     start = agree_on_start(conn, run, model, rank, fingerprint)
     if rank == 0:
-        runs.set_model_layout(conn, run.run_id, state_layout(model))
-        runs.set_init_version(conn, run.run_id, start.init_version)
+        record.set_model_layout(conn, run.run_id, state_layout(model))
+        record.set_init_version(conn, run.run_id, start.init_version)
         for metrics in start.history:  # a retried task may have cleared them: the checkpoint keeps them
-            runs.record_epoch(conn, run.run_id, metrics["epoch"], {k: v for k, v in metrics.items() if k != "epoch"})
+            record.record_epoch(conn, run.run_id, metrics["epoch"], {k: v for k, v in metrics.items() if k != "epoch"})
 
     load_started = time.perf_counter()
     data = loader.load_shard(conn, manifest.source_for(conn, run), shards[rank], run.input_dim,
@@ -477,7 +479,7 @@ def train(args: argparse.Namespace) -> int:
         metrics["samples_per_second"] = global_train_rows / train_seconds if train_seconds > 0 else None
         history.append({"epoch": epoch, **metrics})
         if rank == 0:
-            runs.record_epoch(conn, run.run_id, epoch, metrics)
+            record.record_epoch(conn, run.run_id, epoch, metrics)
             print(epoch_line(epoch, config.epochs, metrics, steps, regression), flush=True)
             if config.checkpoint_every and epoch % config.checkpoint_every == 0 and epoch < config.epochs:
                 write_checkpoint(conn, run, epoch, model, optimizer, start, history, fingerprint)
@@ -485,7 +487,7 @@ def train(args: argparse.Namespace) -> int:
     if rank == 0:
         state = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
         tensors.write_staged(conn, run.run_id, state)
-        runs.set_status(conn, run.run_id, "trained")
+        record.set_status(conn, run.run_id, "trained")
         # Staged parameters supersede the checkpoints; a retry after this point trains again from scratch.
         tensors.delete_checkpoints(conn, run.run_id)
         conn.close()

@@ -1,0 +1,256 @@
+"""Example data: scikit-learn's bundled data sets, and synthetic learnable samples for scale tests.
+
+    python -m dev.examples digits [--if-empty]
+    python -m dev.examples breast-cancer   # "Clinic"."Biopsies": 30 scalar columns, smallint "diagnosis"
+    python -m dev.examples diabetes        # public.diabetes: 10 scalar columns, double "progression"
+    python -m dev.examples synthetic --rows N --dim D [--classes C] [--seed S]
+        [--table T --key-type bigint|text|uuid --format float4_array|float8_array|bytea]
+
+The database URL comes from $PGTRAIN_DATABASE_URL. Rows are written with one binary COPY built with numpy
+(about a million 100-feature rows in seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+import psycopg
+from psycopg import sql
+
+from pgtrain.core.db import connect
+from pgtrain.data.source.resolve import FEATURE_FORMATS
+from pgtrain.data.wire import ELEMENT_TYPES, feature_fields
+
+SAMPLES_TABLE = ("public", "samples")
+BREAST_CANCER_TABLE = ("Clinic", "Biopsies")  # mixed case on purpose: a source name that must be quoted
+DIABETES_TABLE = ("public", "diabetes")
+KEY_TYPES = ("bigint", "text", "uuid")
+# feature format -> column type: the inverse of the one mapping the source reader validates against.
+COLUMN_TYPES = {feature_format: column_type for column_type, feature_format in FEATURE_FORMATS.items()}
+_COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + b"\x00" * 8
+_COPY_ROWS = 65536  # rows per write
+
+
+def digits() -> tuple[np.ndarray, np.ndarray]:
+    """1,797 x 64 pixel intensities (0..16) and labels 0..9; shipped inside scikit-learn, no download."""
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    return data.data.astype(np.float32), data.target.astype(np.int64)
+
+
+def synthetic(rows: int, dim: int, classes: int = 10, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Gaussian clusters around random class centres: a problem an MLP learns to well above chance."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(0.0, 1.0, (classes, dim)).astype(np.float32)
+    labels = rng.integers(0, classes, rows)
+    features = centres[labels] + rng.normal(0.0, 1.0, (rows, dim)).astype(np.float32)
+    return features.astype(np.float32), labels.astype(np.int64)
+
+
+def synthetic_keys(rows: int, key_type: str = "bigint", seed: int = 0, gaps: bool = False) -> np.ndarray:
+    """Unique keys: bigint 1..rows (or spread out with gaps), 12-character text, or random uuid bytes."""
+    rng = np.random.default_rng(seed + 1)
+    if key_type == "bigint":
+        if not gaps:
+            return np.arange(1, rows + 1, dtype=np.int64)
+        return np.sort(rng.choice(10 * rows + 10, rows, replace=False)).astype(np.int64) + 1
+    if key_type == "text":
+        numbers = rng.choice(1 << 46, rows, replace=False)
+        return np.array([f"{n:012x}".encode() for n in numbers.tolist()], dtype="S12")
+    if key_type == "uuid":
+        raw = rng.integers(0, 256, (rows, 16), dtype=np.uint8)
+        raw[:, 6] = (raw[:, 6] & 0x0F) | 0x40  # version 4
+        raw[:, 8] = (raw[:, 8] & 0x3F) | 0x80  # RFC 4122 variant
+        return raw.view("V16").ravel()
+    raise ValueError(f"key_type {key_type!r}: use one of {KEY_TYPES}")
+
+
+def create_samples_table(conn: psycopg.Connection, table: tuple[str, str], *, key_type: str = "bigint",
+                         feature_format: str = "float4_array", not_null: bool = True, unlogged: bool = False) -> None:
+    """CREATE TABLE table (id <key_type> PRIMARY KEY, features <format>, label integer)."""
+    if key_type not in KEY_TYPES:
+        raise ValueError(f"key_type {key_type!r}: use one of {KEY_TYPES}")
+    conn.execute(sql.SQL("CREATE {unlogged}TABLE {table} (id {key} PRIMARY KEY, features {features}{nn}, "
+                         "label integer{nn})").format(
+        unlogged=sql.SQL("UNLOGGED " if unlogged else ""), table=sql.Identifier(*table), key=sql.SQL(key_type),
+        features=sql.SQL(COLUMN_TYPES[feature_format]), nn=sql.SQL(" NOT NULL" if not_null else "")))
+
+
+def insert_samples(conn: psycopg.Connection, features: np.ndarray, labels: np.ndarray,
+                   table: tuple[str, str] = SAMPLES_TABLE, *, keys: np.ndarray | None = None) -> int:
+    """Append rows to a (id, features, label) table with one binary COPY; returns the number of rows written.
+
+    The features column may be real[], double precision[] or bytea (packed little-endian float32). Without
+    ``keys`` the id column fills itself (identity); keys come from ``synthetic_keys`` (or match its dtypes).
+    """
+    features = np.asarray(features, dtype=np.float32)
+    labels = np.asarray(labels)
+    rows, dim = features.shape
+    column_type = conn.execute(
+        """SELECT format_type(atttypid, NULL) FROM pg_attribute
+           WHERE attrelid = to_regclass(%s) AND attname = 'features' AND NOT attisdropped""",
+        (sql.Identifier(*table).as_string(conn),)).fetchone()
+    if column_type is None or column_type[0] not in FEATURE_FORMATS:
+        raise ValueError(f"{'.'.join(table)} should have a features column of type {' or '.join(FEATURE_FORMATS)}")
+    feature_format = FEATURE_FORMATS[column_type[0]]
+    fields: list[tuple] = [("nfields", ">i2")]
+    if keys is not None:
+        fields += [("klen", ">i4"), ("key", ">i8" if keys.dtype.kind in "iu" else keys.dtype.str)]
+    fields += [("flen", ">i4"), *feature_fields(feature_format, dim), ("llen", ">i4"), ("label", ">i4")]
+    layout = np.dtype(fields)
+    feature_bytes = np.dtype(feature_fields(feature_format, dim)).itemsize
+    columns = ["id", "features", "label"] if keys is not None else ["features", "label"]
+    query = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
+        sql.Identifier(*table), sql.SQL(", ").join(map(sql.Identifier, columns)))
+    with conn.transaction(), conn.cursor() as cur, cur.copy(query) as copy:
+        copy.write(_COPY_SIGNATURE)
+        for start in range(0, rows, _COPY_ROWS):
+            stop = min(rows, start + _COPY_ROWS)
+            block = np.zeros(stop - start, layout)
+            block["nfields"] = len(columns)
+            if keys is not None:
+                block["klen"] = layout["key"].itemsize
+                block["key"] = keys[start:stop]
+            block["flen"] = feature_bytes
+            _fill_features(block, features[start:stop], feature_format)
+            block["llen"] = 4
+            block["label"] = labels[start:stop]
+            copy.write(block.tobytes())
+        copy.write(b"\xff\xff")
+    return rows
+
+
+def _fill_features(block: np.ndarray, features: np.ndarray, feature_format: str) -> None:
+    if feature_format == "bytea":
+        block["x"] = features
+        return
+    block["ndim"], block["hasnull"], block["lbound"] = 1, 0, 1
+    block["elemtype"] = ELEMENT_TYPES[feature_format][0]
+    block["dim"] = features.shape[1]
+    block["x"]["elen"] = block.dtype["x"].base["v"].itemsize
+    block["x"]["v"] = features
+
+
+def breast_cancer() -> tuple[list[str], np.ndarray, np.ndarray]:
+    """569 biopsies: (the 30 feature names, spaces included; float64 features; diagnosis 0 malignant, 1 benign)."""
+    from sklearn.datasets import load_breast_cancer
+
+    data = load_breast_cancer()
+    return [str(name) for name in data.feature_names], data.data, data.target.astype(np.int16)
+
+
+def diabetes() -> tuple[list[str], np.ndarray, np.ndarray]:
+    """442 patients: (10 feature names, the unscaled float64 features, disease progression after a year)."""
+    from sklearn.datasets import load_diabetes
+
+    data = load_diabetes(scaled=False)
+    return [str(name) for name in data.feature_names], data.data, data.target.astype(np.float64)
+
+
+def load_breast_cancer(conn: psycopg.Connection, table: tuple[str, str] = BREAST_CANCER_TABLE) -> int:
+    """Create ``table`` (bigint "id", one double precision column per feature, smallint "diagnosis") and fill it
+    with scikit-learn's breast cancer data, unless it already has rows; returns the rows written."""
+    names, features, labels = breast_cancer()
+    return load_scalar_table(conn, table, names, features, "diagnosis", labels, "smallint")
+
+
+def load_diabetes(conn: psycopg.Connection, table: tuple[str, str] = DIABETES_TABLE) -> int:
+    """Create ``table`` (bigint "id", 10 double precision columns, double precision "progression") and fill it
+    with scikit-learn's diabetes data, unless it already has rows; returns the rows written."""
+    names, features, target = diabetes()
+    return load_scalar_table(conn, table, names, features, "progression", target, "double precision")
+
+
+_SCALAR_WIRE = {"smallint": ">i2", "integer": ">i4", "bigint": ">i8", "real": ">f4", "double precision": ">f8"}
+
+
+def load_scalar_table(conn: psycopg.Connection, table: tuple[str, str], names: list[str], features: np.ndarray,
+                      target_name: str, target: np.ndarray, target_type: str, *,
+                      feature_type: str = "double precision") -> int:
+    """A table of scalar columns: bigint "id" (1..rows), one ``feature_type`` column per name, the target.
+
+    Created with its schema if missing; rows are written (one binary COPY) only into an empty table.
+    """
+    relation = sql.Identifier(*table)
+    with conn.transaction():
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(table[0])))
+        conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (id bigint PRIMARY KEY, {}, {} {} NOT NULL)").format(
+            relation, sql.SQL(", ").join(sql.SQL("{} {} NOT NULL").format(sql.Identifier(n), sql.SQL(feature_type))
+                                         for n in names),
+            sql.Identifier(target_name), sql.SQL(target_type)))
+        if conn.execute(sql.SQL("SELECT EXISTS (SELECT FROM {})").format(relation)).fetchone()[0]:
+            return 0
+        rows = len(features)
+        if feature_type not in _SCALAR_WIRE or target_type not in _SCALAR_WIRE:
+            raise ValueError(f"types: use one of {', '.join(_SCALAR_WIRE)}")
+        layout = np.dtype([("nfields", ">i2"), ("klen", ">i4"), ("key", ">i8"),
+                           ("x", [("len", ">i4"), ("v", _SCALAR_WIRE[feature_type])], (len(names),)),
+                           ("ylen", ">i4"), ("y", _SCALAR_WIRE[target_type])])
+        block = np.zeros(rows, layout)
+        block["nfields"], block["klen"], block["key"] = len(names) + 2, 8, np.arange(1, rows + 1)
+        block["x"]["len"], block["x"]["v"] = layout["x"].base["v"].itemsize, features
+        block["ylen"], block["y"] = layout["y"].itemsize, target
+        columns = sql.SQL(", ").join(map(sql.Identifier, ["id", *names, target_name]))
+        with conn.cursor() as cur, cur.copy(sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
+                relation, columns)) as copy:
+            copy.write(_COPY_SIGNATURE + block.tobytes() + b"\xff\xff")
+    return rows
+
+
+def count_rows(conn: psycopg.Connection, table: tuple[str, str] = SAMPLES_TABLE) -> int:
+    return conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(*table))).fetchone()[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dev.examples", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="kind", required=True)
+    d = sub.add_parser("digits", help="load the 1,797 handwritten digits into public.samples")
+    d.add_argument("--if-empty", action="store_true", help="do nothing when public.samples has rows")
+    s = sub.add_parser("synthetic", help="append synthetic rows to public.samples (or a new table)")
+    s.add_argument("--rows", type=int, required=True)
+    s.add_argument("--dim", type=int, default=100)
+    s.add_argument("--classes", type=int, default=10)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--table", help="schema.table to create and fill instead of public.samples")
+    s.add_argument("--key-type", choices=KEY_TYPES, default="bigint")
+    s.add_argument("--format", choices=sorted(COLUMN_TYPES), default="float4_array")
+    sub.add_parser("breast-cancer", help='load the 569 biopsies into "Clinic"."Biopsies" (if it is empty)')
+    sub.add_parser("diabetes", help="load the 442 diabetes patients into public.diabetes (if it is empty)")
+    args = parser.parse_args(argv)
+    with connect() as conn:
+        from pgtrain.core.migrations import apply_migrations
+
+        apply_migrations(conn)
+        scalar_loaders = {"breast-cancer": (load_breast_cancer, BREAST_CANCER_TABLE),
+                          "diabetes": (load_diabetes, DIABETES_TABLE)}
+        if args.kind in scalar_loaders:
+            load, table = scalar_loaders[args.kind]
+            written = load(conn, table)
+            name = sql.Identifier(*table).as_string(conn)
+            print(f"loaded {written} {args.kind} rows into {name}" if written else
+                  f"{name} already holds rows; not loading the {args.kind} data")
+            return 0
+        if args.kind == "synthetic" and args.table:
+            schema, _, name = args.table.rpartition(".")
+            table = (schema or "public", name)
+            create_samples_table(conn, table, key_type=args.key_type, feature_format=args.format)
+            written = insert_samples(conn, *synthetic(args.rows, args.dim, args.classes, args.seed), table,
+                                     keys=synthetic_keys(args.rows, args.key_type, args.seed))
+            print(f"created {'.'.join(table)} with {written} synthetic rows")
+            return 0
+        existing = count_rows(conn)
+        if args.kind == "digits" and args.if_empty and existing:
+            print(f"public.samples already holds {existing} rows; not loading the digits")
+            return 0
+        features, labels = digits() if args.kind == "digits" else synthetic(args.rows, args.dim, args.classes,
+                                                                          args.seed)
+        written = insert_samples(conn, features, labels)
+        print(f"loaded {written} {args.kind} rows into public.samples ({existing + written} rows now)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

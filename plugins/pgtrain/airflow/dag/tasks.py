@@ -1,0 +1,174 @@
+"""The DAG's Python tasks. Each is a thin shell: resolve the database, call the plain pgtrain function.
+
+Which errors are retried is decided by the DAG's one retry policy (``pgtrain.airflow.dag.failures``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from airflow.sdk import task
+
+from pgtrain.airflow.dag.assets import MODELS_ALIAS, model_asset
+from pgtrain.airflow.dag.connection import DEFAULT_CONN_ID, database_url
+
+log = logging.getLogger(__name__)
+# The XCom each task leaves when it decides what became of the run; its value becomes the DAG run's note.
+OUTCOME_KEY = "pgtrain_outcome"
+
+
+def leave_outcome(ti: Any, conn: Any, run_id: int) -> None:
+    """Leave the run's outcome as it stands in the database (``record.outcome``) for the DAG run's note."""
+    from pgtrain.runs import record
+
+    ti.xcom_push(key=OUTCOME_KEY, value=record.outcome(conn, run_id))
+
+
+@task
+def provision_tables(conn_id: str = DEFAULT_CONN_ID) -> list[int]:
+    from pgtrain.core.db import connect
+    from pgtrain.core.migrations import apply_migrations
+
+    with connect(database_url(conn_id)) as conn:
+        applied = apply_migrations(conn)
+    log.info("migrations applied now: %s", applied or "none (schema up to date)")
+    return applied
+
+
+@task
+def plan_run(model_entry: str | None = None, conn_id: str = DEFAULT_CONN_ID, params: dict | None = None,
+             dag_run: Any = None, ti: Any = None) -> str:
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from pgtrain.config.params import TrainingConfig
+    from pgtrain.core.db import connect
+    from pgtrain.core.errors import PgtrainError
+    from pgtrain.data import freshness, policy
+    from pgtrain.launch import capacity
+    from pgtrain.runs import record
+
+    try:
+        entry = _entry(model_entry)
+        _check_conf(dict(dag_run.conf or {}), entry)
+        config = TrainingConfig.from_mapping({**dict(params), **(entry.fixed if entry else {})})
+        if entry is None:
+            from pgtrain.config.model_entries import model_owners
+
+            policy.check_unowned(config.model_name, model_owners())
+        capacity.check_world_size(config)
+        with connect(database_url(conn_id)) as conn:
+            config = policy.admit(conn, config, _settings(entry))
+            skip = freshness.skip_reason(conn, config, _run_type(dag_run))
+            if skip:
+                log.info("not training, no new version: %s", skip)
+                ti.xcom_push(key=OUTCOME_KEY, value=f"{config.model_name}: skipped: {skip}")
+                raise AirflowSkipException(skip)
+            run = record.plan_run(conn, dag_run.dag_id, dag_run.run_id, config)
+    except PgtrainError as refused:
+        ti.xcom_push(key=OUTCOME_KEY, value=f"refused before planning: {refused}")
+        raise
+    log.info("training run %s (model %s, base version %s) with %s", run.run_id, run.model_name, run.base_version,
+             run.config.to_dict())
+    return run.run_id
+
+
+@task
+def compute_shards(training_run: str, model_entry: str | None = None, conn_id: str = DEFAULT_CONN_ID,
+                   ti: Any = None) -> dict[str, Any]:
+    from pgtrain.core.db import connect
+    from pgtrain.core.errors import PgtrainError
+    from pgtrain.data import manifest, policy
+    from pgtrain.launch import capacity
+    from pgtrain.runs import record
+
+    with connect(database_url(conn_id)) as conn:
+        run = record.get_run(conn, training_run)
+        try:
+            policy.check_run(conn, run.config, _settings(_entry(model_entry)))
+            plan = manifest.plan_shards(conn, run)
+            capacity.check_model_size(run.config, plan.input_dim, plan.output_dim)
+        except PgtrainError as refused:
+            record.set_status(conn, training_run, "refused", str(refused))  # not left 'planned'
+            leave_outcome(ti, conn, training_run)
+            raise
+    for shard in plan.shards:
+        log.info("rank %d: keys %s..%s, %d rows (%d training)", shard.rank, shard.key_lo, shard.key_hi,
+                 shard.row_count, shard.train_count)
+    if plan.excluded_rows:
+        log.warning("excluded %d bad rows (bad_rows=exclude): %s", plan.excluded_rows, plan.summary()["bad_rows"])
+    return plan.summary()
+
+
+@task(outlets=[MODELS_ALIAS])
+def commit_parameters(training_run: str, conn_id: str = DEFAULT_CONN_ID, ti: Any = None,
+                      outlet_events: Any = None) -> dict[str, Any]:
+    from pgtrain.core.db import connect
+    from pgtrain.core.errors import CommitRejected
+    from pgtrain.store.model_store import commit_run
+
+    owner = {"dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id, "try_number": ti.try_number}
+    with connect(database_url(conn_id)) as conn:
+        # Committed, or rejected with the reason: the DAG run's note (pgtrain.airflow.ui.run_notes).
+        try:
+            result = commit_run(conn, training_run, owner=owner)
+        except CommitRejected:
+            leave_outcome(ti, conn, training_run)
+            raise
+        leave_outcome(ti, conn, training_run)
+    log.info("model %s version %d (%s)", result.model_name, result.version,
+             "new" if result.created else "already committed by an earlier try")
+    if not result.head_moved:
+        log.warning("the head of %s did not move to version %d: the model changed shape or kind; "
+                    "`pgtrain-models promote %s %d` makes it the head", result.model_name, result.version,
+                    result.model_name, result.version)
+    outlet_events[MODELS_ALIAS].add(model_asset(result.model_name, conn_id), extra={
+        "version": result.version, "head_moved": result.head_moved, "run_id": training_run,
+        "metrics": result.metrics})
+    return {"model_name": result.model_name, "version": result.version, "created": result.created,
+            "head_moved": result.head_moved}
+
+
+@task
+def report(training_run: str, conn_id: str = DEFAULT_CONN_ID) -> dict[str, Any]:
+    from pgtrain.core.db import connect
+    from pgtrain.runs import record
+    from pgtrain.runs.record import report as reporting
+
+    with connect(database_url(conn_id)) as conn:
+        summary = reporting.build_summary(conn, training_run)
+        record.save_summary(conn, training_run, summary)
+    log.info("run summary:\n%s", reporting.format_summary(summary))
+    return summary
+
+
+def _entry(name: str | None) -> Any:
+    """The models-file entry of a per-model DAG (None for the generic DAG)."""
+    from pgtrain.config.model_entries import find_entry
+
+    return find_entry(name) if name else None
+
+
+def _settings(entry: Any) -> Any:
+    from pgtrain.config.settings import load_settings
+
+    settings = load_settings()
+    return entry.settings(settings) if entry else settings
+
+
+def _check_conf(conf: dict[str, Any], entry: Any) -> None:
+    """A conf key that is not a param of this DAG fails the run, with the closest param's name."""
+    from pgtrain.config.params import unknown_keys
+    from pgtrain.core.errors import ConfigError
+
+    problems = unknown_keys(conf)
+    if entry is not None:
+        problems += [f"{key!r} is fixed by the DAG's author in the models file (entry {entry.name!r}), not a "
+                     "param of this DAG" for key in sorted(set(conf) & set(entry.fixed))]
+    if problems:
+        raise ConfigError("the run's conf has keys this DAG does not define: " + "; ".join(problems))
+
+
+def _run_type(dag_run: Any) -> str:
+    run_type = getattr(dag_run, "run_type", None)
+    return str(getattr(run_type, "value", run_type))

@@ -1,0 +1,86 @@
+"""MPIJobClient: every Kubernetes API call the MPIJob operator makes, on the provider's ``KubernetesHook``.
+
+The operator decides; this client only talks to the API server (as the cncf-kubernetes provider's
+``CustomObjectLauncher`` does for ``SparkKubernetesOperator``). Transient API errors are retried with
+the provider's ``generic_api_retry``; a 404 on a read means "gone" and is returned as None.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+from airflow.providers.cncf.kubernetes.kubernetes_helper_functions import generic_api_retry
+from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
+from kubernetes.client import V1DeleteOptions, V1Pod
+from kubernetes.client.exceptions import ApiException
+
+from pgtrain.launch.mpijob import api
+
+
+class MPIJobClient:
+    def __init__(self, hook: KubernetesHook, namespace: str) -> None:
+        self.hook = hook
+        self.namespace = namespace
+
+    def _call(self, method: str, *, retry: bool = True, **kwargs: Any) -> Any:
+        def call() -> Any:
+            return getattr(self.hook.custom_object_client, method)(
+                group=api.API_GROUP, version=api.API_VERSION, plural=api.PLURAL,
+                namespace=self.namespace, **kwargs)
+
+        return generic_api_retry(call)() if retry else call()
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        """The MPIJob, or None when it does not exist."""
+        try:
+            return self._call("get_namespaced_custom_object", name=name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def list(self, label_selector: str) -> list[dict[str, Any]]:
+        return self._call("list_namespaced_custom_object", label_selector=label_selector)["items"]
+
+    def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Create once (never retried: a retry after a lost response would meet a 409)."""
+        return self._call("create_namespaced_custom_object", retry=False, body=manifest)
+
+    def delete(self, name: str, grace_period_seconds: int | None = None) -> bool:
+        """Delete with foreground propagation (the MPIJob goes once its pods are gone); False if already gone."""
+        options = V1DeleteOptions(propagation_policy="Foreground", grace_period_seconds=grace_period_seconds)
+        try:
+            self._call("delete_namespaced_custom_object", name=name, body=options)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    def label(self, name: str, labels: dict[str, str]) -> None:
+        self._call("patch_namespaced_custom_object", name=name, body={"metadata": {"labels": labels}})
+
+    def pods(self, name: str, role: str | None = None) -> list[V1Pod]:
+        """The job's pods (launcher, worker, or both)."""
+        selector = f"{api.JOB_NAME_LABEL}={name}" + (f",{api.JOB_ROLE_LABEL}={role}" if role else "")
+        return generic_api_retry(self.hook.core_v1_client.list_namespaced_pod)(
+            self.namespace, label_selector=selector).items
+
+    def pod_dicts(self, name: str) -> list[dict[str, Any]]:
+        """The job's pods in API form, as ``watch.watch_step`` reads them."""
+        return [PodGenerator.serialize_pod(pod) for pod in self.pods(name)]
+
+    def pod_events(self, pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The events of these (API-form) pods, in API form: a missing Secret volume shows only there."""
+        if not pods:
+            return []
+        names = {pod["metadata"]["name"] for pod in pods}
+        listed = generic_api_retry(self.hook.core_v1_client.list_namespaced_event)(
+            self.namespace, field_selector="involvedObject.kind=Pod")
+        events = self.hook.core_v1_client.api_client.sanitize_for_serialization(listed)["items"]
+        return [e for e in events if (e.get("involvedObject") or {}).get("name") in names]
+
+    def launcher_pod(self, name: str) -> V1Pod | None:
+        """The newest launcher pod (with backoffLimit > 0 the launcher Job may have made several)."""
+        return max(self.pods(name, "launcher"), key=lambda p: p.metadata.creation_timestamp, default=None)

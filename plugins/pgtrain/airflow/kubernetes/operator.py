@@ -1,0 +1,481 @@
+"""MPIJobOperator: run the trainer as a Kubeflow MPIJob, the way SparkKubernetesOperator drives its resource.
+
+A subclass of the cncf-kubernetes provider's KubernetesPodOperator: KPO builds the pod (image, env,
+secrets, volumes, resources, node selector, tolerations, affinity, pull secrets, service account,
+labels), ``pgtrain.mpijob`` turns it into the launcher and worker templates of one MPIJob. Then:
+
+- re-attach: a running (or succeeded) MPIJob of this task instance, found through the task state
+  store (Airflow 3.3) or by the task-instance labels, is watched instead of submitting a second one;
+- create; find the launcher pod by ``training.kubeflow.org/job-name`` and ``job-role=launcher``;
+  stream its log into the task log while it runs; finish on the MPIJob's Succeeded/Failed condition;
+- a failure raises with the condition's reason and message and the launcher's last log lines;
+- not running after ``startup_timeout_seconds`` (e.g. no GPUs free): the MPIJob is deleted and the
+  error says which pods wait for what;
+- ``on_kill`` deletes the MPIJob with foreground propagation; afterwards the MPIJob is deleted or
+  kept according to ``on_finish_action`` (KPO's values: delete_pod, delete_succeeded_pod, keep_pod,
+  delete_active_pod);
+- ``deferrable=True``: a trigger polls the conditions, the worker slot is freed meanwhile.
+
+The API calls live in ``MPIJobClient``; what one look at the job and its pods means (running,
+succeeded, failed, cannot start, timed out) is ``pgtrain.mpijob.watch_step``, the same in the
+operator's loop and in the trigger.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime as dt
+import time
+from collections.abc import Sequence
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
+from airflow.providers.cncf.kubernetes.utils.pod_manager import OnFinishAction, OnKillAction
+from airflow.providers.common.compat.sdk import AirflowNotFoundException
+from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowFailException
+from kubernetes.client import V1Pod
+from kubernetes.client.exceptions import ApiException
+
+from pgtrain.airflow.kubernetes.client import MPIJobClient
+from pgtrain.airflow.kubernetes.trigger import MPIJobTrigger
+from pgtrain.core.errors import ConfigError, TrainingFailed, TrainingInputError
+from pgtrain.launch.mpijob import api, cli, spec, watch
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+STATE_STORE_KEY = "pgtrain_mpijob"
+CHECKED_LABEL = KubernetesPodOperator.POD_CHECKED_KEY
+
+
+class MPIJobStartupTimeout(TrainingFailed):
+    """The MPIJob did not start in time (typically: not enough free GPUs); it has been deleted."""
+
+
+class MPIJobFailed(TrainingFailed):
+    """The MPIJob ended with its Failed condition."""
+
+
+class MPIJobInputRefused(MPIJobFailed, TrainingInputError):
+    """The MPIJob failed because a rank refused its planned input: retrying cannot help."""
+
+
+class MPIJobOperator(KubernetesPodOperator):
+    """Run ``python -m trainer --run-id RUN`` under Horovod as an MPIJob (kubeflow.org/v2beta1).
+
+    :param training_run_id: the training run (default: ``<dag_id>/<dag run id>``, as plan_run names it)
+    :param world_size: Horovod ranks = GPUs in total (templated)
+    :param gpus_per_worker: GPUs and MPI slots per worker pod (templated)
+    :param database_secret: Secret in the job's namespace whose ``database_secret_key`` is the
+        database URL; it is mounted into the pods as a file (``PGTRAIN_DATABASE_URL_FILE``), never an env var
+    :param worker_cpu, worker_memory: requests of each worker (GPUs are set from the layout)
+    :param launcher_cpu, launcher_memory: the launcher's small requests (it gets no GPU)
+    :param backoff_limit, active_deadline_seconds, ttl_seconds_after_finished: the MPIJob's runPolicy
+    :param startup_timeout_seconds: fail, deleting the job, when it is not running after this long
+    :param poll_interval: seconds between status reads (also the trigger's)
+    :param log_tail_lines: launcher log lines carried in a failure's error message
+
+    Every other keyword is KubernetesPodOperator's (namespace, image, env_vars, secrets, volumes,
+    container_resources, node_selector, tolerations, affinity, image_pull_secrets,
+    service_account_name, kubernetes_conn_id, config_file, on_finish_action, on_kill_action,
+    deferrable, get_logs, ...); they apply to both replica templates.
+    """
+
+    BASE_CONTAINER_NAME = api.CONTAINER_NAME
+    template_fields: Sequence[str] = (
+        *KubernetesPodOperator.template_fields,
+        "training_run_id", "world_size", "gpus_per_worker", "database_secret", "database_secret_key",
+    )
+    ui_color = "#c6dbef"
+
+    def __init__(
+        self,
+        *,
+        training_run_id: str | None = None,
+        world_size: int | str | None = None,
+        gpus_per_worker: int | str = 1,
+        database_secret: str = api.DEFAULT_SECRET_NAME,
+        database_secret_key: str = api.DEFAULT_SECRET_KEY,
+        worker_cpu: str = "4",
+        worker_memory: str = "16Gi",
+        launcher_cpu: str = "500m",
+        launcher_memory: str = "1Gi",
+        backoff_limit: int = 0,
+        active_deadline_seconds: int | None = 86400,
+        ttl_seconds_after_finished: int = 3600,
+        startup_timeout_seconds: int = 600,
+        poll_interval: float = 2,
+        log_tail_lines: int = 40,
+        **kwargs: Any,
+    ) -> None:
+        if kwargs.pop("do_xcom_push", False):
+            raise ConfigError("MPIJobOperator has no XCom sidecar: the trainer writes its results to PostgreSQL")
+        super().__init__(startup_timeout_seconds=startup_timeout_seconds, poll_interval=poll_interval,
+                         do_xcom_push=False, **kwargs)
+        self.training_run_id = training_run_id
+        self.world_size = world_size
+        self.gpus_per_worker = gpus_per_worker
+        self.database_secret = database_secret
+        self.database_secret_key = database_secret_key
+        self.worker_cpu = worker_cpu
+        self.worker_memory = worker_memory
+        self.launcher_cpu = launcher_cpu
+        self.launcher_memory = launcher_memory
+        self.backoff_limit = backoff_limit
+        # KPO's own active_deadline_seconds is the pod's; this one is the MPIJob's runPolicy field.
+        self.job_active_deadline_seconds = active_deadline_seconds
+        self.ttl_seconds_after_finished = ttl_seconds_after_finished
+        self.log_tail_lines = log_tail_lines
+        self.job_name: str | None = None
+        self.attempt: int | None = None  # the train attempt the trainer is told (set by before_submit)
+        self.job_namespace: str | None = None
+        self._deleted = False
+        self._tail: collections.deque[str] = collections.deque(maxlen=log_tail_lines)
+
+    # --- the manifest ---
+
+    @staticmethod
+    def _get_ti_pod_labels(context: Context | None = None, include_try_number: bool = True) -> dict[str, str]:
+        labels = KubernetesPodOperator._get_ti_pod_labels(context, include_try_number=include_try_number)
+        if labels.pop("kubernetes_pod_operator", None) is not None:
+            labels["pgtrain_mpijob_operator"] = "True"
+        return labels
+
+    def build_mpijob(self, context: Context | None = None, *, dry_run: bool = False) -> dict[str, Any]:
+        """KPO's pod for this task, turned into the MPIJob (validated) that runs the trainer."""
+        if self.image is None:
+            self.image = api.DEFAULT_IMAGE
+        pod = PodGenerator.serialize_pod(self.build_pod_request_obj(context, dry_run=dry_run))
+        if self.world_size in (None, ""):
+            raise ConfigError("world_size is required: the number of Horovod ranks (GPUs)")
+        world_size, gpus = int(self.world_size), int(self.gpus_per_worker)
+        workers, _ = spec.layout(world_size, gpus)
+        run_id = self._training_run_id(context)
+        if context is not None:
+            ti = context["ti"]
+            name = spec.job_name(ti.dag_id, ti.task_id, context["run_id"], ti.map_index, ti.try_number,
+                                   workers=workers)
+        else:
+            name = spec.job_name(self.dag_id, self.task_id, run_id,
+                                   workers=workers)
+        settings = spec.MPIJobSettings(
+            run_id=run_id, world_size=world_size, gpus_per_worker=gpus, image=self.image, name=name,
+            namespace=pod["metadata"]["namespace"], database_secret=self.database_secret,
+            database_secret_key=self.database_secret_key, worker_cpu=self.worker_cpu,
+            worker_memory=self.worker_memory, launcher_cpu=self.launcher_cpu,
+            launcher_memory=self.launcher_memory, backoff_limit=self.backoff_limit,
+            active_deadline_seconds=self.job_active_deadline_seconds,
+            ttl_seconds_after_finished=self.ttl_seconds_after_finished,
+            # HorovodTrainOperator.before_submit sets the run's attempt; a plain MPIJobOperator has no database
+            # to begin one in (and dry_run never submits), so its trainer is told attempt 1.
+            attempt=self.attempt if self.attempt is not None else 1,
+        )
+        return spec.build_mpijob(settings, pod)
+
+    def _training_run_id(self, context: Context | None) -> str:
+        if self.training_run_id:
+            return str(self.training_run_id)
+        if context is None:
+            return "<dag_id>/<run_id>"
+        from pgtrain.runs.record import training_run_id
+
+        return training_run_id(context["ti"].dag_id, context["run_id"])
+
+    def dry_run(self) -> None:
+        """Print the MPIJob this task would create (without the task-instance labels)."""
+        print(cli.render_yaml(self.build_mpijob(dry_run=True)))
+
+    # --- Kubernetes access (all of it through MPIJobClient) ---
+
+    @cached_property
+    def jobs(self) -> MPIJobClient:
+        return MPIJobClient(self.hook, self.job_namespace)
+
+    def read_mpijob(self) -> dict[str, Any]:
+        job = self.jobs.get(self.job_name)
+        if job is None:
+            raise TrainingFailed(
+                f"MPIJob {self.job_namespace}/{self.job_name} no longer exists: it was deleted while "
+                "the task watched it (by hand, or by its ttlSecondsAfterFinished)")
+        return job
+
+    def delete_mpijob(self, why: str) -> None:
+        """Delete with foreground propagation: the MPIJob goes once its pods are gone."""
+        if not self.job_name or self._deleted:
+            return
+        self.log.info("Deleting MPIJob %s/%s (%s).", self.job_namespace, self.job_name, why)
+        self.jobs.delete(self.job_name, self.termination_grace_period)
+        self._deleted = True
+
+    def _mark_checked(self) -> None:
+        try:
+            self.jobs.label(self.job_name, {CHECKED_LABEL: "True"})
+        except ApiException as exc:
+            self.log.warning("Could not label MPIJob %s as checked: %s", self.job_name, exc.reason)
+
+    # --- finding or creating the job ---
+
+    def find_mpijob(self, context: Context) -> dict[str, Any] | None:
+        """This task instance's MPIJob from an earlier, interrupted attempt, if it is worth re-attaching to.
+
+        Running or succeeded: re-attach. Failed: labelled as checked (and deleted per
+        on_finish_action), so a fresh job is submitted.
+        """
+        job = self._job_from_state_store(context)
+        if job is None:
+            selector = self._build_find_pod_label_selector(context, exclude_checked=True)
+            items = [j for j in self.jobs.list(selector) if not watch.is_deleting(j)]
+            if len(items) > 1:
+                self.log.warning("Found %d MPIJobs for this task instance; using the newest.", len(items))
+            job = max(items, key=lambda j: j["metadata"]["creationTimestamp"], default=None)
+        if job is None:
+            return None
+        self.job_name = job["metadata"]["name"]
+        state = watch.job_state(job)
+        if state.phase == "Failed":
+            self.log.info("MPIJob %s from an earlier attempt failed (%s); submitting a new one.",
+                          self.job_name, state.reason)
+            self._cleanup(state)
+            self.job_name, self._deleted = None, False
+            return None
+        self.log.info("Re-attaching to MPIJob %s/%s (%s) from an earlier attempt instead of submitting "
+                      "another.", self.job_namespace, self.job_name, state.phase)
+        return job
+
+    def _job_from_state_store(self, context: Context) -> dict[str, Any] | None:
+        store = context.get("task_state_store")
+        stored = store.get(STATE_STORE_KEY) if store is not None else None
+        if not isinstance(stored, dict) or stored.get("namespace") != self.job_namespace:
+            return None
+        job = self.jobs.get(stored.get("name"))
+        if job is None:
+            return None
+        labels = job["metadata"].get("labels") or {}
+        return None if labels.get(CHECKED_LABEL) == "True" or watch.is_deleting(job) else job
+
+    def before_submit(self, context: Context) -> None:
+        """Called once right before a new MPIJob is created (not when re-attaching)."""
+
+    def submit(self, context: Context, manifest: dict[str, Any]) -> dict[str, Any]:
+        name = manifest["metadata"]["name"]
+        self.log.info("Creating MPIJob %s/%s: %s workers x %s GPUs, image %s.", self.job_namespace, name,
+                      manifest["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"],
+                      manifest["spec"]["slotsPerWorker"], self.image)
+        try:
+            job = self.jobs.create(manifest)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise ConfigError(
+                    f"the cluster does not serve {api.API_GROUP}/{api.API_VERSION} mpijobs: install the "
+                    f"MPI Operator {api.MPI_OPERATOR_VERSION} (docs/kubernetes.md)") from exc
+            if exc.status == 409:
+                raise TrainingFailed(
+                    f"MPIJob {self.job_namespace}/{name} already exists but belongs to an attempt that "
+                    "was already handled; delete it (kubectl delete mpijob) and retry") from exc
+            if exc.status == 403:
+                raise ConfigError(
+                    f"not allowed to create MPIJobs in namespace {self.job_namespace}: grant the Airflow "
+                    "worker's service account the Role in docs/kubernetes.md") from exc
+            raise
+        self.job_name = name
+        return job
+
+    # --- running ---
+
+    def execute(self, context: Context) -> None:
+        try:
+            manifest = self.build_mpijob(context)
+        except ConfigError as exc:  # retrying cannot fix a bad setting
+            raise AirflowFailException(str(exc)) from exc
+        self.job_namespace = manifest["metadata"]["namespace"]
+        self._tail.clear()
+        job = self.find_mpijob(context)
+        if job is None:
+            self.before_submit(context)
+            manifest = self.build_mpijob(context)  # with what before_submit decided (the attempt)
+            job = self.submit(context, manifest)
+        store = context.get("task_state_store")
+        if store is not None:
+            store.set(STATE_STORE_KEY, {"name": self.job_name, "namespace": self.job_namespace})
+        ti = context["ti"]
+        ti.xcom_push(key="mpijob_name", value=self.job_name)
+        ti.xcom_push(key="mpijob_namespace", value=self.job_namespace)
+
+        if self.deferrable:
+            self._defer(job)
+        verdict: watch.WatchVerdict | None = None
+        try:
+            verdict = self._wait(job)
+            self._finish(verdict, context)
+        finally:
+            self._cleanup(verdict)
+
+    def _startup_deadline(self, job: dict[str, Any]) -> float:
+        created = dt.datetime.fromisoformat(job["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
+        return created.timestamp() + self.startup_timeout_seconds
+
+    def _wait(self, job: dict[str, Any]) -> watch.WatchVerdict:
+        """Poll the job until ``watch_step`` says it is done; follow each launcher pod's log while it runs."""
+        deadline = self._startup_deadline(job)
+        started = False
+        followed: set[str] = set()
+        while True:
+            job = self.read_mpijob()
+            launcher = self.jobs.launcher_pod(self.job_name)
+            if launcher is not None and _container_started(launcher):
+                started = True
+                if self.get_logs and launcher.metadata.name not in followed:
+                    followed.add(launcher.metadata.name)
+                    self._stream_launcher_log(launcher, follow=True)
+                    continue  # the launcher ended: read the job's verdict right away
+            pods = [] if started else self.jobs.pod_dicts(self.job_name)
+            verdict = watch.watch_step(job, pods, time.time(), deadline, started, self.jobs.pod_events(pods))
+            if verdict.done:
+                return verdict
+            started = verdict.outcome == "running"
+            time.sleep(self.poll_interval)
+
+    def _finish(self, verdict: watch.WatchVerdict, context: Context) -> None:
+        """Act on a finished watch: log success, or delete a job that cannot start and raise, or raise the failure."""
+        if verdict.outcome == "succeeded":
+            self.log.info("MPIJob %s/%s succeeded: %s", self.job_namespace, self.job_name, verdict.message)
+            return
+        if verdict.outcome in ("cannot_start", "timeout"):
+            self.delete_mpijob("it did not start")
+            if verdict.outcome == "cannot_start":
+                raise MPIJobStartupTimeout(
+                    f"MPIJob {self.job_namespace}/{self.job_name} cannot start: {verdict.message}. Create the "
+                    f"Secret {self.database_secret!r} (key {self.database_secret_key!r}) in namespace "
+                    f"{self.job_namespace} or fix the image; see docs/kubernetes.md. The MPIJob was deleted.")
+            raise MPIJobStartupTimeout(self._timeout_message(verdict.message))
+        self._raise_if_failed(verdict, context)
+
+    def _timeout_message(self, stuck: str) -> str:
+        if stuck:
+            waiting = f"waiting: {stuck}. Free GPUs, request fewer (world_size, gpus_per_worker)"
+        else:
+            waiting = (f"no pods were created: is the MPI Operator {api.MPI_OPERATOR_VERSION} running and "
+                       f"watching this namespace? (kubectl describe mpijob -n {self.job_namespace} "
+                       f"{self.job_name} shows its events)")
+        return (f"MPIJob {self.job_namespace}/{self.job_name} was not running after "
+                f"{self.startup_timeout_seconds}s (startup_timeout_seconds); {waiting}, or raise the timeout. "
+                "The MPIJob was deleted.")
+
+    def _stream_launcher_log(self, pod: V1Pod, *, follow: bool) -> None:
+        try:
+            self.pod_manager.fetch_container_logs(
+                pod=pod, container_name=self.base_container_name, follow=follow,
+                container_name_log_prefix_enabled=False, log_formatter=self._tee_log_line)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            self.log.warning("Launcher pod %s disappeared while its log was read.", pod.metadata.name)
+
+    def _tee_log_line(self, container_name: str, message: str) -> str:
+        self._tail.extend(message.splitlines() or [""])
+        if self.log_formatter is not None:
+            return self.log_formatter(container_name, message)
+        return f"[launcher] {message}"
+
+    def trainer_verdict(self, context: Context) -> tuple[str, str] | None:
+        """(status, reason) the trainer recorded for its run when it stopped ('refused' or 'failed'), if known.
+
+        The trainer records it in its database; this operator cannot read it (HorovodTrainOperator does).
+        """
+        return None
+
+    def _raise_if_failed(self, verdict: watch.WatchVerdict, context: Context) -> None:
+        exit_status = ""
+        launcher = self.jobs.launcher_pod(self.job_name) if self.job_name else None
+        for status in (launcher.status.container_statuses or []) if launcher and launcher.status else []:
+            terminated = status.state.terminated if status.state else None
+            if terminated is not None:
+                exit_status = f"\nlauncher container exited with code {terminated.exit_code} ({terminated.reason})"
+        tail = "\n".join(self._tail) or "(no launcher output; set get_logs=True to capture it)"
+        recorded = self.trainer_verdict(context)
+        refused = recorded is not None and recorded[0] == "refused"
+        said = f"\ntrainer verdict: {recorded[0]}: {recorded[1]}" if recorded else ""
+        raise (MPIJobInputRefused if refused else MPIJobFailed)(
+            f"MPIJob {self.job_namespace}/{self.job_name} failed: {verdict.reason.rstrip('/') or 'Failed'}: "
+            f"{verdict.message}{said}{exit_status}\nlast {len(self._tail)} launcher log lines:\n{tail}")
+
+    def _cleanup(self, verdict: watch.WatchVerdict | None) -> None:
+        if self._killed or self._deleted or not self.job_name:
+            return
+        finished = verdict is not None and verdict.outcome in ("succeeded", "failed")
+        action = self.on_finish_action
+        delete = (action == OnFinishAction.DELETE_POD
+                  or (action == OnFinishAction.DELETE_SUCCEEDED_POD and verdict is not None
+                      and verdict.outcome == "succeeded")
+                  or (action == OnFinishAction.DELETE_ACTIVE_POD and not finished))
+        try:
+            if delete:
+                self.delete_mpijob(f"on_finish_action={action.value}")
+            elif finished:
+                self.log.info("Keeping MPIJob %s/%s (on_finish_action=%s).", self.job_namespace, self.job_name,
+                              action.value)
+                self._mark_checked()
+        except ApiException as exc:
+            self.log.warning("Could not clean up MPIJob %s: %s", self.job_name, exc.reason)
+
+    def on_kill(self) -> None:
+        self._killed = True
+        if self.on_kill_action == OnKillAction.KEEP_POD:
+            self.log.info("Keeping MPIJob %s: on_kill_action=keep_pod.", self.job_name)
+            return
+        try:
+            self.delete_mpijob("the task was killed")
+        except ApiException:
+            self.log.exception("Unable to delete MPIJob %s", self.job_name)
+
+    # --- deferrable ---
+
+    def _defer(self, job: dict[str, Any]) -> None:
+        self.convert_config_file_to_dict()
+        extras = None
+        if self.kubernetes_conn_id:
+            try:
+                extras = BaseHook.get_connection(self.kubernetes_conn_id).extra_dejson
+            except AirflowNotFoundException:
+                self.log.warning("Connection %s not found; the triggerer resolves it itself.",
+                                 self.kubernetes_conn_id)
+        trigger = MPIJobTrigger(
+            name=self.job_name, namespace=self.job_namespace, kubernetes_conn_id=self.kubernetes_conn_id,
+            connection_extras=extras, config_dict=self._config_dict, cluster_context=self.cluster_context,
+            in_cluster=self.in_cluster, poll_interval=self.poll_interval,
+            startup_deadline=self._startup_deadline(job), on_kill_action=self.on_kill_action.value,
+        )
+        self.defer(trigger=trigger, method_name="execute_complete")
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> None:
+        """Back from the trigger with its ``watch_step`` verdict: log the launcher's output, act on it, clean up."""
+        self.job_name, self.job_namespace = event["name"], event["namespace"]
+        self._tail.clear()
+        if event["status"] == "error":
+            raise TrainingFailed(f"watching MPIJob {self.job_namespace}/{self.job_name} failed: "
+                                 f"{event.get('message')}")
+        verdict = watch.WatchVerdict(event["status"], event.get("message") or "", event.get("reason") or "")
+        try:
+            if verdict.outcome in ("succeeded", "failed"):
+                if self.jobs.get(self.job_name) is None:
+                    if verdict.outcome == "succeeded":
+                        self.log.warning("MPIJob %s succeeded but is already gone; its log cannot be shown.",
+                                         self.job_name)
+                        return
+                    self.read_mpijob()  # raises: the failed job is gone
+                launcher = self.jobs.launcher_pod(self.job_name)
+                if self.get_logs and launcher is not None and _container_started(launcher):
+                    self._stream_launcher_log(launcher, follow=False)
+            self._finish(verdict, context)
+        finally:
+            self._cleanup(verdict)
+
+
+def _container_started(pod: V1Pod) -> bool:
+    for status in (pod.status.container_statuses or []) if pod.status else []:
+        if status.state and (status.state.running or status.state.terminated):
+            return True
+    return False

@@ -1,0 +1,116 @@
+"""MPIJobTrigger: the deferrable MPIJobOperator's wait, run in the triggerer.
+
+Polls the MPIJob and its pods, reading each look with ``pgtrain.mpijob.watch_step`` (the operator's
+own loop uses the same function), until it is done: succeeded, failed, cannot start (a missing Secret,
+a bad image name: no point waiting) or timed out. The operator resumes in ``execute_complete``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from functools import cached_property
+from typing import Any
+
+from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi, V1DeleteOptions
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from pgtrain.launch.mpijob import watch
+
+
+class MPIJobTrigger(BaseTrigger):
+    """Fires once: ``status`` is a WatchVerdict outcome (succeeded | failed | cannot_start | timeout) or error,
+    with ``name``, ``namespace``, ``message`` and ``reason``."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        namespace: str,
+        startup_deadline: float,
+        kubernetes_conn_id: str | None = None,
+        connection_extras: dict | None = None,
+        config_dict: dict | None = None,
+        cluster_context: str | None = None,
+        in_cluster: bool | None = None,
+        poll_interval: float = 5,
+        on_kill_action: str = "delete_pod",
+    ) -> None:
+        super().__init__()
+        self.name = name
+        self.namespace = namespace
+        self.startup_deadline = startup_deadline
+        self.kubernetes_conn_id = kubernetes_conn_id
+        self.connection_extras = connection_extras
+        self.config_dict = config_dict
+        self.cluster_context = cluster_context
+        self.in_cluster = in_cluster
+        self.poll_interval = poll_interval
+        self.on_kill_action = on_kill_action
+        self._fired = False
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (f"{type(self).__module__}.{type(self).__qualname__}", {
+            "name": self.name, "namespace": self.namespace, "startup_deadline": self.startup_deadline,
+            "kubernetes_conn_id": self.kubernetes_conn_id, "connection_extras": self.connection_extras,
+            "config_dict": self.config_dict, "cluster_context": self.cluster_context,
+            "in_cluster": self.in_cluster, "poll_interval": self.poll_interval,
+            "on_kill_action": self.on_kill_action,
+        })
+
+    @cached_property
+    def hook(self) -> AsyncKubernetesHook:
+        return AsyncKubernetesHook(
+            conn_id=self.kubernetes_conn_id, in_cluster=self.in_cluster, config_dict=self.config_dict,
+            cluster_context=self.cluster_context, connection_extras=self.connection_extras,
+        )
+
+    def _event(self, status: str, message: str, **extra: Any) -> TriggerEvent:
+        self._fired = True
+        return TriggerEvent({"status": status, "name": self.name, "namespace": self.namespace,
+                             "message": message, **extra})
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        started = False
+        try:
+            while True:
+                async with self.hook.get_conn() as api:
+                    job = await CustomObjectsApi(api).get_namespaced_custom_object(
+                        group=api.API_GROUP, version=api.API_VERSION, plural=api.PLURAL,
+                        namespace=self.namespace, name=self.name)
+                    pods: list[dict[str, Any]] = []
+                    events: list[dict[str, Any]] = []
+                    if not started:
+                        listed = await CoreV1Api(api).list_namespaced_pod(
+                            self.namespace, label_selector=f"{api.JOB_NAME_LABEL}={self.name}")
+                        pods = api.sanitize_for_serialization(listed)["items"]
+                        names = {pod["metadata"]["name"] for pod in pods}
+                        listed = await CoreV1Api(api).list_namespaced_event(
+                            self.namespace, field_selector="involvedObject.kind=Pod")
+                        events = [e for e in api.sanitize_for_serialization(listed)["items"]
+                                  if (e.get("involvedObject") or {}).get("name") in names]
+                verdict = watch.watch_step(job, pods, time.time(), self.startup_deadline, started, events)
+                if verdict.done:
+                    yield self._event(verdict.outcome, verdict.message, reason=verdict.reason)
+                    return
+                started = verdict.outcome == "running"
+                await asyncio.sleep(self.poll_interval)
+        except ApiException as exc:
+            yield self._event("error", f"Kubernetes API error {exc.status}: {exc.reason}")
+
+    async def on_kill(self) -> None:
+        """The deferred task was killed (Airflow 3.3+ calls this): delete the MPIJob like the operator's on_kill."""
+        if self._fired or self.on_kill_action == "keep_pod":
+            return
+        async with self.hook.get_conn() as api:
+            try:
+                await CustomObjectsApi(api).delete_namespaced_custom_object(
+                    group=api.API_GROUP, version=api.API_VERSION, plural=api.PLURAL,
+                    namespace=self.namespace, name=self.name,
+                    body=V1DeleteOptions(propagation_policy="Foreground"))
+            except ApiException as exc:
+                if exc.status != 404:
+                    self.log.exception("Unable to delete MPIJob %s/%s", self.namespace, self.name)

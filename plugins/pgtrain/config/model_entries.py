@@ -1,0 +1,262 @@
+"""The models file: one entry per scheduled model, each of which becomes its own DAG (``dags/pgtrain_models.py``).
+
+``dags/models.yaml`` (``$PGTRAIN_MODELS`` names another) is the DAG author's, like ``dags/pgtrain.yaml``:
+
+- ``name``: the model (its versions, head and lock); the DAG is ``pgtrain_model_<name>``;
+- ``source``: the table and its key, feature and label columns: fixed, whoever triggers the DAG;
+- ``schedule``: ``cron`` (an expression or preset), ``min_new_rows`` (retrain once that many rows have been
+  added since the head version's watermark; ``poll_seconds`` between checks), or both;
+- ``launcher`` (``local`` or ``kubernetes``) and ``kubernetes`` (``pgtrain.config.settings.KUBERNETES_SETTINGS``);
+- ``params``: default training params (``pgtrain.config.params.PARAMETERS``: epochs, world_size, task, ...), which the
+  trigger form offers and a triggerer may change;
+- ``quality_gate`` (``pgtrain.config.params.QUALITY_GATE``): on by default, ``DEFAULT_QUALITY_GATE``: a version no
+  better than the head does not become the head of a scheduled model; set a field to null to turn it off;
+- ``max_world_size``: the most ranks a triggered run may ask for (default: the settings file's).
+
+``load_entries`` checks every entry on its own: a bad one (unknown key, wrong type, duplicate name) is reported
+as an ``EntryError`` naming the file, the entry and the field, and the others are returned to be scheduled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pgtrain.config.params import _MODEL_NAME, PARAMETERS, QUALITY_GATE, param_problems
+from pgtrain.config.settings import KUBERNETES_SETTINGS, AuthorSettings
+from pgtrain.core.errors import ConfigError
+
+MODELS_ENV = "PGTRAIN_MODELS"
+DEFAULT_MODELS_FILE = Path(__file__).resolve().parents[2] / "dags" / "models.yaml"
+# What the author fixes per model: a triggerer of the model's DAG can change none of these.
+FIXED_PARAMS = ("model_name", "source_table", "key_column", "features_column", "feature_columns", "label_column",
+                "launcher")
+# A scheduled model's gate unless its entry says otherwise: no worse than the head it would replace.
+DEFAULT_QUALITY_GATE: dict[str, float | None] = {"max_accuracy_drop": 0.0, "max_rmse_rise": 0.0}
+DEFAULT_POLL_SECONDS = 60
+
+
+def _without_default(schema: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in schema.items() if k not in ("default", "section", "title", "description")}
+
+
+_ENTRY_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "source", "schedule"],
+    "properties": {
+        "name": {"type": "string", "pattern": _MODEL_NAME},
+        "description": {"type": "string"},
+        "source": {
+            "type": "object", "additionalProperties": False, "required": ["table", "label_column"],
+            "properties": {
+                "table": _without_default(PARAMETERS["source_table"]),
+                "key_column": _without_default(PARAMETERS["key_column"]),
+                "features_column": _without_default(PARAMETERS["features_column"]),
+                "feature_columns": _without_default(PARAMETERS["feature_columns"]),
+                "label_column": _without_default(PARAMETERS["label_column"]),
+            },
+        },
+        "schedule": {
+            "type": "object", "additionalProperties": False, "minProperties": 1,
+            "anyOf": [{"required": ["cron"]}, {"required": ["min_new_rows"]}],
+            "properties": {
+                "cron": {"type": "string", "minLength": 1},
+                "min_new_rows": {"type": "integer", "minimum": 1},
+                "poll_seconds": {"type": "number", "minimum": 1, "maximum": 86400},
+            },
+        },
+        "launcher": _without_default(PARAMETERS["launcher"]),
+        "kubernetes": {"type": "object", "additionalProperties": False, "properties": KUBERNETES_SETTINGS},
+        "params": {"type": "object"},  # checked against PARAMETERS by validate_params (closest-name hints)
+        "quality_gate": {"type": "object", "additionalProperties": False,
+                         "properties": {name: _without_default(s) for name, s in QUALITY_GATE.items()}},
+        "max_world_size": {"type": "integer", "minimum": 1},
+    },
+}
+_FILE_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["models"],
+                "properties": {"models": {"type": "array"}}}
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    name: str
+    fixed: dict[str, Any]  # FIXED_PARAMS: the model, its source and launcher
+    params: dict[str, Any]  # default training params the form offers
+    cron: str | None = None
+    min_new_rows: int | None = None
+    poll_seconds: float = DEFAULT_POLL_SECONDS
+    kubernetes: dict[str, Any] = field(default_factory=dict)
+    quality_gate: dict[str, float | None] = field(default_factory=lambda: dict(DEFAULT_QUALITY_GATE))
+    max_world_size: int | None = None
+    description: str = ""
+
+    @property
+    def dag_id(self) -> str:
+        return dag_id_for(self.name)
+
+    @property
+    def source_table(self) -> str:
+        return self.fixed["source_table"]
+
+    @property
+    def key_column(self) -> str:
+        return self.fixed["key_column"]
+
+    def settings(self, base: AuthorSettings) -> AuthorSettings:
+        """The author's settings for this model's runs: its own table is the one source it may read; its
+        Kubernetes settings over the settings file's; its quality gate; its world-size bound."""
+        return dataclasses.replace(
+            base, allowed_sources=(self.source_table,), kubernetes={**base.kubernetes, **self.kubernetes},
+            quality_gate=dict(self.quality_gate), max_world_size=self.max_world_size or base.max_world_size)
+
+
+@dataclass(frozen=True)
+class EntryError:
+    """What is wrong with one entry: ``where`` names the file and the entry, each problem its field."""
+
+    path: Path
+    entry: str
+    problems: tuple[str, ...]
+    name: str | None = None  # the entry's model name, when it has a readable one
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.entry}: " + "; ".join(self.problems)
+
+
+def dag_id_for(model_name: str) -> str:
+    return "pgtrain_model_" + "".join(c if c.isalnum() or c in "_-." else "_" for c in model_name)
+
+
+def models_path() -> Path:
+    return Path(os.environ.get(MODELS_ENV) or DEFAULT_MODELS_FILE)
+
+
+def load_entries(path: Path | str | None = None) -> tuple[list[ModelEntry], list[EntryError]]:
+    """The file's valid entries, and one EntryError per bad entry. A file that cannot be read at all (missing,
+    not YAML, no ``models`` list) raises ConfigError: then no entry can be trusted."""
+    import yaml
+
+    path = Path(path) if path is not None else models_path()
+    if not path.exists() and path == DEFAULT_MODELS_FILE:
+        return [], []  # no models file: no scheduled models (the generic DAG still runs)
+    if not path.exists():
+        raise ConfigError(f"the pgtrain models file {path} does not exist (${MODELS_ENV} names another)")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path} is not valid YAML: {error}") from error
+    problems = _schema_problems(_FILE_SCHEMA, data)
+    if problems:
+        raise ConfigError(f"{path}: " + "; ".join(problems))
+    entries, errors, seen = [], [], {}
+    for index, raw in enumerate(data["models"]):
+        name = raw.get("name") if isinstance(raw, dict) else None
+        label = f"models[{index}]" + (f" (name {name!r})" if isinstance(name, str) else "")
+        if isinstance(name, str) and name in seen:
+            errors.append(EntryError(path, label, (f"name: duplicate model name {name!r}, already used by "
+                                                   f"models[{seen[name]}]",), name))
+            continue
+        if isinstance(name, str):
+            seen[name] = index
+        try:
+            entries.append(parse_entry(raw))
+        except ConfigError as error:
+            errors.append(EntryError(path, label, tuple(str(error).split("\n")),
+                                     name if isinstance(name, str) else None))
+    return entries, errors
+
+
+def parse_entry(raw: Any) -> ModelEntry:
+    """One entry as a ModelEntry; ConfigError with one line per problem, each naming its field."""
+    problems = _schema_problems(_ENTRY_SCHEMA, raw)
+    if not isinstance(raw, dict):
+        raise ConfigError("\n".join(problems))
+    source, params = (value if isinstance(value, dict) else {} for value in (raw.get("source"), raw.get("params")))
+    problems += [f"params.{name}: fixed by the entry (name, source, launcher), not a training param"
+                 for name in sorted(set(params) & set(FIXED_PARAMS))]
+    fixed = {"model_name": raw.get("name"), "source_table": source.get("table"),
+             "key_column": source.get("key_column", PARAMETERS["key_column"]["default"]),
+             "features_column": source.get("features_column", None if "feature_columns" in source
+                                           else PARAMETERS["features_column"]["default"]),
+             "feature_columns": source.get("feature_columns"), "label_column": source.get("label_column"),
+             "launcher": raw.get("launcher", PARAMETERS["launcher"]["default"])}
+    table = source.get("table")
+    if isinstance(table, str) and "." not in table:  # the settings would read an unqualified name as a schema
+        problems.append(f"source.table: {table!r} must be schema-qualified (e.g. public.{table}): the model's DAG "
+                        "reads exactly this table, whatever a connection's search_path says")
+    problems += [f"params: {p}" if p.startswith("'") else f"params.{p}"
+                 for p in param_problems({k: v for k, v in params.items() if k not in FIXED_PARAMS})]
+    cron = (raw.get("schedule") or {}).get("cron") if isinstance(raw.get("schedule"), dict) else None
+    if isinstance(cron, str) and not problems:
+        problems += [f"schedule.cron: {p}" for p in _cron_problems(cron)]
+    if problems:
+        raise ConfigError("\n".join(problems))
+    schedule = raw["schedule"]
+    return ModelEntry(
+        name=raw["name"], fixed=fixed, params=dict(params), cron=schedule.get("cron"),
+        min_new_rows=schedule.get("min_new_rows"), poll_seconds=schedule.get("poll_seconds", DEFAULT_POLL_SECONDS),
+        kubernetes=dict(raw.get("kubernetes") or {}),
+        quality_gate={**DEFAULT_QUALITY_GATE, **(raw.get("quality_gate") or {})},
+        max_world_size=raw.get("max_world_size"), description=raw.get("description", ""))
+
+
+def _schema_problems(schema: dict[str, Any], data: Any) -> list[str]:
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(schema)
+    return [f"{'.'.join(map(str, e.absolute_path)) or 'entry'}: {_message(e)}"
+            for e in sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))]
+
+
+def _message(error: Any) -> str:
+    if error.validator == "additionalProperties":
+        return error.message + f" (allowed: {', '.join(error.schema.get('properties', {}))})"
+    if error.validator == "anyOf" and list(error.absolute_path)[-1:] == ["schedule"]:
+        return "give cron, min_new_rows, or both"
+    return error.message
+
+
+def model_owners(path: Path | str | None = None) -> dict[str, str]:
+    """Model name -> the DAG that trains it, for every entry of the models file, good or bad (a bad entry's
+    model still belongs to its author). An unreadable file fails closed: ConfigError, not "owns nothing"."""
+    try:
+        entries, errors = load_entries(path)
+    except ConfigError as error:
+        raise ConfigError(f"{error}; until the models file is fixed, ad-hoc runs cannot tell which models "
+                          "belong to a scheduled model's DAG, so none runs") from None
+    names = [e.name for e in entries] + [err.name for err in errors if err.name]
+    return {name: dag_id_for(name) for name in names}
+
+
+def find_entry(name: str, path: Path | str | None = None) -> ModelEntry:
+    """The valid entry named ``name``; ConfigError saying why there is none (absent, or what is wrong with it)."""
+    entries, errors = load_entries(path)
+    for entry in entries:
+        if entry.name == name:
+            return entry
+    bad = [str(error) for error in errors if error.name == name]
+    if bad:
+        raise ConfigError("the model's entry is invalid: " + "; ".join(bad))
+    raise ConfigError(f"{path or models_path()} has no entry named {name!r}; its models are: "
+                      + ", ".join(e.name for e in entries))
+
+
+def errors_report(errors: list[EntryError]) -> str:
+    """One import error for every bad entry: what the per-model DAG file's checker raises."""
+    return (f"{len(errors)} model entr{'y' if len(errors) == 1 else 'ies'} of {errors[0].path} cannot be scheduled "
+            "(the other models' DAGs are loaded):\n" + "\n".join(f"- {e}" for e in errors))
+
+
+def _cron_problems(expression: str) -> list[str]:
+    """What Airflow's cron timetables would refuse when the DAG is checked (croniter, plus Airflow's presets)."""
+    from croniter import croniter
+
+    if expression in ("@hourly", "@daily", "@weekly", "@monthly", "@quarterly", "@yearly") or \
+            croniter.is_valid(expression):
+        return []
+    return [f"{expression!r} is not a cron expression (five fields such as '0 3 * * *', or a preset such as "
+            "'@daily')"]

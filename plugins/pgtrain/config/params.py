@@ -1,0 +1,263 @@
+"""The training configuration: every parameter a triggerer may set, its default and its rule, in one place.
+
+The DAG's Airflow params are generated from ``PARAMETERS`` (JSON schema: the trigger form validates with
+it); the config snapshot stored with each run is ``TrainingConfig.from_mapping(params).to_dict()``, and
+the trainer reads it back from there. What runs where (image, namespace, Secret, allowed tables and
+models) is not here: those are the DAG author's settings (``pgtrain.config.settings``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from pgtrain.core.errors import ConfigError
+
+_MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+_DOTTED = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
+MODEL_REFERENCE = rf"^(?:mlp|{_DOTTED}:[A-Za-z_][A-Za-z0-9_]*)$"
+INIT_FROM_WORDS = ("scratch", "head")
+TASKS = ("classification", "regression")
+
+_DATA, _MODEL, _TRAINING, _CLUSTER = "Data", "Model", "Training", "Cluster"
+
+# batch_size / learning_rate left empty (the defaults): a per-rank batch large enough that one gradient
+# allreduce per step costs little next to the step's compute (at batch 32, two CPU ranks spend most of each
+# step waiting in it: benchmarks/RESULTS.md), yet at least AUTO_STEPS_PER_EPOCH steps per epoch so that small
+# tables (the digits: 804 rows a rank -> 32) train as before; the learning rate scales linearly with the global
+# batch from 0.05 at 64 (2 ranks x 32), capped.
+AUTO_MIN_BATCH, AUTO_MAX_BATCH, AUTO_STEPS_PER_EPOCH = 32, 2048, 50
+BASE_LEARNING_RATE, BASE_GLOBAL_BATCH, MAX_AUTO_LEARNING_RATE = 0.05, 64, 0.8
+_OPTIONAL_NUMBER = {"type": ["number", "null"]}
+
+# name -> JSON schema (with default, title, description and form section) of each param.
+PARAMETERS: dict[str, dict[str, Any]] = {
+    "source_table": {"default": "public.samples", "type": "string", "minLength": 1, "section": _DATA,
+                     "title": "Source table",
+                     "description": "table holding the training rows, schema-qualified and quoted as in SQL "
+                                    "(e.g. \"Clinic\".\"Biopsies\"); must be allowed by the DAG's author"},
+    "key_column": {"default": "id", "type": "string", "minLength": 1, "section": _DATA, "title": "Key column",
+                   "description": "unique, orderable key column used for keyset sharding"},
+    "features_column": {"default": "features", "type": ["string", "null"], "minLength": 1, "section": _DATA,
+                        "title": "Features column (array)",
+                        "description": "one real[], double precision[] or bytea (packed float32) column; "
+                                       "empty when feature_columns is used"},
+    "feature_columns": {"default": None, "type": ["array", "null"], "minItems": 1,
+                        "items": {"type": "string", "minLength": 1}, "section": _DATA,
+                        "title": "Feature columns (scalars)",
+                        "description": "scalar numeric columns, in input order; set features_column empty "
+                                       "to use these"},
+    "label_column": {"default": "label", "type": "string", "minLength": 1, "section": _DATA,
+                     "title": "Target column",
+                     "description": "classification: an integer label in [0, num_classes); regression: a "
+                                    "numeric column or numeric array"},
+    "task": {"default": "classification", "type": "string", "enum": list(TASKS), "section": _DATA,
+             "title": "Task", "description": "classification (cross-entropy) or regression (mean squared error)"},
+    "input_dim": {"default": None, "type": ["integer", "null"], "minimum": 1, "section": _DATA,
+                  "title": "Feature length",
+                  "description": "array features only; empty = the most common length among the rows"},
+    "num_classes": {"default": None, "type": ["integer", "null"], "minimum": 2, "maximum": 100000,
+                    "section": _DATA, "title": "Classes",
+                    "description": "classification only; empty = max(label) + 1"},
+    "validation_fraction": {"default": 0.1, "type": "number", "minimum": 0, "maximum": 0.5, "section": _DATA,
+                            "title": "Validation fraction",
+                            "description": "share of rows held out for validation, chosen by a hash of the key"},
+    "bad_rows": {"default": "fail", "type": "string", "enum": ["fail", "exclude"], "section": _DATA,
+                 "title": "Bad rows",
+                 "description": "rows with NULL/non-finite values, wrong length or bad labels: fail or skip"},
+    "model_name": {"default": "digits-mlp", "type": "string", "pattern": _MODEL_NAME, "section": _MODEL,
+                   "title": "Model name", "description": "the model whose next version this run commits"},
+    "model": {"default": "mlp", "type": "string", "pattern": MODEL_REFERENCE, "section": _MODEL,
+              "title": "Model", "description": "mlp, or package.module:factory (allowed by the DAG's author)"},
+    "model_options": {"default": {}, "type": "object", "section": _MODEL, "title": "Model options",
+                      "description": "keyword arguments of the factory: factory(input_dim=, output_dim=, ...)"},
+    "hidden_sizes": {"default": [50], "type": "array", "minItems": 1, "maxItems": 16,
+                     "items": {"type": "integer", "minimum": 1, "maximum": 65536}, "section": _MODEL,
+                     "title": "Hidden layers", "description": "hidden layer widths of the mlp model"},
+    "init_from": {"default": "scratch", "type": ["string", "integer"], "section": _MODEL, "title": "Start from",
+                  "anyOf": [{"type": "string", "enum": list(INIT_FROM_WORDS)},
+                            {"type": "string", "pattern": r"^[1-9][0-9]{0,8}$"},
+                            {"type": "integer", "minimum": 1}],
+                  "description": "scratch, head (the model's current version), or a version number"},
+    "standardize_target": {"default": True, "type": "boolean", "section": _MODEL, "title": "Standardize target",
+                           "description": "regression: train on the standardized target, predict in its units"},
+    "epochs": {"default": 10, "type": "integer", "minimum": 1, "maximum": 10000, "section": _TRAINING,
+               "title": "Epochs", "description": "passes over the training rows"},
+    "batch_size": {"default": None, "type": ["integer", "null"], "minimum": 1, "maximum": 1048576,
+                   "section": _TRAINING, "title": "Batch size per rank",
+                   "description": "rows per rank per step (global batch = world_size x batch_size); empty = "
+                                  f"auto: the largest shard's training rows / {AUTO_STEPS_PER_EPOCH}, between "
+                                  f"{AUTO_MIN_BATCH} and {AUTO_MAX_BATCH}"},
+    "learning_rate": {"default": None, "type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 10,
+                      "section": _TRAINING, "title": "Learning rate",
+                      "description": f"SGD with momentum 0.9; empty = {BASE_LEARNING_RATE} x global batch / "
+                                     f"{BASE_GLOBAL_BATCH} (linear scaling), at most {MAX_AUTO_LEARNING_RATE}"},
+    "seed": {"default": 0, "type": "integer", "minimum": 0, "maximum": 2**31 - 1, "section": _TRAINING,
+             "title": "Seed", "description": "initialization, split and shuffling seed"},
+    "checkpoint_every": {"default": 1, "type": "integer", "minimum": 0, "maximum": 10000, "section": _TRAINING,
+                         "title": "Checkpoint every",
+                         "description": "epochs between checkpoints a retried train task resumes from; 0 = off"},
+    "force": {"default": False, "type": "boolean", "section": _TRAINING, "title": "Train even if unchanged",
+              "description": "scheduled (cron) runs skip training when no row of the source changed since the "
+                             "head version was trained; set this to train anyway"},
+    # One rank by default: on a CPU-only worker one rank's PyTorch threads use every core, and two ranks there
+    # only add Horovod's per-step allreduce (benchmarks/RESULTS.md, "Training"); GPUs want one rank each.
+    "world_size": {"default": 1, "type": "integer", "minimum": 1, "maximum": 1024, "section": _CLUSTER,
+                   "title": "Ranks",
+                   "description": "Horovod ranks: one per GPU; on a CPU-only worker one rank uses every core"},
+    "launcher": {"default": "local", "type": "string", "enum": ["local", "kubernetes"], "section": _CLUSTER,
+                 "title": "Launcher",
+                 "description": "local: horovodrun on the worker; kubernetes: an MPIJob on GPU pods"},
+}
+
+# The quality gate: the DAG author's (the settings file's ``quality_gate``), never the triggerer's. It is kept
+# in the run's config snapshot so that the commit applies the gate that was in force when the run was planned.
+QUALITY_GATE: dict[str, dict[str, Any]] = {
+    "max_accuracy_drop": {**_OPTIONAL_NUMBER, "default": None, "minimum": 0, "maximum": 1,
+                          "title": "Quality gate: max accuracy drop",
+                          "description": "classification: reject if val_accuracy falls more than this below "
+                                         "the head's; empty = no gate"},
+    "max_rmse_rise": {**_OPTIONAL_NUMBER, "default": None, "minimum": 0,
+                      "title": "Quality gate: max RMSE rise",
+                      "description": "regression: reject if val_rmse rises more than this above the head's; "
+                                     "empty = no gate"},
+    "min_val_accuracy": {**_OPTIONAL_NUMBER, "default": None, "minimum": 0, "maximum": 1,
+                         "title": "Quality floor: min accuracy",
+                         "description": "classification: reject any run whose val_accuracy is below this"},
+    "max_val_rmse": {**_OPTIONAL_NUMBER, "default": None, "minimum": 0,
+                     "title": "Quality floor: max RMSE",
+                     "description": "regression: reject any run whose val_rmse is above this"},
+}
+
+_SCHEMA = {"type": "object", "properties": {**PARAMETERS, **QUALITY_GATE}, "additionalProperties": False}
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    source_table: str = "public.samples"
+    key_column: str = "id"
+    features_column: str | None = "features"
+    feature_columns: tuple[str, ...] | None = None
+    label_column: str = "label"
+    task: str = "classification"
+    input_dim: int | None = None
+    num_classes: int | None = None
+    validation_fraction: float = 0.1
+    bad_rows: str = "fail"
+    model_name: str = "digits-mlp"
+    model: str = "mlp"
+    model_options: dict[str, Any] = field(default_factory=dict)
+    hidden_sizes: tuple[int, ...] = field(default=(50,))
+    init_from: str | int = "scratch"
+    standardize_target: bool = True
+    epochs: int = 10
+    batch_size: int | None = None
+    learning_rate: float | None = None
+    seed: int = 0
+    checkpoint_every: int = 1
+    force: bool = False
+    max_accuracy_drop: float | None = None
+    max_rmse_rise: float | None = None
+    min_val_accuracy: float | None = None
+    max_val_rmse: float | None = None
+    world_size: int = 1
+    launcher: str = "local"
+
+    @classmethod
+    def from_mapping(cls, values: dict[str, Any]) -> TrainingConfig:
+        """Build from params; a key that is not a param is an error naming the closest param."""
+        validate_params(values)
+        kwargs = dict(values)
+        for name in ("hidden_sizes", "feature_columns"):
+            if kwargs.get(name) is not None:
+                kwargs[name] = tuple(kwargs[name])
+        if isinstance(kwargs.get("init_from"), str) and kwargs["init_from"].isdigit():
+            kwargs["init_from"] = int(kwargs["init_from"])
+        if kwargs.get("model_options") is not None:
+            kwargs["model_options"] = dict(kwargs["model_options"])
+        return cls(**kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        for name in ("hidden_sizes", "feature_columns"):
+            if data[name] is not None:
+                data[name] = list(data[name])
+        return data
+
+    @property
+    def model_options_for_build(self) -> dict[str, Any]:
+        """The keyword arguments the model is built with (the mlp's come from hidden_sizes)."""
+        if self.model == "mlp":
+            return {"hidden_sizes": list(self.hidden_sizes)}
+        return dict(self.model_options)
+
+    def batch_size_for(self, largest_train_rows: int) -> int:
+        """Rows per rank per step: ``batch_size``, or the auto size for a largest shard of that many training rows."""
+        if self.batch_size is not None:
+            return self.batch_size
+        return min(AUTO_MAX_BATCH, max(AUTO_MIN_BATCH, largest_train_rows // AUTO_STEPS_PER_EPOCH))
+
+    def learning_rate_for(self, batch_size: int) -> float:
+        """``learning_rate``, or the linearly scaled one for ``world_size`` ranks of ``batch_size`` rows."""
+        if self.learning_rate is not None:
+            return self.learning_rate
+        scaled = BASE_LEARNING_RATE * self.world_size * batch_size / BASE_GLOBAL_BATCH
+        return min(MAX_AUTO_LEARNING_RATE, scaled)
+
+    @property
+    def init_version(self) -> int | None:
+        """The version number init_from names, or None for scratch/head."""
+        return self.init_from if isinstance(self.init_from, int) else None
+
+
+def unknown_keys(values: dict[str, Any], known: dict[str, Any] = PARAMETERS) -> list[str]:
+    """One message per key that is not a param, with the closest param name when there is one."""
+    messages = []
+    for key in sorted(set(values) - set(known)):
+        close = difflib.get_close_matches(key, PARAMETERS, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else f"; the params are: {', '.join(PARAMETERS)}"
+        messages.append(f"{key!r} is not a param of this DAG{hint}")
+    return messages
+
+
+def validate_params(values: dict[str, Any]) -> None:
+    """Raise ConfigError listing every problem of ``values`` against PARAMETERS (JSON schema, full matches)."""
+    problems = param_problems(values)
+    if problems:
+        raise ConfigError("invalid training parameters: " + "; ".join(problems))
+
+
+def param_problems(values: dict[str, Any]) -> list[str]:
+    """One message per problem of ``values`` against PARAMETERS, each starting with the param's name."""
+    import jsonschema  # Airflow depends on it; imported here so that parsing a DAG stays cheap
+
+    problems = unknown_keys(values, _SCHEMA["properties"])
+    known = {k: v for k, v in values.items() if k in _SCHEMA["properties"]}
+    validator = jsonschema.Draft202012Validator(_SCHEMA)
+    for error in sorted(validator.iter_errors(known), key=lambda e: list(e.absolute_path)):
+        where = ".".join(str(p) for p in error.absolute_path) or "params"
+        problems.append(f"{where}: {_short(error)}")
+    return problems + _pattern_tails(known)
+
+
+def _short(error: Any) -> str:
+    if error.validator == "anyOf":
+        return f"{error.instance!r} is not valid: {error.schema.get('description', 'see the param description')}"
+    return error.message
+
+
+def _pattern_tails(values: dict[str, Any]) -> list[str]:
+    """JSON schema patterns are searched, and Python's ``$`` matches before a final newline: check full matches."""
+    problems = []
+    for name, value in values.items():
+        schema = _SCHEMA["properties"][name]
+        patterns = [s["pattern"] for s in [schema, *schema.get("anyOf", [])] if "pattern" in s]
+        if not patterns or not isinstance(value, str):
+            continue
+        if not any(re.fullmatch(p.removeprefix("^").removesuffix("$"), value) for p in patterns):
+            if "anyOf" not in schema or not any(value in s.get("enum", ()) for s in schema["anyOf"]):
+                problems.append(f"{name}: {value!r} does not match {' or '.join(patterns)}")
+    return problems

@@ -1,0 +1,140 @@
+"""Connections and identifier handling. Every other module gets its connections here.
+
+A database URL may carry a password; no error, log line or child process may. Parsing errors are
+raised as ConfigError with the password redacted (libpq quotes a malformed URI whole).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from pgtrain.core.errors import ConfigError
+
+# The one environment variable that carries the training database URL to every pgtrain process.
+DATABASE_URL_ENV = "PGTRAIN_DATABASE_URL"
+# Where a pod reads the URL instead: a path (not a secret), so launchers may pass it to ranks in the open.
+DATABASE_URL_FILE_ENV = "PGTRAIN_DATABASE_URL_FILE"
+
+# The custom setting that carries a trainer's attempt on its connection; 007's triggers compare it
+# with training_runs.attempt and refuse writes of an older attempt.
+ATTEMPT_SETTING = "pgtrain.attempt"
+REDACTED = "********"
+# Settings whose values are secrets (libpq has no other secret-bearing keyword).
+SECRET_KEYWORDS = ("password", "sslpassword")
+_URI_USERINFO = re.compile(r"^\s*[a-z][a-z0-9+.-]*://([^@/?#]*)@", re.IGNORECASE)
+_KEYWORD_SECRET = re.compile(r"(?:^|[\s?&])(?:ssl)?password\s*=\s*('(?:[^'\\]|\\.)*'|[^\s&]*)", re.IGNORECASE)
+
+
+def database_url(explicit: str | None = None) -> str:
+    """The training database URL: an explicit one, else ``$PGTRAIN_DATABASE_URL``, else the contents of the
+    file ``$PGTRAIN_DATABASE_URL_FILE`` names (a Kubernetes Secret mounted into a pod)."""
+    url = explicit or os.environ.get(DATABASE_URL_ENV)
+    if not url and os.environ.get(DATABASE_URL_FILE_ENV):
+        path = Path(os.environ[DATABASE_URL_FILE_ENV])
+        try:
+            url = path.read_text().strip()
+        except OSError as error:
+            raise ConfigError(f"{DATABASE_URL_FILE_ENV} names {path}, which cannot be read ({error.strerror}): "
+                              "is the Secret with the database URL mounted there?") from None
+        if not url:
+            raise ConfigError(f"{path} (from {DATABASE_URL_FILE_ENV}) is empty: the Secret's key must hold "
+                              "the database URL")
+    if not url:
+        raise ConfigError(
+            f"no training database configured: set {DATABASE_URL_ENV} (for example "
+            "postgresql://user@host:5432/dbname, password from PGPASSWORD or ~/.pgpass) "
+            "or the Airflow connection pgtrain_db"
+        )
+    return url
+
+
+def secrets_in(url: str) -> set[str]:
+    """Every spelling of a secret the URL (or key=value string) carries, parsable or not."""
+    found: set[str] = set()
+    match = _URI_USERINFO.match(url)
+    if match and ":" in match.group(1):
+        found.add(match.group(1).split(":", 1)[1])
+    for value in _KEYWORD_SECRET.findall(url):
+        found.add(value[1:-1] if value.startswith("'") and value.endswith("'") else value)
+    try:
+        params = conninfo_to_dict(url)
+    except psycopg.Error:
+        params = {}
+    found |= {str(params[key]) for key in SECRET_KEYWORDS if params.get(key)}
+    found |= {unquote(value) for value in found}
+    return {value for value in found if value}
+
+
+def redact(text: str, url: str) -> str:
+    """``text`` with every secret of ``url`` replaced (longest first, so no fragment of one survives)."""
+    for secret in sorted(secrets_in(url), key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    return text
+
+
+def parse_conninfo(url: str) -> dict[str, str]:
+    """The URL's libpq settings; a malformed URL raises ConfigError that does not quote its password."""
+    try:
+        params = {key: str(value) for key, value in conninfo_to_dict(url).items()}
+    except psycopg.Error as error:
+        raise ConfigError(
+            f"the training database URL cannot be parsed: {redact(str(error), url)}; write it as "
+            "postgresql://user@host:5432/dbname or host=... dbname=... (password from PGPASSWORD or ~/.pgpass)"
+        ) from None
+    for port in filter(None, params.get("port", "").split(",")):
+        if not port.strip().isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"the training database URL has port {redact(port, url)!r}: a port is a number "
+                              "from 1 to 65535")
+    return params
+
+
+def split_password(url: str) -> tuple[str, str | None]:
+    """(the URL as a libpq key=value string without its password, the password or None)."""
+    params = parse_conninfo(url)
+    if params.get("sslpassword"):
+        raise ConfigError("the training database URL carries sslpassword, which cannot reach the ranks "
+                          "safely; use a client key without a passphrase (mode 0600) instead")
+    password = params.pop("password", None) or None
+    return make_conninfo(**params), password
+
+
+def connect(url: str | None = None, *, autocommit: bool = True, attempt: int | None = None,
+            application_name: str = "pgtrain") -> psycopg.Connection:
+    """A connection to the training database; ``attempt`` marks it as that train attempt's (writes are fenced).
+
+    Errors never quote the password: a malformed URL raises ConfigError, a failed connection psycopg's error.
+    """
+    url = database_url(url)
+    params = parse_conninfo(url)
+    params["application_name"] = application_name
+    if attempt is not None:
+        params["options"] = f"{params.get('options', '')} -c {ATTEMPT_SETTING}={int(attempt)}".strip()
+    try:
+        return psycopg.connect(autocommit=autocommit, **params)
+    except psycopg.Error as error:
+        message = redact(str(error), url)
+        if message == str(error):
+            raise
+        raise type(error)(message) from None
+
+
+def connect_like(conn_or_url: psycopg.Connection | str, application_name: str) -> psycopg.Connection:
+    """A new autocommit connection to the same database as ``conn_or_url`` (a connection or URL), as the same
+    user; errors never quote the password."""
+    if isinstance(conn_or_url, str):
+        return connect(conn_or_url, application_name=application_name)
+    kwargs: dict[str, Any] = {"autocommit": True, "application_name": application_name}
+    if conn_or_url.info.password:
+        kwargs["password"] = conn_or_url.info.password
+    return psycopg.connect(conn_or_url.info.dsn, **kwargs)
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parents[2]

@@ -1,0 +1,439 @@
+"""Stream one rank's key range with ``COPY ... TO STDOUT (FORMAT BINARY)`` straight into numpy arrays.
+
+compute_shards cut each rank's range into batches of a few hundred rows; the COPY sends one row per batch,
+whose payload is the batch's rows packed back to back (features as sent by PostgreSQL: one array or bytea,
+or one float4/float8 per scalar column; the label or regression target; the validation flag), so the client
+handles a few thousand COPY messages per million rows, not a million. Each payload is
+viewed with one structured numpy dtype and copied into arrays allocated once at their final size: no
+per-row Python objects, and memory stays at the tensors plus one batch. The COPY reads only the rank's
+key range, only rows visible to the planning snapshot, and the rows counted must match the manifest.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import mmap
+import struct
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import psycopg
+from psycopg import sql
+
+from pgtrain.core.db import connect_like
+from pgtrain.core.errors import PgtrainError, SourceError
+from pgtrain.data import copy_binary
+from pgtrain.data.source.resolve import Source
+from pgtrain.data.source.rows import bad_row, feature_payload, is_validation, key_range, target_payload
+from pgtrain.data.source.snapshot import (
+    PlannedRows,
+    planned_rows,
+    prefer_index_order,
+    read_xid_clock,
+    snapshot_transaction,
+)
+from pgtrain.data.wire import feature_groups_of, fill_features, record_dtype
+from pgtrain.runs.record import Shard
+
+if TYPE_CHECKING:
+    import torch
+
+_BATCH_HEADER = struct.Struct(">hiqi")  # field count, length of count (8), count, length of payload
+ROWS_ALIAS = "_pgtrain_rows"  # the source table in batch_query
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ShardData:
+    features: np.ndarray  # (rows, dim) float32
+    labels: np.ndarray  # classification: (rows,) int64; regression: (rows, output_dim) float32
+    is_validation: np.ndarray  # (rows,) bool
+    pinned: bool = False  # the arrays live in page-locked (CUDA pinned) memory
+    streams: int = 1  # how many connections read the rows (load_shard's streams)
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(features, labels, is_validation) as torch tensors sharing this memory (pinned if loaded pinned)."""
+        import torch
+
+        return (torch.from_numpy(self.features), torch.from_numpy(self.labels),
+                torch.from_numpy(self.is_validation))
+
+
+@dataclass(frozen=True)
+class BatchSpan:
+    """Which of a rank's batches one COPY reads: ordinals ``first``..``last`` (from 1), last first if
+    ``descending`` (the rows inside a batch stay in key order)."""
+
+    first: int
+    last: int
+    descending: bool = False
+
+
+def batch_query(source: Source, shard: Shard, visible: sql.Composable, validation_fraction: float,
+                seed: int, span: BatchSpan | None = None) -> sql.Composed:
+    """One row per batch of the rank (``span``: of those only), in key order (the batches last first if
+    ``span.descending``; the rows of a batch always in key order): (row count, the rows packed as
+    ``record_dtype``).
+
+    ``visible``: SQL that keeps the planned rows, on the source table aliased ROWS_ALIAS (``planned_rows``).
+    The batch list is sorted (a few thousand keys), then each batch is one range scan of the key index whose
+    rows are concatenated in key order: nothing the size of the shard is ever sorted or materialized. The short
+    tail of a row is joined first, so its features are copied once (``||`` copies both sides).
+    """
+    plan = _plan(source)
+    filters = [visible]
+    if plan.exclude_bad_rows:
+        filters.append(sql.SQL("NOT {}").format(bad_row(source, plan.input_dim, plan.num_classes, plan.output_dim)))
+    # The source table is aliased too: its name, whatever it is, can never hide _pgtrain_batch.
+    return sql.SQL(
+        """SELECT _pgtrain_packed.n, _pgtrain_packed.payload
+           FROM (SELECT b.lo, b.hi, b.i FROM pgtrain.shard_batches s,
+                        unnest(s.batch_lo, s.batch_hi) WITH ORDINALITY AS b(lo, hi, i)
+                 WHERE s.run_id = {run} AND s.rank = {rank}{in_span}
+                 ORDER BY b.i {order}) AS _pgtrain_batch
+           CROSS JOIN LATERAL (
+             SELECT count(*) AS n,
+                    string_agg({features} || ({target} || boolsend({is_val})), ''::bytea
+                               ORDER BY {key}) AS payload
+             FROM {rel} AS {rows} WHERE {in_batch} AND {filters}) AS _pgtrain_packed
+           ORDER BY _pgtrain_batch.i {order}"""
+    ).format(run=sql.Literal(plan.run_id), rank=sql.Literal(shard.rank),
+             in_span=sql.SQL(" AND b.i BETWEEN {} AND {}").format(span.first, span.last) if span else sql.SQL(""),
+             order=sql.SQL("DESC" if span and span.descending else "ASC"), features=feature_payload(source),
+             target=target_payload(source),
+             is_val=is_validation(source, validation_fraction, seed), key=source.key, rel=source.relation,
+             rows=sql.Identifier(ROWS_ALIAS),
+             in_batch=key_range(source, sql.SQL("_pgtrain_batch.lo"), sql.SQL("_pgtrain_batch.hi")),
+             filters=sql.SQL(" AND ").join(filters))
+
+
+@contextmanager
+def shard_copy(conn: psycopg.Connection, source: Source, shard: Shard, validation_fraction: float,
+               seed: int, span: BatchSpan | None = None) -> Iterator[psycopg.Copy]:
+    """The rank's COPY (``span``: of those batches only), inside the connection's open REPEATABLE READ
+    transaction (``snapshot_transaction``), whose snapshot decides what is read."""
+    clock = read_xid_clock(conn)  # per transaction: age() counts from its own first call
+    prefer_index_order(conn)
+    query = batch_query(source, shard, planned_rows(source, clock, ROWS_ALIAS), validation_fraction, seed, span)
+    with conn.cursor() as cur, cur.copy(sql.SQL("COPY ({}) TO STDOUT (FORMAT BINARY)").format(query)) as copy:
+        yield copy
+
+
+def streams_for(world_size: int) -> int:
+    """How many connections each rank reads its shard on: two when a rank loads alone, one otherwise.
+
+    The server builds the batches of one COPY on one core; with one rank, a second backend reading the other half
+    of the batches took the load of 500k x 100 rows from 2.4-3.3 s to 1.5-2.0 s for real[] and from 2.6-3.0 s
+    to 1.6-1.9 s for scalar columns (bytea, bound by the client, unchanged). With more ranks, they already
+    keep as many backends busy; a run never holds more than max(2, world_size) loading connections."""
+    return 2 if world_size == 1 else 1
+
+
+def load_shard(conn: psycopg.Connection, source: Source, shard: Shard, dim: int, validation_fraction: float,
+               seed: int, *, pin_memory: bool | None = None, streams: int = 1) -> ShardData:
+    """Load the rows of ``shard`` as planned; raises SourceError if they changed since compute_shards.
+
+    ``pin_memory``: allocate the arrays in CUDA pinned memory (needs torch); None = when CUDA is available.
+    ``streams``: 2 reads the second half of the batches on a second connection (same user, same snapshot), in a
+    thread, filling the arrays from the end (``streams_for``). Where that connection cannot be opened, cannot
+    import the snapshot, or would wait for a lock (BACK_STREAM_LOCK_TIMEOUT) before its first batch, this
+    connection reads that half too.
+    ``conn`` must be an autocommit connection outside a transaction (the load runs in its own snapshot).
+    """
+    plan = _plan(source)
+    if dim != plan.input_dim:
+        raise PgtrainError(f"rank {shard.rank} was asked for {dim} features but run {plan.run_id} planned "
+                           f"{plan.input_dim}; pass run.input_dim")
+    if streams not in (1, 2):
+        raise PgtrainError(f"a rank loads on 1 or 2 connections, not {streams}")
+    targets = None if source.target_format == "label" else plan.output_dim
+    out = _allocate(shard.row_count, dim, _cuda_available() if pin_memory is None else pin_memory, targets)
+    # Fresh arrays' pages are mapped (and zeroed by the kernel) on first write: in a thread, while the COPY
+    # streams, rather than one page fault at a time in the loop below.
+    prefault = None if out.pinned else prefault_in_background([out.features, out.labels, out.is_validation])
+    fill = _Fill(out, shard, record_dtype(source, dim, plan.output_dim), feature_groups_of(source, dim))
+
+    def read(on: psycopg.Connection, span: BatchSpan) -> None:
+        with shard_copy(on, source, shard, validation_fraction, seed, span) as copy, np.errstate(over="ignore"):
+            for block in copy_binary.rows(copy):
+                _store(block, fill, span.descending)
+
+    try:
+        with snapshot_transaction(conn):
+            (batches,) = conn.execute(
+                "SELECT cardinality(batch_lo) FROM pgtrain.shard_batches WHERE run_id = %s AND rank = %s",
+                (plan.run_id, shard.rank)).fetchone() or (None,)
+            if batches is None:
+                raise PgtrainError(f"run {plan.run_id} has no batches for rank {shard.rank}; re-run compute_shards")
+            half = (batches + 1) // 2 if streams == 2 and batches > 1 else batches
+            front, back = BatchSpan(1, half), BatchSpan(half + 1, batches, descending=True)
+            snapshot = conn.execute("SELECT pg_export_snapshot()").fetchone()[0] if half < batches else None
+            second = _second_connection(conn) if snapshot else None
+            if second is None:
+                read(conn, BatchSpan(1, batches))
+            else:
+                with second:
+                    both = _BackStream(second, snapshot, lambda on: read(on, back), fill).run_alongside(
+                        lambda: read(conn, front))
+                if both:
+                    out.streams = 2
+                else:
+                    read(conn, back)
+    finally:
+        if prefault is not None:
+            prefault.join()
+    fill.check_complete()
+    if fill.non_finite:
+        from pgtrain.data.manifest import load_refusal  # manifest imports this module
+
+        raise load_refusal(conn, source, shard.rank, fill.non_finite)
+    return out
+
+
+class _Stopped(Exception):
+    """The other stream of the same load failed: this one stops (the other's error is the one raised)."""
+
+
+class _Fill:
+    """Where each batch of a load goes. The front stream fills from the first row up, the back stream (reading
+    its batches last first) from the last row down; planned rows meet exactly, and neither may pass the other."""
+
+    def __init__(self, out: ShardData, shard: Shard, layout: np.dtype,
+                 groups: list[tuple[str, slice | list[int]]]) -> None:
+        self.out, self.shard, self.layout, self.groups = out, shard, layout, groups
+        self.front, self.back, self.non_finite = 0, shard.row_count, 0
+        self.failed = False
+        self._lock = threading.Lock()
+
+    def place(self, count: int, from_back: bool) -> slice:
+        with self._lock:
+            if self.failed:
+                raise _Stopped
+            if count > self.back - self.front:
+                raise SourceError(
+                    f"rank {self.shard.rank} read more rows than the {self.shard.row_count} its manifest planned: "
+                    "rows were added in its key range after compute_shards; re-run the DAG run from compute_shards"
+                )
+            if from_back:
+                self.back -= count
+                return slice(self.back, self.back + count)
+            self.front += count
+            return slice(self.front - count, self.front)
+
+    def back_started(self) -> bool:
+        with self._lock:
+            return self.back < self.shard.row_count
+
+    def add_non_finite(self, count: int) -> None:
+        with self._lock:
+            self.non_finite += count
+
+    def check_complete(self) -> None:
+        filled = self.front + self.shard.row_count - self.back
+        if filled != self.shard.row_count:
+            raise SourceError(
+                f"rank {self.shard.rank} read {filled} rows in its key range but the manifest planned "
+                f"{self.shard.row_count}: rows were deleted or updated after compute_shards; re-run the DAG run "
+                "from compute_shards"
+            )
+
+
+# How long the second connection waits for a lock. The first connection holds its locks until the load ends, so
+# a lock the second waits for may be queued behind a DDL that waits for the first: a wait PostgreSQL cannot see
+# as a deadlock. Past this the second gives its half back to the first.
+BACK_STREAM_LOCK_TIMEOUT = "1s"
+
+
+class _BackStream:
+    """The back half of a two-connection load, read in a thread on ``conn`` in the exported ``snapshot``."""
+
+    def __init__(self, conn: psycopg.Connection, snapshot: str, read: Callable[[psycopg.Connection], None],
+                 fill: _Fill) -> None:
+        self.conn, self.snapshot, self.read, self.fill = conn, snapshot, read, fill
+        self.error: BaseException | None = None
+        self.handed_back = False
+        self._imported = False
+
+    def run_alongside(self, front: Callable[[], None]) -> bool:
+        """Run ``front()`` here while the thread reads the back half; False if the thread gave its half back
+        before reading any of it (the caller reads it then). An error of the front cancels the back's query; an
+        error of the back stops the front at its next batch. The first error is raised; the thread has ended."""
+        thread = threading.Thread(target=self._run, name="pgtrain-load", daemon=True)
+        thread.start()
+        try:
+            front()
+            thread.join()
+        except BaseException as error:
+            self.fill.failed = True
+            try:
+                self.conn.cancel_safe(timeout=5)  # ends the back's COPY or lock wait now
+            except Exception as cancel_error:  # the thread still stops at its next batch
+                log.warning("could not cancel the second loading connection's query: %s", cancel_error)
+            finally:
+                thread.join()
+            if isinstance(error, _Stopped) and self.error is not None:
+                raise self.error from None
+            if self.error is not None and not isinstance(self.error, _Stopped):
+                error.add_note(f"the second loading connection failed too: {self.error}")
+            raise
+        if self.error is not None:
+            raise self.error
+        return not self.handed_back
+
+    def _run(self) -> None:
+        try:
+            with snapshot_transaction(self.conn, self.snapshot):
+                self._imported = True
+                self.conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(
+                    sql.Literal(BACK_STREAM_LOCK_TIMEOUT)))
+                self.read(self.conn)
+        except _Stopped:
+            pass
+        except BaseException as error:
+            if self._may_hand_back(error):
+                log.warning("the second loading connection gave its half back before reading any of it (%s); "
+                            "reading it on the first", str(error).strip())
+                self.handed_back = True
+            else:
+                self.error = error
+                self.fill.failed = True
+
+    def _may_hand_back(self, error: BaseException) -> bool:
+        """Only a snapshot it could not import or a lock it would wait for, before it placed any row."""
+        fits = isinstance(error, psycopg.errors.LockNotAvailable) or (
+            isinstance(error, psycopg.Error) and not self._imported)
+        return fits and not self.fill.failed and not self.fill.back_started()
+
+
+def _second_connection(conn: psycopg.Connection) -> psycopg.Connection | None:
+    try:
+        return connect_like(conn, "pgtrain-load")
+    except psycopg.OperationalError as error:  # e.g. the role's or the server's connection limit
+        log.warning("loading on one connection: a second one could not be opened (%s)", str(error).strip())
+        return None
+
+
+def non_finite_rows(features: np.ndarray) -> int:
+    """How many rows of ``features`` (float32, rows x dim) hold a NaN or an infinity (a float8 or numeric value
+    beyond float32's range is one once stored): one sum, which is finite unless some value is not or the sum
+    overflows, then the exact count only in those cases."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(features.sum(dtype=np.float32)):
+            return 0
+    return int(np.count_nonzero(~np.isfinite(features).all(axis=1)))
+
+
+_MADV_POPULATE_WRITE = 23  # Linux >= 5.14: map pages writable (zeroed if new) without changing their contents
+_PREFAULT_CHUNK = 8 << 20
+
+
+def prefault_in_background(arrays: list[np.ndarray]) -> threading.Thread | None:
+    """Map the pages of ``arrays`` in a thread (madvise MADV_POPULATE_WRITE, chunk by chunk from the start, the
+    GIL released), so the loop that fills them rarely takes a page fault; None where Linux cannot. It never
+    writes to the arrays: rows stored meanwhile are safe."""
+    if not sys.platform.startswith("linux"):
+        return None
+    thread = threading.Thread(target=_populate, args=(arrays,), name="pgtrain-prefault", daemon=True)
+    thread.start()
+    return thread
+
+
+def _populate(arrays: list[np.ndarray]) -> None:
+    madvise = _libc_madvise()
+    page = mmap.PAGESIZE
+    for array in arrays:
+        start, end = array.ctypes.data, array.ctypes.data + array.nbytes
+        at = -(-start // page) * page
+        while at + page <= end:
+            size = min(_PREFAULT_CHUNK, (end - at) // page * page)
+            if madvise(at, size, _MADV_POPULATE_WRITE) != 0:
+                return  # an older kernel: the loop takes the faults itself
+            at += size
+
+
+@functools.cache
+def _libc_madvise() -> Any:
+    madvise = ctypes.CDLL(None, use_errno=True).madvise  # ctypes releases the GIL around the call
+    madvise.argtypes, madvise.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    return madvise
+
+
+def _store(block: memoryview, fill: _Fill, from_back: bool) -> None:
+    """Copy one COPY row (a batch) into ``fill``'s arrays, where ``fill`` places it; counts the batch's rows
+    that have a NaN or infinite feature (``non_finite_rows``)."""
+    shard, layout, out = fill.shard, fill.layout, fill.out
+    fields, count_len, count, payload_len = _BATCH_HEADER.unpack_from(block)
+    if fields != 2 or count_len != 8:
+        raise SourceError(f"rank {shard.rank}: unexpected COPY row layout ({fields} fields)")
+    if count == 0:
+        return
+    if payload_len != count * layout.itemsize:
+        raise SourceError(
+            f"rank {shard.rank}: a batch of {count} rows holds {payload_len} bytes, not {count} x "
+            f"{layout.itemsize}: the rows do not all have {out.features.shape[1]} features any more; "
+            "re-run compute_shards"
+        )
+    records = np.frombuffer(block, layout, count, _BATCH_HEADER.size)
+    if "ndim" in layout.names:
+        _check_arrays(records, "", out.features.shape[1], shard, "feature")
+    for name, positions in fill.groups:  # scalar feature columns: one array per wire type
+        width = out.features.shape[1] if isinstance(positions, slice) else len(positions)
+        _check_arrays(records, name.removesuffix("x"), width, shard, "feature")
+    span = fill.place(count, from_back)
+    fill_features(records, out.features[span], fill.groups)
+    if found := non_finite_rows(out.features[span]):
+        fill.add_non_finite(found)
+    if "label" in layout.names:
+        out.labels[span] = records["label"]
+    elif "y" in layout.names:
+        out.labels[span, 0] = records["y"]
+    else:
+        _check_arrays(records, "t_", out.labels.shape[1], shard, "target")
+        out.labels[span] = records["t_x"]["v"]
+    out.is_validation[span] = records["val"]
+
+
+def _check_arrays(records: np.ndarray, prefix: str, width: int, shard: Shard, what: str) -> None:
+    if ((records[prefix + "ndim"] != 1) | (records[prefix + "hasnull"] != 0) | (records[prefix + "dim"] != width)
+            ).any():
+        raise SourceError(f"rank {shard.rank}: a {what} array changed shape or gained NULLs after "
+                          "compute_shards; re-run compute_shards")
+
+
+def _plan(source: Source) -> PlannedRows:
+    if source.plan is None:
+        raise PgtrainError(
+            f"no shard plan for {source.qualified_name}: run compute_shards first, and get the source with "
+            "manifest.source_for(conn, run)"
+        )
+    return source.plan
+
+
+def _allocate(rows: int, dim: int, pinned: bool, targets: int | None = None) -> ShardData:
+    """Arrays for ``rows`` rows; ``targets``: the regression target's width (None: int64 class labels)."""
+    label_shape, label_dtype = ((rows,), np.int64) if targets is None else ((rows, targets), np.float32)
+    if not pinned:
+        return ShardData(np.empty((rows, dim), np.float32), np.empty(label_shape, label_dtype),
+                         np.empty(rows, bool))
+    import torch
+
+    tensors = [torch.empty(shape, dtype=dtype, pin_memory=True)
+               for shape, dtype in (((rows, dim), torch.float32),
+                                    (label_shape, torch.int64 if targets is None else torch.float32),
+                                    (rows, torch.bool))]
+    return ShardData(*(t.numpy() for t in tensors), pinned=True)
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()

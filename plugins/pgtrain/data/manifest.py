@@ -1,0 +1,523 @@
+"""compute_shards: check the source rows, then cut them into balanced keyset ranges, one per rank.
+
+Everything happens in one REPEATABLE READ snapshot:
+
+1. ``check_rows``: one lean sequential scan that counts the rows, infers the label range and counts the bad
+   rows and the rows whose xmin needs noting; only when there are some, a second scan names every bad row's
+   kind with example keys and notes those xmins. NaN/infinite/too large feature values are left to the loader
+   with bad_rows='fail' (``source.LOAD_KINDS``);
+2. ``cut_shards``: one pass that sorts the keys (as ``percentile_disc`` does) and returns only those at the
+   shard and batch boundaries, then one range scan of the key index per shard counting its validation rows.
+
+The snapshot, the bad-row report and each rank's batch boundaries are stored with the manifest
+(``pgtrain.shard_plans`` / ``shard_batches``), so every rank reads exactly the planned rows, once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from pgtrain.config.params import TrainingConfig
+from pgtrain.core.errors import SourceError
+from pgtrain.data.source.resolve import COLUMNS, Source, source_from_config
+from pgtrain.data.source.rows import (
+    BAD_ROW_KINDS,
+    COLUMN_KINDS,
+    bad_row,
+    column_checks,
+    feature_length,
+    is_validation,
+    key_range,
+    row_checks,
+    target_length,
+)
+from pgtrain.data.source.snapshot import (
+    PlannedRows,
+    XidClock,
+    alias_xmin_age,
+    planned_rows,
+    read_xid_clock,
+    seen_xmins,
+    snapshot_transaction,
+    xmins_may_alias,
+)
+from pgtrain.data.wire import record_dtype
+from pgtrain.runs import record
+from pgtrain.runs.record import Shard
+
+# Rows the loader receives per COPY row: about this many bytes, within these bounds.
+BATCH_BYTES = 256 * 1024
+BATCH_ROWS = (16, 8192)
+# Rows (in key order) the feature length is inferred from when it is not given.
+LENGTH_SAMPLE = 1000
+EXAMPLE_KEYS = 10  # as many as pgtrain.example_keys keeps
+
+
+@dataclass(frozen=True)
+class BadRows:
+    count: int
+    example_keys: list[str]
+
+
+@dataclass(frozen=True)
+class Plan:
+    shards: list[Shard]
+    input_dim: int
+    num_classes: int | None  # classification only
+    total_rows: int  # rows in the manifest: what the ranks read
+    excluded_rows: int = 0  # bad rows left out (bad_rows='exclude')
+    bad_rows: dict[str, BadRows] = field(default_factory=dict)  # kind -> count, examples; only kinds found
+    snapshot: str = ""
+    output_dim: int | None = None  # classes, or the regression target's width
+    bad_columns: tuple[str, ...] = ()  # scalar feature columns holding NULL, NaN, infinite or too large values
+
+    def summary(self) -> dict[str, object]:
+        """JSON-ready figures for the DAG's report."""
+        return {"rows_per_rank": [s.row_count for s in self.shards], "input_dim": self.input_dim,
+                "num_classes": self.num_classes, "output_dim": self.output_dim, "total_rows": self.total_rows,
+                "excluded_rows": self.excluded_rows, "bad_rows": bad_rows_report(self.bad_rows)}
+
+
+def bad_rows_report(kinds: dict[str, BadRows]) -> dict[str, dict[str, object]]:
+    """kind -> {"count", "example_keys"}: as stored in pgtrain.shard_plans.bad_rows."""
+    return {kind: {"count": bad.count, "example_keys": bad.example_keys} for kind, bad in kinds.items()}
+
+
+@dataclass(frozen=True)
+class RowCheck:
+    total: int
+    bad: int
+    max_label: int | None
+    kinds: dict[str, BadRows]
+    alias_xmin_ages: list[int]  # alias_xmin_age of the rows that have one
+    bad_columns: tuple[str, ...] = ()
+    # the validation rows' keys as big-endian int8s, when asked (split): up to FOLDED_KEYS_MAX_BYTES, kept out of reprs
+    validation_keys: bytes | None = field(default=None, repr=False)
+
+
+def source_for(conn: psycopg.Connection, run: record.Run) -> Source:
+    """The run's source table; once compute_shards has run, with what it planned (the loader needs it)."""
+    return replace(source_from_config(conn, run.config), plan=read_plan(conn, run.run_id))
+
+
+def plan_shards(conn: psycopg.Connection, run: record.Run, *, input_dim: int | None = None) -> Plan:
+    """Check the source rows, compute and write the manifest of ``run``; returns it.
+
+    ``input_dim`` (or a config ``input_dim``) fixes the feature length of array features; by default it is the
+    most common length among the first rows in key order (scalar feature columns: their number). An array
+    regression target's width is inferred the same way. Raises SourceError, before writing anything, when the
+    source is empty or has bad rows (unless ``bad_rows='exclude'``), fewer rows than ranks, or no training rows.
+    """
+    config = run.config
+    given_dim = input_dim or config.input_dim
+    with snapshot_transaction(conn):
+        source = source_from_config(conn, config)
+        clock = read_xid_clock(conn)
+        dim = _feature_width(conn, source, given_dim)
+        outputs = _target_width(conn, source)
+        split = folded_split(conn, source, config.validation_fraction, config.seed)
+        check = check_rows(conn, source, dim, config.num_classes, clock, outputs,
+                           values=config.bad_rows == "exclude", split=split)
+        rows = _usable_rows(source, check, dim, config, length_given=bool(given_dim), outputs=outputs)
+        num_classes = (config.num_classes or _inferred_classes(source, check)) if outputs is None else None
+        output_dim = outputs or num_classes
+        # as the loader will apply it
+        exclude = bad_row(source, dim, num_classes, output_dim) if check.bad else None
+        batch_rows = batch_size(source, dim, output_dim)
+        shards, batches = cut_shards(conn, source, rows, config.world_size, config.validation_fraction,
+                                     config.seed, batch_rows, exclude,
+                                     validation_keys=None if check.bad else check.validation_keys)
+        _check_training_rows(source, shards, config)
+        record.write_manifest(conn, run.run_id, shards, dim, num_classes, output_dim)
+        seen, horizon = seen_xmins(check.alias_xmin_ages, clock)
+        _write_plan(conn, run, clock, seen, horizon, check, batch_rows, batches)
+    return Plan(shards, dim, num_classes, rows, check.bad, check.kinds, clock.snapshot, output_dim,
+                check.bad_columns)
+
+
+# Key types whose keys the check scan can hand over as int8s (their order is the integers' order).
+_INTEGER_KEYS = ("smallint", "integer", "bigint")
+# The most validation-key bytes the check scan may collect into one bytea (far below bytea's 1 GB limit).
+FOLDED_KEYS_MAX_BYTES = 256 << 20
+_MIN_HEAP_TUPLE_BYTES = 32  # tuple header and the smallest key, aligned: heap bytes / this >= the row count
+
+
+def folded_split(conn: psycopg.Connection, source: Source, validation_fraction: float, seed: int
+                 ) -> sql.Composable | None:
+    """The validation split for ``check_rows(split=...)`` when the check scan can collect the validation keys
+    (``_keys_fold_into_the_check``), else None (``cut_shards`` counts them in a pass of its own)."""
+    if not _keys_fold_into_the_check(conn, source, validation_fraction):
+        return None
+    return is_validation(source, validation_fraction, seed)
+
+
+def _keys_fold_into_the_check(conn: psycopg.Connection, source: Source, validation_fraction: float) -> bool:
+    """Whether the check scan collects the validation rows' keys: integer keys, PostgreSQL 16 and later (whose
+    string_agg(bytea) runs in parallel: before 16 it would make the check scan serial), and a plain table whose
+    heap bounds those keys to FOLDED_KEYS_MAX_BYTES (a larger table counts them in a pass of its own)."""
+    if validation_fraction <= 0 or source.key_type not in _INTEGER_KEYS or conn.info.server_version < 160000:
+        return False
+    kind, heap_bytes = conn.execute(
+        "SELECT c.relkind::text, pg_relation_size(c.oid) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = %s AND c.relname = %s", (source.schema, source.table)).fetchone()
+    most_rows = heap_bytes // _MIN_HEAP_TUPLE_BYTES
+    return kind in ("r", "m") and validation_fraction * most_rows * 8 <= FOLDED_KEYS_MAX_BYTES
+
+
+def balanced_positions(total: int, world_size: int) -> list[tuple[int, int]]:
+    """1-based inclusive (first, last) row positions of each rank; sizes differ by at most one."""
+    base, extra = divmod(total, world_size)
+    positions, first = [], 1
+    for rank in range(world_size):
+        size = base + (1 if rank < extra else 0)
+        positions.append((first, first + size - 1))
+        first += size
+    return positions
+
+
+def batch_size(source: Source, dim: int, output_dim: int | None = None) -> int:
+    row_bytes = record_dtype(source, dim, output_dim).itemsize + 4  # + string_agg's share per row
+    return max(BATCH_ROWS[0], min(BATCH_ROWS[1], BATCH_BYTES // row_bytes))
+
+
+def sample_length(conn: psycopg.Connection, source: Source, length: sql.Composable | None = None) -> int | None:
+    """The most common feature length (or ``length``, SQL) among the first rows in key order (None if none is
+    usable)."""
+    row = conn.execute(
+        sql.SQL("""SELECT length FROM (SELECT {length} AS length FROM {rel} ORDER BY {key} LIMIT {n}) sample
+                   WHERE length > 0 GROUP BY length ORDER BY count(*) DESC, length LIMIT 1""").format(
+            length=length if length is not None else feature_length(source), rel=source.relation, key=source.key,
+            n=sql.Literal(LENGTH_SAMPLE))
+    ).fetchone()
+    return row[0] if row else None
+
+
+def check_rows(conn: psycopg.Connection, source: Source, dim: int, num_classes: int | None,
+               clock: XidClock, output_dim: int | None = None, *, values: bool = True,
+               where: sql.Composable | None = None, split: sql.Composable | None = None) -> RowCheck:
+    """Row count, largest good label (classification without num_classes), each bad-row kind's count and example
+    keys, and (scalar feature columns) which columns hold bad values; ``values=False`` leaves the kinds of
+    LOAD_KINDS to the loader; ``where`` (SQL) restricts the rows checked. ``split`` (SQL, ``is_validation``; integer
+    keys only): the lean scan also collects the keys of the rows it holds (``validation_keys``), so that
+    ``cut_shards`` needs no pass of its own to count each shard's validation rows.
+
+    One lean scan counts the rows and the bad ones (``source.bad_row``: the kinds' checks in fewer calls); only
+    when it finds some (or rows whose xmin needs noting) does a second scan break them down by kind with example
+    keys, then with every kind (so a report names the NaN rows too, whoever would have found them).
+    """
+    restrict = sql.SQL("WHERE {}").format(where) if where is not None else sql.SQL("")
+    xmin_age = alias_xmin_age(source, clock)
+    # age() is parallel restricted and costs more than the other checks together: counted only when a raw xmin
+    # can alias at all (source.xmins_may_alias), so the lean scan may run in parallel.
+    aliasing = (sql.SQL("count(*) FILTER (WHERE {} IS NOT NULL)").format(xmin_age) if xmins_may_alias(clock)
+                else sql.SQL("0"))
+    # The largest label only matters when num_classes is inferred from it (max_label is None otherwise).
+    infer = source.target_format == "label" and not num_classes
+    keys = (sql.SQL("string_agg(int8send(CAST({} AS bigint)), ''::bytea) FILTER (WHERE {})").format(source.key, split)
+            if split is not None else sql.SQL("NULL::bytea"))
+    total, bad, max_label, aliased, validation_keys = conn.execute(sql.SQL(
+        """SELECT count(*), count(*) FILTER (WHERE {any_bad}), {max_label}, {aliasing}, {keys}
+           FROM {rel} {where}""").format(
+        any_bad=bad_row(source, dim, num_classes, output_dim, values=values), rel=source.relation, where=restrict,
+        aliasing=aliasing, max_label=sql.SQL("max({})").format(source.label) if infer else sql.SQL("NULL"),
+        keys=keys), binary=split is not None  # the keys as bytes, not as hex text twice their size
+    ).fetchone()
+    if split is not None:
+        validation_keys = bytes(validation_keys or b"")
+    if not bad and not aliased:
+        return RowCheck(total, 0, max_label, {}, [], validation_keys=validation_keys)
+    checks = row_checks(source, dim, num_classes, output_dim)
+    flags = [sql.Identifier(f"is_{kind}") for kind in checks]
+    any_bad = sql.SQL(" OR ").join(flags)
+    per_kind = sql.SQL(", ").join(
+        sql.SQL("count(*) FILTER (WHERE {f}), pgtrain.example_keys(key::text) FILTER (WHERE {f})").format(f=f)
+        for f in flags)
+    feature_flags = [sql.Identifier(f"is_{kind}") for kind in COLUMN_KINDS if kind in checks]
+    column_values = sql.SQL("")
+    columns = sql.SQL("NULL::text")
+    if source.feature_format == COLUMNS and feature_flags:
+        # One bit per column, set when the column is bad in some row: computed for bad rows only.
+        names = [sql.Identifier(f"_pgtrain_c{i}") for i in range(len(source.feature_columns))]
+        column_values = sql.SQL(", ").join(sql.SQL("{} AS {}").format(sql.Identifier(c.name), name)
+                                    for c, name in zip(source.feature_columns, names, strict=True)) + sql.SQL(", ")
+        bits = sql.SQL(" || ").join(
+            sql.SQL("CASE WHEN coalesce({}, true) THEN B'1' ELSE B'0' END").format(
+                sql.SQL(" OR ").join(column_checks(column, name)))
+            for column, name in zip(source.feature_columns, names, strict=True))
+        columns = sql.SQL("bit_or(CASE WHEN {} THEN {} END)::text").format(sql.SQL(" OR ").join(feature_flags),
+                                                                          bits)
+    max_label = sql.SQL("max(label)") if source.target_format == "label" else sql.SQL("max(NULL::bigint)")
+    query = sql.SQL(
+        """SELECT count(*), count(*) FILTER (WHERE {any_bad}), {max_label} FILTER (WHERE NOT ({any_bad})),
+                  array_agg(DISTINCT xmin_age) FILTER (WHERE xmin_age IS NOT NULL), {columns}, {per_kind}
+           FROM (SELECT {values}{key} AS key, {label} AS label, {xmin_age} AS xmin_age, {checks}
+                 FROM {rel} {where} OFFSET 0) checked"""  # OFFSET 0: compute each check once per row
+    ).format(any_bad=any_bad, per_kind=per_kind, key=source.key, label=source.label, rel=source.relation,
+             max_label=max_label, columns=columns, values=column_values, xmin_age=xmin_age, where=restrict,
+             checks=sql.SQL(", ").join(sql.SQL("{} AS {}").format(c, f) for c, f in zip(checks.values(), flags,
+                                                                                        strict=True)))
+    total, bad, max_label, ages, column_bits, *found = conn.execute(query).fetchone()
+    kinds = {kind: BadRows(count, list(examples))
+             for kind, count, examples in zip(checks, found[::2], found[1::2], strict=True) if count}
+    bad_columns = tuple(c.name for c, bit in zip(source.feature_columns, column_bits or "", strict=False)
+                        if bit == "1")
+    return RowCheck(total, bad, max_label, kinds, ages or [], bad_columns, validation_keys)
+
+
+def cut_shards(conn: psycopg.Connection, source: Source, rows: int, world_size: int, validation_fraction: float,
+               seed: int, batch_rows: int, exclude: sql.Composable | None, *, validation_keys: bytes | None = None
+               ) -> tuple[list[Shard], list[tuple[list[str], list[str]]]]:
+    """The shards, and each shard's batches as (first keys, last keys), in two passes that read only the key:
+
+    1. ``boundary_query``: the keys at the shard edges and at the first and last row of each batch, by position
+       in key order (one sort of the keys, as ``percentile_disc`` does; only those keys come back);
+    2. ``validation_query``: each shard's validation rows (the split hashes every key once).
+
+    Batches follow a global grid of ``batch_rows`` rows, split where a shard begins; ``exclude`` (SQL) drops
+    bad rows from the numbering. ``validation_keys`` (integer keys, from ``check_rows`` with a split, none of them
+    excluded): the validation rows' keys, counted per shard here instead of by the second pass.
+    """
+    positions = balanced_positions(rows, world_size)
+    grid = []
+    for first, last in positions:
+        starts = [first] + list(range(first - (first - 1) % batch_rows + batch_rows, last + 1, batch_rows))
+        grid.append((starts, [start - 1 for start in starts[1:]] + [last]))
+    wanted = sorted({p for starts, ends in grid for p in starts + ends})
+    fit_key_sort(conn, rows)
+    # The positions go as one float8[] literal (repr round-trips every float): psycopg's list dumper costs about
+    # a microsecond an element, which with thousands of batch edges is a measurable part of planning.
+    fractions = "{" + ",".join([repr((p - 0.5) / rows) for p in wanted]) + "}"
+    (keys,) = conn.execute(boundary_query(source, exclude), (fractions,)).fetchone()
+    if keys is None or len(keys) != len(wanted) or None in keys:
+        raise SourceError(f"{source.qualified_name} changed while it was being planned; run compute_shards again")
+    at = dict(zip(wanted, keys, strict=True))
+    edges = [(at[first], at[last]) for first, last in positions]
+    if validation_keys is not None:
+        import numpy as np  # loaded already (pgtrain.loader)
+
+        held = np.sort(np.frombuffer(validation_keys, ">i8"))
+        validation = [int(np.searchsorted(held, int(hi), "right") - np.searchsorted(held, int(lo), "left"))
+                      for lo, hi in edges]
+    else:
+        validation = conn.execute(validation_query(source, validation_fraction, seed, edges, exclude)).fetchone()
+    shards, batches = [], []
+    for rank, (first, last) in enumerate(positions):
+        size, val_count = last - first + 1, validation[rank]
+        shards.append(Shard(rank, world_size, at[first], at[last], size, size - val_count, val_count))
+        starts, ends = grid[rank]
+        batches.append(([at[p] for p in starts], [at[p] for p in ends]))
+    return shards, batches
+
+
+# The key pass sorts the keys once; in memory when they fit in this much (work_mem, for planning's transaction).
+KEY_SORT_MEMORY = 256 << 20
+_KEY_SORT_BYTES = 64  # per key: a sort tuple and a bigint or short key, with room
+
+
+def fit_key_sort(conn: psycopg.Connection, rows: int) -> None:
+    """Raise work_mem for the rest of this transaction so that sorting ``rows`` keys stays in memory (bounded by
+    KEY_SORT_MEMORY; never lowered)."""
+    wanted = min(rows * _KEY_SORT_BYTES, KEY_SORT_MEMORY) >> 10
+    # One statement, and not pg_settings (a view that builds a row for every setting).
+    conn.execute("SELECT set_config('work_mem', %s, true) WHERE pg_size_bytes(current_setting('work_mem')) < %s",
+                 (f"{wanted}kB", wanted << 10))
+
+
+def boundary_query(source: Source, exclude: sql.Composable | None = None) -> sql.Composed:
+    """The keys (as text) at the given positions in key order; one parameter: the positions as fractions
+    (position - 0.5) / rows, which ``percentile_disc`` turns back into exact positions. ``exclude`` (SQL) drops
+    bad rows from the numbering."""
+    return sql.SQL(
+        "SELECT CAST(percentile_disc(%s::float8[]) WITHIN GROUP (ORDER BY {key}) AS text[]) FROM {rel} {where}"
+    ).format(key=source.key, rel=source.relation,
+             where=sql.SQL("WHERE NOT {}").format(exclude) if exclude is not None else sql.SQL(""))
+
+
+def validation_query(source: Source, validation_fraction: float, seed: int, edges: list[tuple[str, str]],
+                     exclude: sql.Composable | None = None) -> sql.Composed:
+    """One row: each shard's validation rows, the shards given by their (first key, last key). One pass that
+    hashes every key once (PostgreSQL may run it in parallel, or on the key index alone); only validation rows
+    are placed in their shard."""
+    counts = sql.SQL(", ").join(
+        sql.SQL("count(*) FILTER (WHERE {})").format(key_range(source, lo, hi)) for lo, hi in edges)
+    return sql.SQL("SELECT {counts} FROM {rel} WHERE {is_val}{exclude}").format(
+        counts=counts, rel=source.relation, is_val=is_validation(source, validation_fraction, seed),
+        exclude=sql.SQL(" AND NOT {}").format(exclude) if exclude is not None else sql.SQL(""))
+
+
+def load_refusal(conn: psycopg.Connection, source: Source, rank: int, found: int) -> SourceError:
+    """The error of a rank that found ``found`` rows with NaN, infinite or too large features in its shard:
+    the bad-row report compute_shards would have given, from one more scan (of the planned rows), naming every
+    kind with counts and example keys. compute_shards leaves these per-value checks to the loader (LOAD_KINDS)."""
+    plan = source.plan
+    with snapshot_transaction(conn):
+        clock = read_xid_clock(conn)
+        check = check_rows(conn, source, plan.input_dim, plan.num_classes, clock, plan.output_dim,
+                           where=planned_rows(source, clock))
+    report = (_bad_rows_message(source, check, plan.input_dim, plan.num_classes, outputs=plan.output_dim)
+              if check.bad else f"{source.qualified_name} holds them (no longer as planned: re-run compute_shards)")
+    return SourceError(f"rank {rank} found {found} rows with NaN, infinite or out-of-range features in its shard "
+                       f"(checked as the rows load, not by compute_shards): {report}")
+
+
+def read_plan(conn: psycopg.Connection, run_id: str) -> PlannedRows | None:
+    row = conn.execute(
+        """SELECT p.snapshot::text, pg_snapshot_xmin(p.snapshot)::text::bigint,
+                  pg_snapshot_xmax(p.snapshot)::text::bigint,
+                  array(SELECT x::text::bigint FROM pg_snapshot_xip(p.snapshot) AS x ORDER BY 1),
+                  p.seen_xmins::text[], p.xid_horizon, r.input_dim, r.num_classes, p.excluded_rows > 0, p.batch_rows,
+                  r.output_dim
+           FROM pgtrain.shard_plans p JOIN pgtrain.training_runs r USING (run_id) WHERE p.run_id = %s""",
+        (run_id,),
+    ).fetchone()
+    if row is None:
+        return None
+    snapshot, xmin, xmax, in_progress, seen, horizon, dim, classes, exclude, batch_rows, outputs = row
+    return PlannedRows(run_id, snapshot, xmin, xmax, tuple(x % (1 << 32) for x in in_progress),
+                       tuple(int(x) for x in seen), horizon, dim, classes, exclude, batch_rows, outputs)
+
+
+def _write_plan(conn: psycopg.Connection, run: record.Run, clock: XidClock, seen: tuple[int, ...], horizon: int,
+                check: RowCheck, batch_rows: int, batches: list[tuple[list[str], list[str]]]) -> None:
+    conn.execute(
+        """INSERT INTO pgtrain.shard_plans (run_id, snapshot, seen_xmins, xid_horizon, excluded_rows, bad_rows,
+                                            batch_rows)
+           VALUES (%(run)s, %(snapshot)s::pg_snapshot, %(seen)s::xid[], %(horizon)s, %(excluded)s, %(report)s,
+                   %(batch)s)
+           ON CONFLICT (run_id) DO UPDATE SET
+             snapshot = EXCLUDED.snapshot, seen_xmins = EXCLUDED.seen_xmins, xid_horizon = EXCLUDED.xid_horizon,
+             excluded_rows = EXCLUDED.excluded_rows, bad_rows = EXCLUDED.bad_rows,
+             batch_rows = EXCLUDED.batch_rows, planned_at = now()""",
+        {"run": run.run_id, "snapshot": clock.snapshot, "seen": "{" + ",".join(map(str, seen)) + "}",
+         "horizon": horizon, "excluded": check.bad, "report": Jsonb(bad_rows_report(check.kinds)),
+         "batch": batch_rows},
+    )
+    with conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO pgtrain.shard_batches (run_id, rank, batch_lo, batch_hi) "
+            "VALUES (%s, %s, %s::text[], %s::text[])",
+            [(run.run_id, rank, text_array(lo), text_array(hi)) for rank, (lo, hi) in enumerate(batches)],
+        )
+
+
+def text_array(values: list[str]) -> str:
+    """A text[] literal of ``values`` (none of them None), every element quoted: built with str methods, where
+    psycopg's list dumper tests each element with a regular expression (a few thousand keys a plan)."""
+    return "{" + ",".join(['"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values]) + "}"
+
+
+def _feature_width(conn: psycopg.Connection, source: Source, given: int | None) -> int:
+    if source.feature_format != COLUMNS:
+        return given or _inferred_length(conn, source)
+    if given and given != len(source.feature_columns):
+        raise SourceError(f"input_dim is {given} but feature_columns names {len(source.feature_columns)} columns; "
+                          "leave input_dim empty with feature_columns (it is their number)")
+    return len(source.feature_columns)
+
+
+def _target_width(conn: psycopg.Connection, source: Source) -> int | None:
+    """Regression: the target's width (1 for a scalar column, else the most common array length among the first
+    rows); None for classification."""
+    if source.target_format == "label":
+        return None
+    if source.target_format == "scalar":
+        return 1
+    width = sample_length(conn, source, target_length(source))
+    if width is not None:
+        return width
+    if conn.execute(sql.SQL("SELECT EXISTS (SELECT FROM {})").format(source.relation)).fetchone()[0]:
+        raise SourceError(
+            f"the first {LENGTH_SAMPLE} rows of {source.qualified_name} (in key order) have no usable target array "
+            f"in {source.label_column!r} (NULL, empty or not a flat array); fix them")
+    raise _empty(source)
+
+
+def _check_training_rows(source: Source, shards: list[Shard], config: TrainingConfig) -> None:
+    """A rank may hold only validation rows (it then trains on none), but the run as a whole needs some."""
+    rows = sum(s.row_count for s in shards)
+    if rows and not sum(s.train_count for s in shards):
+        raise SourceError(
+            f"validation_fraction {config.validation_fraction} holds out all {rows} usable rows of "
+            f"{source.qualified_name} for validation (rows are chosen by a hash of the key and the seed): nothing "
+            "is left to train on; lower validation_fraction, change the seed, or load more rows")
+
+
+def _inferred_length(conn: psycopg.Connection, source: Source) -> int:
+    dim = sample_length(conn, source)
+    if dim is not None:
+        return dim
+    if conn.execute(sql.SQL("SELECT EXISTS (SELECT FROM {})").format(source.relation)).fetchone()[0]:
+        raise SourceError(
+            f"the first {LENGTH_SAMPLE} rows of {source.qualified_name} (in key order) have no usable feature "
+            "vector (NULL, empty, or not a flat vector of float32 values); fix them, or set input_dim to the "
+            "feature length"
+        )
+    raise _empty(source)
+
+
+def _usable_rows(source: Source, check: RowCheck, dim: int, config: TrainingConfig, length_given: bool,
+                 outputs: int | None = None) -> int:
+    """The rows the manifest will hold; raises SourceError when they cannot be trained on as configured."""
+    if check.total == 0:
+        raise _empty(source)
+    if check.kinds and config.bad_rows != "exclude":
+        raise SourceError(_bad_rows_message(source, check, dim, config.num_classes, outputs=outputs))
+    wrong_length = check.kinds.get("wrong_length")
+    if wrong_length and not length_given and 2 * wrong_length.count > check.total:
+        raise SourceError(
+            f"{wrong_length.count} of {check.total} rows of {source.qualified_name} do not have {dim} features "
+            "(the length most common among the first rows); set input_dim"
+        )
+    rows = check.total - check.bad
+    if rows == 0:
+        raise SourceError(f"all {check.total} rows of {source.qualified_name} are bad, nothing is left to train "
+                          "on:\n" + _bad_rows_message(source, check, dim, config.num_classes, details=True,
+                                                       outputs=outputs))
+    if config.world_size > rows:
+        left = f" left after excluding {check.bad} bad rows" if check.bad else ""
+        raise SourceError(
+            f"world_size {config.world_size} is larger than the {rows} rows of {source.qualified_name}{left}: "
+            f"every rank needs at least one row; use world_size <= {rows} or load more rows"
+        )
+    return rows
+
+
+def _inferred_classes(source: Source, check: RowCheck) -> int:
+    if check.max_label is None or check.max_label < 1:
+        raise SourceError(
+            f"the labels of {source.qualified_name} do not name at least two classes (largest usable label: "
+            f"{check.max_label}); labels are class numbers 0..num_classes-1, or set num_classes"
+        )
+    if check.max_label >= 2**31 - 1:
+        raise SourceError(f"the largest label of {source.qualified_name} is {check.max_label}; labels are class "
+                          "numbers 0..num_classes-1 (set num_classes to have larger labels reported as bad rows)")
+    return check.max_label + 1
+
+
+def _empty(source: Source) -> SourceError:
+    return SourceError(
+        f"source table {source.qualified_name} is empty: load training rows first "
+        "(for the example data: make load-digits)"
+    )
+
+
+def _bad_rows_message(source: Source, check: RowCheck, dim: int, num_classes: int | None,
+                      details: bool = False, outputs: int | None = None) -> str:
+    """The bad-row report: a headline (unless only ``details``), then one line per kind with example keys, and
+    the scalar feature columns that hold the bad values."""
+    classes = num_classes if num_classes else "max label + 1"
+    lines = [] if details else [f"{source.qualified_name} has {check.bad} bad rows of {check.total}; fix or "
+                                "delete them, or set bad_rows='exclude' to train without them:"]
+    meanings = BAD_ROW_KINDS | (COLUMN_KINDS if source.feature_format == COLUMNS else {})
+    for kind, bad in check.kinds.items():
+        meaning = meanings[kind].format(dim=dim, num_classes=classes, outputs=outputs)
+        lines.append(f"  {kind}: {bad.count} rows ({meaning}), e.g. keys " + ", ".join(
+            "NULL" if k is None else k for k in bad.example_keys[:EXAMPLE_KEYS]))
+    if check.bad_columns:
+        lines.append("  feature columns with NULL, NaN, infinite or out-of-range values: "
+                     + ", ".join(map(repr, check.bad_columns)))
+    return "\n".join(lines)

@@ -1,0 +1,94 @@
+"""What a triggered run may touch, checked against the DAG author's allow-lists before anything is read.
+
+The source is resolved in the catalog first (``to_regclass``), so quoting, the search_path and
+schema qualification cannot route around a listed name; only then are its columns or rows looked at.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import psycopg
+from psycopg import sql
+
+from pgtrain.config.params import TrainingConfig
+from pgtrain.config.settings import AuthorSettings
+from pgtrain.core.errors import ConfigError, SourceError
+from pgtrain.data.source.resolve import find_relation
+
+
+def resolve_relation(conn: psycopg.Connection, name: str) -> tuple[str, str] | None:
+    """(schema, table) that ``name`` (SQL syntax, optionally qualified and quoted) refers to, or None."""
+    row = find_relation(conn, name)
+    return None if row is None else (row[1], row[2])
+
+
+def allowed_relations(conn: psycopg.Connection, entries: tuple[str, ...]) -> tuple[set[str], set[tuple[str, str]]]:
+    """The author's entries as (schemas, (schema, table) pairs). An entry with a dot names a table."""
+    schemas: set[str] = set()
+    tables: set[tuple[str, str]] = set()
+    for entry in entries:
+        relation = resolve_relation(conn, entry) if "." in entry else None
+        if relation is not None:
+            tables.add(relation)
+        elif "." not in entry:
+            schemas.add(_unquote(entry))
+    return schemas, tables
+
+
+def check_source(conn: psycopg.Connection, table: str, settings: AuthorSettings) -> tuple[str, str]:
+    """The (schema, table) of ``table`` if the author allows it; else SourceError (saying nothing about it)."""
+    relation = resolve_relation(conn, table)
+    schemas, tables = allowed_relations(conn, settings.allowed_sources)
+    if relation is None or not (relation[0] in schemas or relation in tables):
+        allowed = ", ".join(settings.allowed_sources)
+        raise SourceError(
+            f"source_table {table!r} is not one of the sources this DAG may train on ({allowed}), or does not "
+            "exist; ask the DAG's author to add it to allowed_sources in the pgtrain settings file"
+        )
+    return relation
+
+
+def check_model(config: TrainingConfig, settings: AuthorSettings) -> None:
+    if config.model not in settings.allowed_models:
+        raise ConfigError(
+            f"model {config.model!r} is not one of the models this DAG may build "
+            f"({', '.join(settings.allowed_models)}); ask the DAG's author to add it to allowed_models"
+        )
+
+
+def check_run(conn: psycopg.Connection, config: TrainingConfig, settings: AuthorSettings) -> tuple[str, str]:
+    """Refuse a run whose model, size or source the author has not allowed; returns the source's (schema, table)."""
+    check_model(config, settings)
+    if config.world_size > settings.max_world_size:
+        raise ConfigError(f"world_size {config.world_size} is more than the {settings.max_world_size} ranks this "
+                          "DAG's author allows (max_world_size in the pgtrain settings file)")
+    return check_source(conn, config.source_table, settings)
+
+
+def check_unowned(model_name: str, owners: dict[str, str]) -> None:
+    """The generic DAG may not train a model of the models file: its DAG fixes its source, columns and gate.
+
+    ``owners``: model name -> the DAG that trains it (pgtrain.config.model_entries.model_owners).
+    """
+    if model_name in owners:
+        raise ConfigError(f"model {model_name!r} is trained by its own DAG {owners[model_name]} (the models file "
+                          "fixes its source, columns and quality gate): trigger that DAG, or choose another "
+                          "model_name for an ad-hoc run")
+
+
+def admit(conn: psycopg.Connection, config: TrainingConfig, settings: AuthorSettings) -> TrainingConfig:
+    """The run's config as it is recorded: checked against the author's settings, the source pinned to the
+    schema-qualified, quoted name it resolved to (a later search_path cannot point it elsewhere), and the
+    author's quality gate in force."""
+    schema, table = check_run(conn, config, settings)
+    pinned = sql.Identifier(schema, table).as_string(conn)
+    return dataclasses.replace(config, source_table=pinned, **settings.quality_gate)
+
+
+def _unquote(identifier: str) -> str:
+    """A schema name as the catalog spells it: quoted names keep their case, unquoted ones fold to lower."""
+    if len(identifier) >= 2 and identifier[0] == identifier[-1] == '"':
+        return identifier[1:-1].replace('""', '"')
+    return identifier.lower()
+

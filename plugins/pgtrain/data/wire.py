@@ -1,0 +1,75 @@
+"""The record layout a batch of rows travels in: one structured numpy dtype per source (``record_dtype``),
+shared by the planner (which sizes batches by it), the loader (which reads shards in it) and ``predict``.
+
+A row's features arrive as PostgreSQL sends them (``pgtrain.data.source.rows.feature_payload``: one array or
+bytea, or one float4/float8 array per wire type of scalar columns), then its label or regression target
+(``target_payload``) and its validation flag.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pgtrain.data.source.resolve import COLUMNS, SCALAR_TYPES, WIRE_ARRAYS, Source
+from pgtrain.data.source.rows import feature_groups
+
+ELEMENT_TYPES = {"float4_array": (700, ">f4"), "float8_array": (701, ">f8")}  # array format: (type oid, dtype)
+SCALAR_DTYPES = {"f4": ">f4", "f8": ">f8"}  # float4send, float8send
+
+
+def feature_fields(feature_format: str, dim: int, prefix: str = "") -> list[tuple[Any, ...]]:
+    """numpy fields of one features value in PostgreSQL's binary form (array_send, or the raw bytea)."""
+    if feature_format == "bytea":
+        return [(prefix + "x", "<f4", (dim,))]
+    _, element = ELEMENT_TYPES[feature_format]
+    return [(prefix + name, ">i4") for name in ("ndim", "hasnull")] + [(prefix + "elemtype", ">u4")] + [
+        (prefix + name, ">i4") for name in ("dim", "lbound")] + [
+        (prefix + "x", [("elen", ">i4"), ("v", element)], (dim,))]
+
+
+def source_feature_fields(source: Source, dim: int) -> list[tuple[Any, ...]]:
+    """numpy fields of a row's features as ``source.feature_payload`` sends them."""
+    if source.feature_format != COLUMNS:
+        return feature_fields(source.feature_format, dim)
+    return [field for wire, positions in feature_groups(source).items()
+            for field in feature_fields(WIRE_ARRAYS[wire], len(positions), prefix=f"{wire}_")]
+
+
+def target_fields(source: Source, output_dim: int | None) -> list[tuple[Any, ...]]:
+    """numpy fields of a row's target as ``source.target_payload`` sends it."""
+    if source.target_format == "label":
+        return [("label", ">i4")]
+    if source.target_format == "scalar":
+        return [("y", SCALAR_DTYPES[SCALAR_TYPES[source.label_type]])]
+    return feature_fields(source.target_format, output_dim, prefix="t_")
+
+
+def record_dtype(source: Source, dim: int, output_dim: int | None = None) -> np.dtype:
+    """One row of a batch payload: features, label::int4 or the regression target, is_validation."""
+    return np.dtype([*source_feature_fields(source, dim), *target_fields(source, output_dim), ("val", "u1")])
+
+
+def fill_features(records: np.ndarray, target: np.ndarray, groups: list[tuple[str, slice | list[int]]]) -> None:
+    """Copy the features of ``records`` (rows of ``source_feature_fields``) into ``target``, float32 (rows, dim).
+
+    ``groups``: for scalar feature columns, (record field, positions in the features row) per wire type.
+    """
+    if groups:
+        for name, positions in groups:
+            target[:, positions] = records[name]["v"]
+    elif "ndim" in records.dtype.names:
+        target[:] = records["x"]["v"]
+    else:
+        target[:] = records["x"]
+
+
+def feature_groups_of(source: Source, dim: int) -> list[tuple[str, slice | list[int]]]:
+    """``fill_features``'s groups for ``source`` (empty unless its features are scalar columns)."""
+    return [(f"{wire}_x", _positions(positions, dim)) for wire, positions in feature_groups(source).items()]
+
+
+def _positions(positions: list[int], dim: int) -> slice | list[int]:
+    """Where a group of scalar feature columns goes in a features row: a slice when they are all of them."""
+    return slice(None) if positions == list(range(dim)) else positions

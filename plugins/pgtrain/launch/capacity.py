@@ -1,0 +1,56 @@
+"""Can this machine run the job at all? Checked while planning, so an impossible run fails before any rank starts.
+
+Only ``launcher=local`` is checked: its ranks run on this worker. On Kubernetes the scheduler decides,
+and a job that cannot be placed fails at its startup timeout.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from pgtrain.config.params import TrainingConfig
+from pgtrain.core.errors import ConfigError
+from pgtrain.core.memory import available_bytes
+
+# Bytes a float32 parameter costs while training: the weight, its gradient, the momentum buffer, and
+# Horovod's fusion copy of the gradient.
+TRAINING_BYTES_PER_PARAMETER = 4 * 4
+
+
+def local_slots() -> int:
+    """Ranks this machine runs side by side: its usable CPUs."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def mlp_parameter_count(input_dim: int, hidden_sizes: tuple[int, ...], output_dim: int) -> int:
+    dims = [input_dim, *hidden_sizes, output_dim]
+    return sum(fan_in * fan_out + fan_out for fan_in, fan_out in zip(dims, dims[1:], strict=False))
+
+
+def check_world_size(config: TrainingConfig) -> None:
+    slots = local_slots()
+    if config.launcher == "local" and config.world_size > slots:
+        raise ConfigError(
+            f"world_size {config.world_size} is more ranks than this machine's {slots} CPUs can run with "
+            f"launcher=local; use world_size <= {slots}, or launcher=kubernetes"
+        )
+
+
+def check_model_size(config: TrainingConfig, input_dim: int, output_dim: int) -> None:
+    """The mlp's training memory on all local ranks must fit in the memory available now."""
+    if config.launcher != "local" or config.model != "mlp":
+        return
+    parameters = mlp_parameter_count(input_dim, tuple(config.hidden_sizes), output_dim)
+    needed = parameters * TRAINING_BYTES_PER_PARAMETER * config.world_size
+    available = available_bytes()
+    if available and needed > available:
+        raise ConfigError(
+            f"hidden_sizes {list(config.hidden_sizes)} make an mlp of {parameters:,} parameters; training it on "
+            f"{config.world_size} local ranks needs about {_gib(needed)} of memory and this machine has "
+            f"{_gib(available)} available; use smaller hidden_sizes or launcher=kubernetes"
+        )
+
+
+def _gib(size: int) -> str:
+    return f"{size / 2**30:.1f} GiB" if size >= 2**28 else f"{math.ceil(size / 2**20)} MiB"

@@ -1,0 +1,184 @@
+"""``launcher=local``: run the trainer under ``horovodrun --gloo`` on this machine, output streamed to a logger.
+
+What reaches the ranks: an allow-listed environment (no secret of the worker's), the database URL
+without its password, and the password in a 0600 passfile (PGPASSFILE) in a private directory removed
+when the run ends. Horovod's Gloo launcher writes every exported variable into a ``sh -c`` command line
+that any user can read with ``ps``, so nothing secret may be exported.
+
+The ranks die with their launcher: horovodrun gets SIGKILL when the process that started it dies
+(PR_SET_PDEATHSIG), and Horovod then stops the ranks it started; each rank also sets its own.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from pgtrain.core.db import DATABASE_URL_ENV, connect, split_password
+from pgtrain.core.errors import ConfigError, TrainingFailed, TrainingInputError
+from pgtrain.launch.lifetime import preexec_die_with_this_process
+from pgtrain.launch.trainer_command import horovodrun_options, trainer_argv
+from pgtrain.runs import record
+
+TAIL_LINES = 40
+PASSFILE_ENV = "PGPASSFILE"
+# The worker's environment the ranks may see: what Python, horovodrun, Gloo/NCCL, the BLAS libraries
+# and libpq need to behave as they do here. Anything else (credentials, tokens, PGPASSWORD) stays out.
+PASSED_NAMES = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "PYTHONPATH", "PYTHONUNBUFFERED",
+    "PYTHONHASHSEED", "VIRTUAL_ENV", "LD_LIBRARY_PATH",
+    # libpq settings that are not secrets (PGPASSWORD is, and PGPASSFILE is ours)
+    "PGHOST", "PGHOSTADDR", "PGPORT", "PGDATABASE", "PGUSER", "PGSSLMODE", "PGSSLROOTCERT", "PGSSLCERT",
+    "PGSSLKEY", "PGSSLCRL", "PGSSLNEGOTIATION", "PGGSSENCMODE", "PGREQUIRESSL", "PGSERVICE", "PGSERVICEFILE",
+    "PGSYSCONFDIR", "PGCONNECT_TIMEOUT", "PGTARGETSESSIONATTRS", "PGCLIENTENCODING", "PGTZ", "PGKRBSRVNAME",
+})
+PASSED_PREFIXES = ("LC_", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "HOROVOD_", "NCCL_", "GLOO_", "CUDA_", "NVIDIA_")
+_SECRET_DIR_PREFIX = "pgtrain-secret-"
+
+
+def horovodrun_path() -> str:
+    beside_python = Path(sys.executable).parent / "horovodrun"
+    found = str(beside_python) if beside_python.exists() else shutil.which("horovodrun")
+    if not found:
+        raise TrainingFailed(
+            "horovodrun is not installed in this environment; run `make install` (it builds Horovod) "
+            "or use launcher=kubernetes"
+        )
+    return found
+
+
+def local_command(run_id: str, world_size: int, attempt: int) -> list[str]:
+    """horovodrun through ``pgtrain.launch.horovodrun`` (the same launcher, without its import of torch to probe the
+    build: 1.5-5 s of every train task on 2 cores, benchmarks/RESULTS.md)."""
+    horovodrun_path()  # installed, or the clear error
+    return [
+        sys.executable, "-m", "pgtrain.launch.horovodrun", "--gloo", "-np", str(world_size),
+        "-H", f"localhost:{world_size}",
+        *horovodrun_options(), *trainer_argv(run_id, attempt, python=sys.executable),
+    ]
+
+
+def rank_environment(environ: Mapping[str, str], database_url: str, passfile: str | None) -> dict[str, str]:
+    """The ranks' environment: the allow-listed part of ``environ``, the URL, the passfile (if any)."""
+    env = {k: v for k, v in environ.items() if k in PASSED_NAMES or k.startswith(PASSED_PREFIXES)}
+    env[DATABASE_URL_ENV] = database_url
+    env["PYTHONUNBUFFERED"] = "1"
+    if passfile is not None:
+        env[PASSFILE_ENV] = passfile
+    elif environ.get(PASSFILE_ENV):  # the worker's own passfile: a path, not a secret
+        env[PASSFILE_ENV] = environ[PASSFILE_ENV]
+    return env
+
+
+@contextlib.contextmanager
+def private_passfile(password: str | None) -> Iterator[str | None]:
+    """A libpq passfile holding ``password`` (mode 0600, in a 0700 directory), removed on exit; None if no password."""
+    if password is None:
+        yield None
+        return
+    if "\n" in password or "\r" in password:
+        raise ConfigError("the training database password contains a line break, which a libpq passfile "
+                          "cannot hold; choose another password")
+    _remove_stale_secret_dirs()
+    directory = tempfile.mkdtemp(prefix=f"{_SECRET_DIR_PREFIX}{os.getpid()}-")  # mode 0700
+    try:
+        path = os.path.join(directory, "pgpass")
+        escaped = password.replace("\\", "\\\\").replace(":", "\\:")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as file:
+            file.write(f"*:*:*:*:{escaped}\n")  # only this run's ranks read it: any host, port, db, user
+        yield path
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _remove_stale_secret_dirs() -> None:
+    """Passfile directories of launchers that were killed (SIGKILL runs no cleanup): their pid is gone."""
+    pattern = re.compile(rf"^{_SECRET_DIR_PREFIX}(\d+)-")
+    for entry in Path(tempfile.gettempdir()).glob(f"{_SECRET_DIR_PREFIX}*"):
+        match = pattern.match(entry.name)
+        with contextlib.suppress(OSError):
+            if match and entry.stat().st_uid == os.getuid() and not Path(f"/proc/{match.group(1)}").exists():
+                shutil.rmtree(entry, ignore_errors=True)
+
+
+def run_local(run_id: str, world_size: int, database_url: str, log: logging.Logger,
+              timeout_seconds: float | None = None) -> None:
+    """Start a new attempt of the run and its job; every output line goes to ``log`` as it comes.
+
+    A refused input (the trainer's recorded verdict) raises TrainingInputError with the trainer's
+    reason; any other failure TrainingFailed with the reason, if any, and the output's tail.
+    ``timeout_seconds``: past it the ranks are killed and TrainingFailed is raised.
+    """
+    rank_url, password = split_password(database_url)
+    password = password or os.environ.get("PGPASSWORD") or None  # the worker's libpq password reaches them too
+    with connect(database_url) as conn:
+        attempt = record.begin_attempt(conn, run_id)
+        record.clear_training_output(conn, run_id)
+    command = local_command(run_id, world_size, attempt)
+    log.info("starting %d Horovod ranks (attempt %d): %s", world_size, attempt, " ".join(command))
+    with private_passfile(password) as passfile:
+        returncode, tail, timed_out = _run(command, rank_environment(os.environ, rank_url, passfile), log,
+                                           timeout_seconds)
+    if timed_out:
+        raise TrainingFailed(
+            f"the Horovod job of run {run_id} did not finish within {timeout_seconds:g} s and was stopped; "
+            "last output lines:\n" + "\n".join(tail)
+        )
+    if returncode == 0:
+        return
+    with connect(database_url) as conn:
+        verdict = record.trainer_verdict(conn, run_id, attempt)
+    if verdict is not None and verdict[0] == "refused":
+        raise TrainingInputError(f"run {run_id} cannot train on its planned input: {verdict[1]}")
+    raise TrainingFailed(
+        f"the Horovod job of run {run_id} exited with status {returncode}"
+        + (f": {verdict[1]}" if verdict else "") + "; last output lines:\n" + "\n".join(tail)
+    )
+
+
+def _run(command: list[str], env: dict[str, str], log: logging.Logger,
+         timeout_seconds: float | None) -> tuple[int, list[str], bool]:
+    """(exit status, the last output lines, whether the timeout stopped it)."""
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    timed_out = threading.Event()
+    with subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+        # Between fork and exec the child only calls prctl and getppid: no lock another thread may hold.
+        start_new_session=True, preexec_fn=preexec_die_with_this_process(),
+    ) as process:
+        # Killing the group closes the pipe, which ends the read loop below.
+        watchdog = threading.Timer(timeout_seconds or 0, lambda: (timed_out.set(), _kill_group(process)))
+        if timeout_seconds:
+            watchdog.start()
+        try:
+            assert process.stdout is not None
+            for line in process.stdout:
+                line = line.rstrip("\n")
+                tail.append(line)
+                log.info("%s", line)
+            returncode = process.wait()
+        except BaseException:
+            _kill_group(process)
+            raise
+        finally:
+            watchdog.cancel()
+    return returncode, list(tail), timed_out.is_set()
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

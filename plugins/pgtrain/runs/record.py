@@ -1,0 +1,267 @@
+"""The run record and everything written per run: manifest rows, metrics, staged parameters.
+
+The SQL contract between the Airflow side and the trainer: both call these functions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from pgtrain.config.params import TrainingConfig
+from pgtrain.core.errors import PgtrainError
+from pgtrain.store import tensors
+
+
+@dataclass(frozen=True)
+class Run:
+    run_id: str
+    dag_id: str
+    dag_run_id: str
+    model_name: str
+    config: TrainingConfig
+    base_version: int | None
+    input_dim: int | None
+    num_classes: int | None  # classification only
+    output_dim: int | None  # classes (classification) or target width (regression)
+    status: str
+    status_reason: str | None = None
+    attempt: int = 0  # the latest train attempt (begin_attempt); the trainer's writes are fenced by it
+
+
+@dataclass(frozen=True)
+class Shard:
+    rank: int
+    world_size: int
+    key_lo: str
+    key_hi: str
+    row_count: int
+    train_count: int
+    val_count: int
+
+
+def training_run_id(dag_id: str, dag_run_id: str) -> str:
+    return f"{dag_id}/{dag_run_id}"
+
+
+def plan_run(conn: psycopg.Connection, dag_id: str, dag_run_id: str, config: TrainingConfig) -> Run:
+    """Create the run record for a DAG run, or return the existing one (a re-run reuses it)."""
+    run_id = training_run_id(dag_id, dag_run_id)
+    with conn.transaction():
+        conn.execute(
+            """INSERT INTO pgtrain.training_runs (run_id, dag_id, dag_run_id, model_name, config, base_version)
+               SELECT %(run_id)s, %(dag_id)s, %(dag_run_id)s, %(model)s, %(config)s,
+                      (SELECT version FROM pgtrain.model_heads WHERE model_name = %(model)s)
+               ON CONFLICT (run_id) DO NOTHING""",
+            {"run_id": run_id, "dag_id": dag_id, "dag_run_id": dag_run_id,
+             "model": config.model_name, "config": Jsonb(config.to_dict())},
+        )
+    return get_run(conn, run_id)
+
+
+def get_run(conn: psycopg.Connection, run_id: str) -> Run:
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(
+            """SELECT run_id, dag_id, dag_run_id, model_name, config, base_version, input_dim, num_classes, output_dim,
+                      status, status_reason, attempt
+               FROM pgtrain.training_runs WHERE run_id = %s""",
+            (run_id,),
+        ).fetchone()
+    if row is None:
+        raise PgtrainError(f"training run {run_id!r} does not exist; plan_run creates it")
+    row["config"] = TrainingConfig.from_mapping(row["config"])
+    return Run(**row)
+
+
+def set_status(conn: psycopg.Connection, run_id: str, status: str, reason: str | None = None) -> None:
+    """Record what became of the run; a no-op when nothing changes (so re-commits keep updated_at)."""
+    with conn.transaction():
+        conn.execute(
+            """UPDATE pgtrain.training_runs SET status = %s, status_reason = %s, updated_at = now()
+               WHERE run_id = %s AND (status IS DISTINCT FROM %s OR status_reason IS DISTINCT FROM %s)""",
+            (status, reason, run_id, status, reason),
+        )
+
+
+def begin_attempt(conn: psycopg.Connection, run_id: str) -> int:
+    """Start a new train attempt: returns its number. Writes of every older attempt are refused from now on
+    (sql/007_verdicts.sql), and the run is 'training' until the attempt's trainer records its verdict."""
+    with conn.transaction():
+        row = conn.execute(
+            """UPDATE pgtrain.training_runs
+               SET attempt = attempt + 1, status = 'training', status_reason = NULL, updated_at = now()
+               WHERE run_id = %s RETURNING attempt""",
+            (run_id,),
+        ).fetchone()
+    if row is None:
+        raise PgtrainError(f"training run {run_id!r} does not exist; plan_run creates it")
+    return row[0]
+
+
+def mark_training(conn: psycopg.Connection, run_id: str) -> None:
+    """A trainer rank has started (always touches the row, so a stale attempt is refused right away).
+
+    A verdict already recorded by a faster peer of the same attempt stays.
+    """
+    with conn.transaction():
+        conn.execute(
+            """UPDATE pgtrain.training_runs SET status = 'training', updated_at = now()
+               WHERE run_id = %s AND status NOT IN ('refused', 'failed')""",
+            (run_id,),
+        )
+
+
+def trainer_verdict(conn: psycopg.Connection, run_id: str, attempt: int | None = None) -> tuple[str, str] | None:
+    """(status, reason) the trainer recorded when it stopped, 'refused' or 'failed', if it did (for ``attempt``,
+    when given: begin_attempt clears an earlier attempt's verdict, and a later attempt's is not this one's)."""
+    run = get_run(conn, run_id)
+    if run.status in ("refused", "failed") and run.status_reason and attempt in (None, run.attempt):
+        return run.status, run.status_reason
+    return None
+
+
+def record_verdict(conn: psycopg.Connection, run_id: str, status: str, reason: str) -> None:
+    """The trainer's verdict before it exits: 'refused' (bad input) or 'failed' (a crash), with the reason.
+
+    A refusal is the cause of the failures it makes in its peers (their collectives lose a rank), so
+    'refused' replaces 'failed' but never the other way round; the first reason of each kind stays.
+    """
+    if status not in ("refused", "failed"):
+        raise ValueError(f"a verdict is 'refused' or 'failed', not {status!r}")
+    kept = ("refused",) if status == "refused" else ("refused", "failed")
+    with conn.transaction():
+        conn.execute(
+            """UPDATE pgtrain.training_runs SET status = %s, status_reason = %s, updated_at = now()
+               WHERE run_id = %s AND status <> ALL(%s)""",
+            (status, reason, run_id, list(kept)),
+        )
+
+
+def save_summary(conn: psycopg.Connection, run_id: str, summary: dict[str, Any]) -> None:
+    with conn.transaction():
+        conn.execute("UPDATE pgtrain.training_runs SET summary = %s WHERE run_id = %s", (Jsonb(summary), run_id))
+
+
+def write_manifest(conn: psycopg.Connection, run_id: str, shards: list[Shard], input_dim: int,
+                   num_classes: int | None, output_dim: int | None = None) -> None:
+    """Replace the run's manifest (same transaction as the caller's snapshot, if any)."""
+    conn.execute("DELETE FROM pgtrain.shard_manifest WHERE run_id = %s", (run_id,))
+    with conn.cursor() as cur:
+        cur.executemany(
+            """INSERT INTO pgtrain.shard_manifest
+               (run_id, rank, world_size, key_lo, key_hi, row_count, train_count, val_count)
+               VALUES (%s, %s, %s, %s, %s, %s, %s, %s)""",
+            [(run_id, s.rank, s.world_size, s.key_lo, s.key_hi, s.row_count, s.train_count, s.val_count)
+             for s in shards],
+        )
+    conn.execute("UPDATE pgtrain.training_runs SET input_dim = %s, num_classes = %s, output_dim = %s "
+                 "WHERE run_id = %s", (input_dim, num_classes, output_dim or num_classes, run_id))
+    set_status(conn, run_id, "sharded")
+
+
+def get_manifest(conn: psycopg.Connection, run_id: str) -> list[Shard]:
+    rows = conn.execute(
+        """SELECT rank, world_size, key_lo, key_hi, row_count, train_count, val_count
+           FROM pgtrain.shard_manifest WHERE run_id = %s ORDER BY rank""",
+        (run_id,),
+    ).fetchall()
+    if not rows:
+        raise PgtrainError(f"run {run_id!r} has no shard manifest; compute_shards writes it")
+    return [Shard(*row) for row in rows]
+
+
+def record_epoch(conn: psycopg.Connection, run_id: str, epoch: int, metrics: dict[str, Any]) -> None:
+    """Store an epoch's metrics: the keys both tasks share in their columns, the whole dict in ``metrics``."""
+    columns = {key: metrics.get(key) for key in _METRIC_COLUMNS}
+    with conn.transaction():
+        conn.execute(
+            """INSERT INTO pgtrain.run_metrics
+               (run_id, epoch, train_loss, train_accuracy, val_loss, val_accuracy, seconds, metrics)
+               VALUES (%(run_id)s, %(epoch)s, %(train_loss)s, %(train_accuracy)s, %(val_loss)s,
+                       %(val_accuracy)s, %(seconds)s, %(metrics)s)
+               ON CONFLICT (run_id, epoch) DO UPDATE SET
+                 train_loss = EXCLUDED.train_loss, train_accuracy = EXCLUDED.train_accuracy,
+                 val_loss = EXCLUDED.val_loss, val_accuracy = EXCLUDED.val_accuracy,
+                 seconds = EXCLUDED.seconds, metrics = EXCLUDED.metrics, recorded_at = now()""",
+            {"run_id": run_id, "epoch": epoch, **columns, "metrics": Jsonb(json_safe(metrics))},
+        )
+
+
+def epoch_metrics(conn: psycopg.Connection, run_id: str) -> list[dict[str, Any]]:
+    """Every epoch's metrics dict, oldest first: ``epoch``, the shared columns, and whatever else was recorded."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(
+            """SELECT epoch, train_loss, train_accuracy, val_loss, val_accuracy, seconds, metrics
+               FROM pgtrain.run_metrics WHERE run_id = %s ORDER BY epoch""",
+            (run_id,),
+        ).fetchall()
+    return [_merged(row) for row in rows]
+
+
+def _merged(row: dict[str, Any]) -> dict[str, Any]:
+    """The JSON copy, overlaid with the columns that hold a value: they keep non-finite values JSON cannot hold.
+    A column that is NULL and absent from the JSON does not apply to the task (val_accuracy of a regression)."""
+    recorded = row.pop("metrics") or {}
+    return {**recorded, **{k: v for k, v in row.items() if v is not None or k in recorded}}
+
+
+def set_model_layout(conn: psycopg.Connection, run_id: str, layout: dict[str, dict[str, Any]]) -> None:
+    """Record the run's state-dict layout ``{name: {"shape": [...], "dtype": "float32"}}`` (rank 0, before training)."""
+    with conn.transaction():
+        conn.execute("UPDATE pgtrain.training_runs SET model_layout = %s, updated_at = now() WHERE run_id = %s",
+                     (Jsonb(layout), run_id))
+
+
+def set_init_version(conn: psycopg.Connection, run_id: str, version: int | None) -> None:
+    """Record the model version the run's weights started from (None: from scratch)."""
+    with conn.transaction():
+        conn.execute("UPDATE pgtrain.training_runs SET init_version = %s, updated_at = now() WHERE run_id = %s",
+                     (version, run_id))
+
+
+_METRIC_COLUMNS = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "seconds")
+
+
+def json_safe(metrics: dict[str, Any]) -> dict[str, Any]:
+    """NaN and infinities as null: JSON has no spelling for them (the typed columns keep them)."""
+    return {key: None if isinstance(value, float) and not math.isfinite(value) else value
+            for key, value in metrics.items()}
+
+
+def clear_training_output(conn: psycopg.Connection, run_id: str) -> None:
+    """Forget metrics and staged parameters of an earlier attempt of this run."""
+    with conn.transaction():
+        conn.execute("DELETE FROM pgtrain.run_metrics WHERE run_id = %s", (run_id,))
+        tensors.delete_staged(conn, run_id)
+
+
+def outcome(conn: psycopg.Connection, run_id: str) -> str:
+    """What became of the run, in one line (the DAG run's note): the version committed and its validation
+    metric, or why not; and the model's head before and after."""
+    row = conn.execute(
+        """SELECT r.model_name, r.status, r.status_reason, r.base_version, v.version, v.metrics, h.version
+           FROM pgtrain.training_runs r
+           LEFT JOIN pgtrain.model_versions v ON v.run_id = r.run_id
+           LEFT JOIN pgtrain.model_heads h ON h.model_name = r.model_name
+           WHERE r.run_id = %s""",
+        (run_id,),
+    ).fetchone()
+    if row is None:
+        raise PgtrainError(f"training run {run_id!r} does not exist; plan_run creates it")
+    model, status, reason, before, version, metrics, after = row
+    head = f"head {_v(before)} -> {_v(after)}" if before != after else f"head stays {_v(after)}"
+    if version is not None:
+        metric = ", ".join(f"{k} {metrics[k]:.4f}" for k in ("val_accuracy", "val_rmse", "val_loss")
+                           if isinstance((metrics or {}).get(k), int | float))[:80] or "no validation metric"
+        moved = "" if after == version else " (not the head: the architecture changed; promote it to use it)"
+        return f"{model} v{version} committed{moved}: {metric}; {head}"
+    return f"{model}: {status}" + (f": {reason}" if reason else "") + f"; {head}"
+
+
+def _v(version: int | None) -> str:
+    return "none" if version is None else f"v{version}"

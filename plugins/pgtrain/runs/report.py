@@ -1,0 +1,102 @@
+"""The summary of a run: rows per rank, loss curve, validation metrics, committed version, wall time.
+
+    python -m pgtrain.runs.report [RUN_ID]     # default: the most recent run
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from pgtrain.core.db import connect
+from pgtrain.core.errors import PgtrainError
+from pgtrain.runs import record
+
+
+def build_summary(conn: psycopg.Connection, run_id: str) -> dict[str, Any]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(
+            """SELECT r.run_id, r.model_name, r.status, r.status_reason, r.input_dim, r.num_classes,
+                      extract(epoch FROM r.updated_at - r.created_at)::float8 AS wall_seconds,
+                      v.version, v.created_at, p.excluded_rows, h.version IS NOT NULL AS is_head
+               FROM pgtrain.training_runs r
+               LEFT JOIN pgtrain.model_versions v ON v.run_id = r.run_id
+               LEFT JOIN pgtrain.model_heads h ON h.model_name = v.model_name AND h.version = v.version
+               LEFT JOIN pgtrain.shard_plans p ON p.run_id = r.run_id
+               WHERE r.run_id = %s""",
+            (run_id,),
+        ).fetchone()
+        manifest = cur.execute(
+            "SELECT rank, row_count, train_count, val_count FROM pgtrain.shard_manifest WHERE run_id = %s "
+            "ORDER BY rank",
+            (run_id,),
+        ).fetchall()
+    if row is None:
+        raise PgtrainError(f"training run {run_id!r} does not exist; `python -m pgtrain.runs.report` lists the latest")
+    epochs = record.epoch_metrics(conn, run_id)
+    last = epochs[-1] if epochs else {}
+    return {
+        "run_id": run_id,
+        "model_name": row["model_name"],
+        "status": row["status"],
+        "status_reason": row["status_reason"],
+        "rows_per_rank": [m["row_count"] for m in manifest],
+        "train_rows_per_rank": [m["train_count"] for m in manifest],
+        "excluded_rows": row["excluded_rows"] or 0,
+        "loss_per_epoch": [round(e["train_loss"], 5) for e in epochs],
+        "val_accuracy": last.get("val_accuracy"),
+        "validation": {k: v for k, v in last.items() if k.startswith("val_") and v is not None},
+        "samples_per_second": last.get("samples_per_second"),
+        "version": row["version"],
+        "is_head": bool(row["is_head"]),
+        "wall_seconds": round(row["wall_seconds"], 1),
+    }
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    validation = summary.get("validation") or {}
+    head = "" if summary.get("is_head", True) else f" (not the head: {summary['status_reason']})"
+    lines = [
+        f"run               {summary['run_id']} ({summary['status']})",
+        f"rows per rank     {summary['rows_per_rank']} (training: {summary['train_rows_per_rank']})"
+        + (f", {summary['excluded_rows']} bad rows excluded" if summary["excluded_rows"] else ""),
+        "loss per epoch    " + " ".join(f"{loss:.4f}" for loss in summary["loss_per_epoch"]),
+        "validation        " + (", ".join(f"{k.removeprefix('val_')} {v:.4f}" for k, v in validation.items())
+                                 or "n/a"),
+        f"committed version {summary['model_name']} v{summary['version']}{head}" if summary["version"]
+        else f"committed version none ({summary['status_reason'] or 'not committed'})",
+        f"wall time         {summary['wall_seconds']} s",
+    ]
+    return "\n".join(lines)
+
+
+def latest_run_id(conn: psycopg.Connection) -> str | None:
+    row = conn.execute("SELECT run_id FROM pgtrain.training_runs ORDER BY created_at DESC LIMIT 1").fetchone()
+    return row[0] if row else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pgtrain.runs.report", description=__doc__.splitlines()[0])
+    parser.add_argument("run_id", nargs="?", help="default: the most recent run")
+    parser.add_argument("--require-committed", action="store_true", help="exit 1 unless the run committed")
+    args = parser.parse_args(argv)
+    with connect() as conn:
+        run_id = args.run_id or latest_run_id(conn)
+        if run_id is None:
+            print("no training runs yet", file=sys.stderr)
+            return 1
+        try:
+            summary = build_summary(conn, run_id)
+        except PgtrainError as error:
+            print(error, file=sys.stderr)
+            return 1
+    print(format_summary(summary))
+    return 1 if args.require_committed and summary["status"] != "committed" else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

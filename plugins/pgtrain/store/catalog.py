@@ -1,0 +1,68 @@
+"""What the store holds, for people: models and their heads, versions, head moves, a run and its epochs.
+
+Read-only queries shared by ``pgtrain-models`` (the CLI) and the models page of the Airflow UI
+(``pgtrain.airflow.ui.app``). No Airflow here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from pgtrain.runs import record
+
+
+def list_models(conn: psycopg.Connection) -> list[dict[str, Any]]:
+    """Every model with a version: its head (version, when it moved, metrics), version count and newest version."""
+    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            """SELECT v.model_name, count(*) AS versions, max(v.version) AS newest_version,
+                      max(v.created_at) AS newest_at, h.version AS head_version, h.updated_at AS head_moved_at,
+                      (SELECT hv.metrics FROM pgtrain.model_versions hv
+                        WHERE hv.model_name = h.model_name AND hv.version = h.version) AS head_metrics
+               FROM pgtrain.model_versions v
+               LEFT JOIN pgtrain.model_heads h ON h.model_name = v.model_name
+               GROUP BY v.model_name, h.model_name, h.version, h.updated_at
+               ORDER BY v.model_name"""
+        ).fetchall()
+
+
+def list_versions(conn: psycopg.Connection, model_name: str | None = None) -> list[dict[str, Any]]:
+    """Versions (of one model, or all), oldest first: metrics, run and DAG run, parent version, head mark."""
+    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            """SELECT v.model_name, v.version, v.run_id, v.fencing_token, v.metrics, v.created_at,
+                      h.version IS NOT NULL AS is_head, (v.spec ->> 'parent_version')::integer AS parent_version,
+                      r.dag_id, r.dag_run_id
+               FROM pgtrain.model_versions v
+               LEFT JOIN pgtrain.model_heads h ON h.model_name = v.model_name AND h.version = v.version
+               LEFT JOIN pgtrain.training_runs r ON r.run_id = v.run_id
+               WHERE %(model)s::text IS NULL OR v.model_name = %(model)s
+               ORDER BY v.model_name, v.version""",
+            {"model": model_name},
+        ).fetchall()
+
+
+def head_history(conn: psycopg.Connection, model_name: str) -> list[dict[str, Any]]:
+    """Every move of the model's head, oldest first."""
+    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            """SELECT version, previous_version, fencing_token, action, owner, moved_at
+               FROM pgtrain.model_head_history WHERE model_name = %s ORDER BY id""",
+            (model_name,),
+        ).fetchall()
+
+
+def run_overview(conn: psycopg.Connection, run_id: str) -> dict[str, Any]:
+    """A run for display: its record (config as a dict), the version it made (if any) and its epochs."""
+    run = record.get_run(conn, run_id)
+    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        made = cur.execute(
+            "SELECT model_name, version, created_at FROM pgtrain.model_versions WHERE run_id = %s", (run_id,)
+        ).fetchone()
+    return {"run_id": run.run_id, "dag_id": run.dag_id, "dag_run_id": run.dag_run_id,
+            "model_name": run.model_name, "status": run.status, "status_reason": run.status_reason,
+            "base_version": run.base_version, "config": run.config.to_dict(),
+            "version": made["version"] if made else None, "epochs": record.epoch_metrics(conn, run_id)}

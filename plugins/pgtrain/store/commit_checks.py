@@ -1,0 +1,142 @@
+"""What a commit checks and records, without touching the store: the staged layout against the run's model
+layout, the quality gate per task, whether the architecture changed, and the version's spec."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import psycopg
+
+from pgtrain.config.params import TrainingConfig
+from pgtrain.core.errors import CommitRejected
+from pgtrain.runs.record import Run
+from pgtrain.store.model_spec import ModelSpec
+from pgtrain.store.tensors import FLOAT_DTYPES, TensorInfo
+
+# What a head and a new version must share for the new one to replace the head without an explicit promote.
+ARCHITECTURE_KEYS = ("model", "task", "input_dim", "output_dim")
+
+
+def run_record(conn: psycopg.Connection, run_id: str) -> dict[str, Any]:
+    """Every column of the run's row, including those later migrations add (model_layout, init_version, ...)."""
+    row = conn.execute("SELECT to_jsonb(r) FROM pgtrain.training_runs r WHERE run_id = %s", (run_id,)).fetchone()
+    return row[0] if row else {}
+
+
+def expected_layout(run: Run, record: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...], str]]:
+    """name -> (shape, dtype) the staged tensors must have: the trainer's model_layout, else (runs from before
+    it was recorded) the built-in MLP of the run's dimensions."""
+    layout = record.get("model_layout")
+    if layout:
+        return {name: (tuple(t["shape"]), t["dtype"]) for name, t in layout.items()}
+    output_dim = record.get("output_dim") or run.num_classes
+    if run.input_dim is None or output_dim is None:
+        raise CommitRejected(f"run {run.run_id!r} has no model_layout and no input_dim/output_dim: the trainer "
+                             "did not record its model; re-run the train task")
+    spec = ModelSpec(run.input_dim, tuple(run.config.hidden_sizes), output_dim)
+    return {name: (shape, "float32") for name, shape in spec.parameter_shapes().items()}
+
+
+def layout_problems(infos: list[TensorInfo], expected: Mapping[str, tuple[tuple[int, ...], str]]) -> list[str]:
+    """Everything wrong with the staged tensors: missing, unexpected, wrong shape or dtype."""
+    staged = {i.name: i for i in infos}
+    problems = [f"missing tensor {name} {list(shape)}" for name, (shape, _) in expected.items() if name not in staged]
+    problems += [f"unexpected tensor {name}" for name in staged if name not in expected]
+    for name, info in staged.items():
+        if name not in expected:
+            continue
+        shape, dtype = expected[name]
+        if info.shape != tuple(shape):
+            problems.append(f"{name} has shape {list(info.shape)}, the model needs {list(shape)}")
+        if info.dtype != dtype:
+            problems.append(f"{name} has dtype {info.dtype}, the model needs {dtype}")
+    return problems
+
+
+def nonfinite_problems(infos: list[TensorInfo], counted: Mapping[str, int]) -> list[str]:
+    """One line per float tensor with NaN/Inf values (``counted`` fills in counts the writer did not record)."""
+    problems = []
+    for info in infos:
+        if info.dtype not in FLOAT_DTYPES:
+            continue
+        count = info.nonfinite if info.nonfinite is not None else counted.get(info.name, 0)
+        if count:
+            problems.append(f"{info.name} has {count} non-finite values")
+    return problems
+
+
+def version_spec(conn: psycopg.Connection, run: Run, record: Mapping[str, Any]) -> dict[str, Any]:
+    """What rebuilding and using the version takes, and where it came from (stored as model_versions.spec)."""
+    config = run.config
+    plan = conn.execute("SELECT snapshot::text FROM pgtrain.shard_plans WHERE run_id = %s", (run.run_id,)).fetchone()
+    last = conn.execute("SELECT key_hi FROM pgtrain.shard_manifest WHERE run_id = %s ORDER BY rank DESC LIMIT 1",
+                        (run.run_id,)).fetchone()
+    return {
+        "model": config.model,
+        "model_options": config.model_options_for_build,
+        "input_dim": run.input_dim,
+        "output_dim": record.get("output_dim") or run.num_classes,
+        "feature_columns": list(config.feature_columns or [config.features_column]),
+        "target_column": config.label_column,
+        "task": config.task,
+        "standardize_target": config.standardize_target,
+        "parent_version": record.get("init_version"),
+        "source_table": config.source_table,
+        "key_column": config.key_column,
+        "watermark": {"snapshot": plan[0] if plan else None, "max_key": last[0] if last else None},
+    }
+
+
+def architecture_change(spec: Mapping[str, Any], head: Mapping[str, Any] | None) -> str | None:
+    """How the version differs from the head's in model, task or widths (None: same, or no head to compare)."""
+    head_spec = (head or {}).get("spec")
+    if not head_spec:
+        return None
+    diffs = [f"{key} {head_spec.get(key)!r} -> {spec.get(key)!r}" for key in ARCHITECTURE_KEYS
+             if head_spec.get(key) != spec.get(key)]
+    return ", ".join(diffs) or None
+
+
+def quality_gate(config: TrainingConfig, task: str, metrics: Mapping[str, Any],
+                 head: Mapping[str, Any] | None) -> str | None:
+    """None when the run may become a version (and the head), else the reason it may not.
+
+    Floors (min_val_accuracy / max_val_rmse) hold whatever the head; the comparison with the head
+    (max_accuracy_drop on val_accuracy / max_rmse_rise on val_rmse, absolute) only when there is a
+    comparable head (``head`` None: none, or a different architecture).
+    """
+    if task == "regression":
+        return _gate(metrics, head, key="val_rmse", better="lower", floor=config.max_val_rmse,
+                     floor_name="max_val_rmse", slack=config.max_rmse_rise,
+                     slack_name="max_rmse_rise")
+    return _gate(metrics, head, key="val_accuracy", better="higher", floor=config.min_val_accuracy,
+                 floor_name="min_val_accuracy", slack=config.max_accuracy_drop,
+                 slack_name="max_accuracy_drop")
+
+
+def _gate(metrics: Mapping[str, Any], head: Mapping[str, Any] | None, *, key: str, better: str,
+          floor: float | None, floor_name: str, slack: float | None, slack_name: str) -> str | None:
+    value = metrics.get(key)
+    label = key.replace("val_", "validation ")
+    head_value = (head or {}).get("metrics", {}).get(key) if head and slack is not None else None
+    if value is None and floor is not None:
+        return (f"quality gate: the run has no {label} to check against {floor_name}={floor:g}; "
+                "train with validation_fraction > 0")
+    if value is None and head_value is not None:
+        return (f"quality gate: the run has no {label} to compare with head version {head['version']} "
+                f"({head_value:.4f}); train with validation_fraction > 0")
+    if value is None:
+        return None
+    worse = (lambda a, b: a < b - 1e-12) if better == "higher" else (lambda a, b: a > b + 1e-12)
+    if floor is not None and worse(value, floor):
+        return (f"quality gate: {label} {value:.4f} is {'below' if better == 'higher' else 'above'} "
+                f"{floor_name}={floor:g}")
+    if head_value is None:
+        return None
+    bound = head_value - slack if better == "higher" else head_value + slack
+    if worse(value, bound):
+        direction = "below" if better == "higher" else "above"
+        return (f"quality gate: {label} {value:.4f} is more than {slack_name}={slack:g} {direction} head version "
+                f"{head['version']} ({head_value:.4f}); the head stays at version {head['version']}")
+    return None

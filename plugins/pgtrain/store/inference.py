@@ -1,0 +1,306 @@
+"""Use a committed version: ``load_model`` rebuilds it from its spec alone; ``predict`` scores a table with it.
+
+``predict`` resolves the table like a training source (``source.resolve_source``: a unique index on the key,
+exact column names), reads it once in key order, a page at a time (keyset pages on that unique key: one
+binary COPY row per page, the features packed as ``source.feature_payload`` sends them to the loader and
+viewed with the loader's numpy layout), runs the model, and COPYs (key, prediction) into the target table,
+all in one transaction: the predictions land together or not at all. Rows the loader would call bad (NULL
+key, NULL, non-finite or out-of-range features, wrong length) stop it with a report, or are skipped when asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import psycopg
+from psycopg import sql
+from psycopg.pq import TransactionStatus
+
+from pgtrain.core import db
+from pgtrain.core.errors import PgtrainError, SourceError
+from pgtrain.data import copy_binary
+from pgtrain.data.source.resolve import COLUMNS, MissingColumnError, Source, find_relation, resolve_source
+from pgtrain.data.source.rows import BAD_ROW_KINDS, COLUMN_KINDS, feature_checks, feature_payload
+from pgtrain.data.source.snapshot import prefer_index_order, snapshot_transaction
+from pgtrain.data.wire import feature_groups_of, fill_features, source_feature_fields
+from pgtrain.store import model_store
+
+if TYPE_CHECKING:
+    import torch
+
+DEFAULT_BATCH_ROWS = 10_000
+PREDICTION_COLUMN = "prediction"
+EXAMPLE_KEYS = 10  # as many as pgtrain.example_keys keeps
+_FLOAT8_OID = 701
+_I64 = np.dtype(">i8")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    model_name: str
+    version: int
+    into: str
+    rows: int
+    skipped: int = 0  # bad rows left out (skip_bad_rows)
+
+
+def load_model(conn_or_url: psycopg.Connection | str, name: str, version: int | str = "head") -> torch.nn.Module:
+    """The version (``"head"`` or a number) as a torch module in eval mode, built by ``trainer.model.build_model``
+    from what the version records and loaded strictly with its state dict.
+
+    A URL is opened with ``pgtrain.core.db.connect``: a malformed one is a ConfigError that does not quote its
+    password."""
+    with _connection(conn_or_url) as conn:
+        number, spec, _ = model_store.version_layout(conn, name, _version_number(version))
+        _, arrays = model_store.load_tensors(conn, name, number)
+    return _build(name, number, spec, arrays)
+
+
+def predict(conn: psycopg.Connection, name: str, version: int | str | None, source: str, key_column: str, into: str,
+            feature_columns: Sequence[str] | None = None, batch_rows: int = DEFAULT_BATCH_ROWS, *,
+            skip_bad_rows: bool = False) -> Prediction:
+    """Score every row of ``source`` with the version and write (key, prediction) into ``into``.
+
+    ``source`` needs a unique index on ``key_column``, as a training source does. Feature columns default to
+    those recorded with the version. A row the model cannot score (a NULL key; NULL, NaN, infinite or
+    out-of-range features; a feature array of the wrong length) is a SourceError reporting how many and
+    example keys, unless ``skip_bad_rows``: then those rows get no prediction and are counted. ``into`` is
+    created when missing, with the source key's type and ``prediction`` integer (classification), double
+    precision (a scalar target) or double precision[]; an existing table must have those two columns and no
+    predictions for the same keys yet.
+    """
+    if batch_rows < 1:
+        raise PgtrainError(f"batch_rows must be at least 1, got {batch_rows}")
+    with _scoring_transaction(conn):
+        number, spec, _ = model_store.version_layout(conn, name, _version_number(version))
+        _, arrays = model_store.load_tensors(conn, name, number)
+        model = _build(name, number, spec, arrays)
+        input_dim = int(spec["input_dim"])
+        scored = _scoring_source(conn, name, number, spec, source, key_column, feature_columns)
+        classify = spec.get("task", "classification") == "classification"
+        output_dim = int(spec["output_dim"])
+        target = _target_table(conn, into, scored, "integer" if classify else
+                               "double precision" if output_dim == 1 else "double precision[]")
+        skipped = _null_keys(conn, scored)
+        if skipped and not skip_bad_rows:
+            raise SourceError(_bad_rows_message(conn, scored, input_dim))
+        rows = 0
+        for keys, x, bad in _pages(conn, scored, input_dim, batch_rows):
+            if bad and not skip_bad_rows:
+                raise SourceError(_bad_rows_message(conn, scored, input_dim))
+            skipped += bad
+            if keys:
+                rows += _write_page(conn, target, scored, keys, _forward(model, x), classify, output_dim)
+    return Prediction(name, number, into, rows, skipped)
+
+
+# -- the model --------------------------------------------------------------------------------------------
+def _build(name: str, version: int, spec: dict[str, Any], arrays: dict[str, np.ndarray]) -> torch.nn.Module:
+    import torch
+
+    from trainer.model import build_model
+
+    if not spec.get("model") or not spec.get("input_dim") or not spec.get("output_dim"):
+        raise PgtrainError(f"model {name!r} version {version} records no model spec to rebuild it from; "
+                           "export its state dict instead (pgtrain-models export)")
+    model = build_model(spec["model"], int(spec["input_dim"]), int(spec["output_dim"]),
+                        spec.get("model_options") or {}, seed=0)
+    # assign: the module's tensors become the arrays just read, instead of a second copy of the weights
+    model.load_state_dict({n: torch.from_numpy(a) for n, a in arrays.items()}, strict=True, assign=True)
+    return model.eval()
+
+
+def _forward(model: torch.nn.Module, x: np.ndarray) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return model(torch.from_numpy(x)).numpy()
+
+
+def _version_number(version: int | str | None) -> int | None:
+    if version is None or version == "head":
+        return None
+    try:
+        return int(version)
+    except (TypeError, ValueError):
+        raise PgtrainError(f"version should be 'head' or a version number, got {version!r}") from None
+
+
+@contextmanager
+def _connection(conn_or_url: psycopg.Connection | str) -> Iterator[psycopg.Connection]:
+    if isinstance(conn_or_url, str):
+        with db.connect(conn_or_url, autocommit=True, application_name="pgtrain-load-model") as conn:
+            yield conn
+    else:
+        yield conn_or_url
+
+
+@contextmanager
+def _scoring_transaction(conn: psycopg.Connection) -> Iterator[None]:
+    """One transaction; its own REPEATABLE READ snapshot (every page sees the same rows) when the connection
+    is idle in autocommit, else a savepoint in the caller's transaction."""
+    if conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
+        with snapshot_transaction(conn):
+            prefer_index_order(conn)
+            yield
+    else:
+        with conn.transaction():
+            yield
+
+
+# -- the source -------------------------------------------------------------------------------------------
+def _scoring_source(conn: psycopg.Connection, name: str, version: int, spec: dict[str, Any], table: str,
+                    key_column: str, feature_columns: Sequence[str] | None) -> Source:
+    recorded = list(spec.get("feature_columns") or [])
+    columns = tuple(feature_columns or recorded)
+    if not columns:
+        raise PgtrainError(f"model {name!r} version {version} records no feature columns; pass feature_columns "
+                           "(--feature-columns) in the model's input order")
+    try:
+        source = resolve_source(conn, table, key_column, None, None, feature_columns=columns)
+    except MissingColumnError as error:
+        if error.role != "feature_columns" or feature_columns:
+            raise
+        raise MissingColumnError(
+            f"{error}. Model {name!r} version {version} was trained on the feature columns "
+            f"{', '.join(map(repr, recorded))} (in that order): score a table that has them, or pass "
+            "--feature-columns (feature_columns=) naming this table's columns in that order",
+            error.role, error.columns) from None
+    input_dim = int(spec["input_dim"])
+    if source.feature_format == COLUMNS and len(columns) != input_dim:
+        raise SourceError(f"model {name!r} version {version} takes {input_dim} features but {len(columns)} columns "
+                          f"were given ({', '.join(map(repr, columns))})")
+    return source
+
+
+def _null_keys(conn: psycopg.Connection, source: Source) -> int:
+    """Rows whose key is NULL: keyset pages never reach them, so they are counted (an index scan) up front."""
+    return conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE {} IS NULL").format(
+        source.relation, source.key)).fetchone()[0]
+
+
+def _pages(conn: psycopg.Connection, source: Source, dim: int, batch_rows: int
+           ) -> Iterator[tuple[list[memoryview], np.ndarray, int]]:
+    """(keys of the good rows as binary COPY fields, their features float32 (rows, dim), bad rows) a page at a
+    time, in key order: keyset pages on the unique key, one binary COPY row each."""
+    checks = feature_checks(source, dim)
+    bad = sql.SQL(" OR ").join(c for kind, c in checks.items() if kind != "null_key")
+    names = [source.key_column] + [c for c in (source.column_names or (source.features_column,))
+                                   if c != source.key_column]
+    layout = np.dtype(source_feature_fields(source, dim))
+    groups = feature_groups_of(source, dim)
+    after: sql.Composable = sql.SQL("{} IS NOT NULL").format(source.key)
+    while True:
+        # The page's rows are selected (and checked, once each) in the inner query; the payload of a bad row
+        # is never computed (FILTER), so a value the checks reject cannot make a cast fail.
+        query = sql.SQL(
+            """COPY (SELECT count(*), count(*) FILTER (WHERE _pgtrain_bad),
+                            (array_agg({key}::text ORDER BY {key}))[count(*)],
+                            array_agg({key} ORDER BY {key}) FILTER (WHERE NOT _pgtrain_bad),
+                            string_agg({payload}, ''::bytea ORDER BY {key}) FILTER (WHERE NOT _pgtrain_bad)
+                     FROM (SELECT {columns}, coalesce({bad}, false) AS _pgtrain_bad FROM {rel} WHERE {after}
+                           ORDER BY {key} LIMIT {n}) AS _pgtrain_page)
+               TO STDOUT (FORMAT BINARY)""").format(
+            key=source.key, payload=feature_payload(source), columns=sql.SQL(", ").join(map(sql.Identifier, names)),
+            bad=bad, rel=source.relation, after=after, n=sql.Literal(batch_rows))
+        with conn.cursor() as cur, cur.copy(query) as copy:
+            (row,) = [bytes(r) for r in copy_binary.rows(copy)]
+        count, skipped, last, keys, payload = copy_binary.fields(memoryview(row))
+        total, skipped = int(np.frombuffer(count, _I64)[0]), int(np.frombuffer(skipped, _I64)[0])
+        if total == 0:
+            return
+        good = total - skipped
+        if good:
+            if len(payload) != good * layout.itemsize:
+                raise SourceError(f"{source.qualified_name}: {good} rows sent {len(payload)} bytes of features, "
+                                  f"not {good} x {layout.itemsize}; every row needs {dim} features")
+            x = np.empty((good, dim), np.float32)
+            fill_features(np.frombuffer(payload, layout, good), x, groups)
+            yield copy_binary.array_elements(keys, good), x, skipped
+        else:
+            yield [], np.empty((0, dim), np.float32), skipped
+        after = sql.SQL("{} > CAST({} AS {})").format(source.key, sql.Literal(bytes(last).decode()),
+                                                      sql.SQL(source.key_type))
+
+
+def _bad_rows_message(conn: psycopg.Connection, source: Source, dim: int) -> str:
+    """How many rows of the source cannot be scored, by kind, with example keys (one more scan of the table)."""
+    checks = feature_checks(source, dim)
+    flags = [sql.Identifier(f"_pgtrain_{kind}") for kind in checks]
+    total, *found = conn.execute(sql.SQL(
+        """SELECT count(*), {per_kind}
+           FROM (SELECT {key}::text AS _pgtrain_key, {checks} FROM {rel} OFFSET 0) AS _pgtrain_checked"""
+    ).format(per_kind=sql.SQL(", ").join(
+        sql.SQL("count(*) FILTER (WHERE {f}), pgtrain.example_keys(_pgtrain_key) FILTER (WHERE {f})").format(f=f)
+        for f in flags),
+        key=source.key, rel=source.relation,
+        checks=sql.SQL(", ").join(sql.SQL("coalesce({}, false) AS {}").format(c, f)
+                                  for c, f in zip(checks.values(), flags, strict=True)))).fetchone()
+    meanings = BAD_ROW_KINDS | (COLUMN_KINDS if source.feature_format == COLUMNS else {})
+    lines, bad = [], 0
+    for kind, count, examples in zip(checks, found[::2], found[1::2], strict=True):
+        if count:
+            bad += count
+            shown = [k for k in examples or [] if k is not None][:EXAMPLE_KEYS]
+            lines.append(f"  {kind}: {count} rows ({meanings[kind].format(dim=dim)})"
+                         + (", e.g. keys " + ", ".join(shown) if shown else ""))
+    return "\n".join([f"{bad} rows of {source.qualified_name} (of {total}) cannot be scored; fix or delete them, "
+                       "or pass --skip-bad-rows (skip_bad_rows=True) to score the others without them:", *lines])
+
+
+# -- the target -------------------------------------------------------------------------------------------
+def _target_table(conn: psycopg.Connection, into: str, source: Source, prediction_type: str) -> sql.Identifier:
+    try:
+        with conn.transaction():
+            parts = conn.execute("SELECT parse_ident(%s)", (into,)).fetchone()[0]
+    except psycopg.errors.InvalidParameterValue as error:
+        raise PgtrainError(f"--into {into!r} is not a valid table name: {error.diag.message_primary}") from None
+    if len(parts) > 2:
+        raise PgtrainError(f"--into {into!r}: give a table or schema.table")
+    target = sql.Identifier(*parts)
+    key_type = sql.SQL(source.key_type)  # format_type() of the source's key, from the catalog
+    conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({} {} PRIMARY KEY, {} {} NOT NULL)").format(
+        target, source.key, key_type, sql.Identifier(PREDICTION_COLUMN), sql.SQL(prediction_type)))
+    oid = find_relation(conn, target.as_string(conn), role="--into")[0]
+    have = dict(conn.execute("""SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute
+                                WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped""", (oid,)).fetchall())
+    wanted = {source.key_column: source.key_type, PREDICTION_COLUMN: prediction_type}
+    wrong = [f"{c} {t}" for c, t in wanted.items() if have.get(c) != t]
+    if wrong:
+        raise PgtrainError(f"table {into!r} exists without the columns predict writes ({', '.join(wrong)}); "
+                           "predict into a new table")
+    return target
+
+
+def _write_page(conn: psycopg.Connection, target: sql.Identifier, source: Source, keys: list[memoryview],
+                out: np.ndarray, classify: bool, output_dim: int) -> int:
+    # Each prediction as a binary COPY field (length word, then the value), built for the whole page at once.
+    if classify:
+        fields = np.empty(len(out), dtype=[("len", ">i4"), ("v", ">i4")])
+        fields["len"], fields["v"] = 4, out.argmax(axis=1)
+    elif output_dim == 1:
+        fields = np.empty(len(out), dtype=[("len", ">i4"), ("v", ">f8")])
+        fields["len"], fields["v"] = 8, out[:, 0]
+    else:  # a 1-D double precision[]: ndim, hasnull, element type, length, lower bound, then the elements
+        cell = np.dtype([("len", ">i4"), ("v", ">f8")])
+        fields = np.empty(len(out), dtype=[("len", ">i4"), ("head", ">i4", 5), ("cells", cell, (output_dim,))])
+        fields["len"], fields["head"] = 20 + cell.itemsize * output_dim, (1, 0, _FLOAT8_OID, output_dim, 1)
+        fields["cells"]["len"], fields["cells"]["v"] = 8, out
+    raw, size = fields.tobytes(), fields.dtype.itemsize
+    field_count = copy_binary.I16.pack(2)
+    rows = b"".join(field_count + k + raw[i * size:(i + 1) * size] for i, k in enumerate(keys))
+    statement = sql.SQL("COPY {} ({}, {}) FROM STDIN (FORMAT BINARY)").format(
+        target, source.key, sql.Identifier(PREDICTION_COLUMN))
+    try:
+        with conn.transaction(), conn.cursor() as cur, cur.copy(statement) as copy:
+            copy.write(copy_binary.HEADER)
+            copy.write(rows)
+            copy.write(copy_binary.TRAILER)
+    except psycopg.errors.UniqueViolation:
+        raise PgtrainError(f"table {target.as_string(conn)} already holds predictions for some of these keys; "
+                           "predict into a new table or delete them first") from None
+    return len(keys)

@@ -1,0 +1,386 @@
+"""Leased locks in PostgreSQL with fencing tokens (see docs/locks.md).
+
+A lock is a row of ``pgtrain.store.locks``. Taking it is one conditional upsert that succeeds only when
+the row is free or its lease has expired, and gives the holder a fencing token larger than every
+token issued before. Writes that need the lock run inside :func:`fenced`, which re-checks, in the
+writer's own transaction and under a row lock, that the token is still the current one and the
+lease still valid; a paused holder whose lease was taken over therefore cannot write anything.
+
+Waiters LISTEN on one channel and are woken by the NOTIFY sent in the releasing transaction, or at
+the moment the current lease would expire (a holder killed with SIGKILL sends no NOTIFY).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from pgtrain.core.db import connect_like
+from pgtrain.core.errors import LockTimeout, PgtrainError, StaleLockToken
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "pgtrain_locks"
+DEFAULT_TTL = 30.0
+DEFAULT_TIMEOUT = 60.0
+# Upper bound on one wait between attempts, in case a wake-up is ever lost (e.g. a NOTIFY
+# dropped by a proxy); normal wake-ups are the NOTIFY on release and the lease's expiry.
+_MAX_WAIT = 5.0
+
+_ACQUIRE = """
+WITH taken AS (
+    INSERT INTO pgtrain.store.locks AS l (name, token, owner, acquired_at, heartbeat_at, expires_at)
+    VALUES (%(name)s, nextval('pgtrain.fencing_tokens'), %(owner)s, clock_timestamp(), clock_timestamp(),
+            clock_timestamp() + %(ttl)s * interval '1 second')
+    ON CONFLICT (name) DO UPDATE
+       -- nextval here (not in VALUES) runs once the row lock is held: tokens grow in acquisition order.
+       SET token = greatest(nextval('pgtrain.fencing_tokens'), l.token + 1),
+           owner = EXCLUDED.owner,
+           acquired_at = clock_timestamp(),
+           heartbeat_at = clock_timestamp(),
+           expires_at = clock_timestamp() + %(ttl)s * interval '1 second'
+       WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp()
+    RETURNING token, acquired_at, expires_at)
+SELECT true, token, NULL::jsonb, acquired_at, expires_at, NULL::float8 FROM taken
+UNION ALL
+-- not taken: who holds it (as of this statement's snapshot), and for how much longer
+SELECT false, token, owner, acquired_at, expires_at,
+       extract(epoch FROM expires_at - clock_timestamp())::float8
+FROM pgtrain.store.locks WHERE name = %(name)s AND NOT EXISTS (SELECT FROM taken)
+"""
+
+_HOLDER = """
+SELECT token, owner, acquired_at, expires_at,
+       extract(epoch FROM expires_at - clock_timestamp())::float8 AS remaining
+FROM pgtrain.store.locks WHERE name = %s
+"""
+
+_RELEASE = """
+WITH released AS (
+    UPDATE pgtrain.store.locks
+       SET owner = NULL, acquired_at = NULL, heartbeat_at = NULL, expires_at = NULL
+     WHERE name = %(name)s AND token = %(token)s AND owner IS NOT NULL
+    RETURNING name)
+SELECT pg_notify(%(channel)s, name) FROM released
+"""
+
+# SKIP LOCKED: while the holder's own fenced transaction holds the row, a renewal must not queue
+# behind it (a queued renewal would still land after the holder died and extend a dead lease).
+_RENEW = """
+UPDATE pgtrain.store.locks AS l
+   SET heartbeat_at = clock_timestamp(), expires_at = clock_timestamp() + %(ttl)s * interval '1 second'
+  FROM (SELECT name FROM pgtrain.store.locks
+         WHERE name = %(name)s AND token = %(token)s AND owner IS NOT NULL
+           FOR UPDATE SKIP LOCKED) AS mine
+ WHERE l.name = mine.name
+RETURNING l.expires_at
+"""
+
+
+class LockNotHeld(PgtrainError):
+    """A release or renewal of a lock this manager does not hold."""
+
+
+@dataclass
+class Lease:
+    """A held lock. ``token`` is the fencing token every guarded write carries."""
+
+    name: str
+    token: int
+    owner: dict[str, Any]
+    acquired_at: datetime
+    expires_at: datetime
+    ttl: float
+    lost: str | None = field(default=None)  # set when a renewal finds the lease taken over
+
+
+def owner_identity(extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Who is asking: Airflow's task context (from its environment) when present, host and pid, plus ``extra``."""
+    owner: dict[str, Any] = {}
+    for key, env in (("dag_id", "AIRFLOW_CTX_DAG_ID"), ("run_id", "AIRFLOW_CTX_DAG_RUN_ID"),
+                     ("task_id", "AIRFLOW_CTX_TASK_ID")):
+        if os.environ.get(env):
+            owner[key] = os.environ[env]
+    owner.update({k: v for k, v in (extra or {}).items() if v is not None})
+    owner["host"] = socket.gethostname()
+    owner["pid"] = os.getpid()
+    return owner
+
+
+def describe_owner(owner: Mapping[str, Any] | None) -> str:
+    if not owner:
+        return "nobody"
+    parts = [f"{k}={owner[k]}" for k in ("dag_id", "run_id", "task_id", "host", "pid") if k in owner]
+    parts += [f"{k}={v}" for k, v in owner.items() if k not in {"dag_id", "run_id", "task_id", "host", "pid"}]
+    return ", ".join(parts)
+
+
+class LockManager:
+    """Take and release leased locks; a background heartbeat renews held leases every ``ttl / 3``.
+
+    ``conn`` (a connection or URL) says which database; the manager talks to it on its own autocommit
+    connection, so taking a lock never commits or waits on the caller's transaction. Use as a context
+    manager, or call :meth:`close`.
+    """
+
+    def __init__(self, conn: psycopg.Connection | str, *, ttl: float = DEFAULT_TTL, heartbeat: bool = True,
+                 owner: Mapping[str, Any] | None = None, default_timeout: float = DEFAULT_TIMEOUT) -> None:
+        if ttl <= 0:
+            raise PgtrainError(f"lock ttl must be positive seconds, got {ttl!r}")
+        self._source = conn
+        self.ttl = float(ttl)
+        self.heartbeat = heartbeat
+        self.default_timeout = default_timeout
+        self._owner_extra = dict(owner or {})
+        self._ctl = connect_like(conn, "pgtrain-locks")
+        self._listening = False
+        self._held: dict[str, Lease] = {}
+        self._held_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._beater: threading.Thread | None = None
+
+    # -- context management -------------------------------------------------------------------
+    def __enter__(self) -> LockManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release every lease still held, stop the heartbeat, close the manager's connections."""
+        for name in list(self._held):
+            try:
+                self.release_lock(name)
+            except Exception:  # closing must go on; the lease expires by itself
+                log.warning("could not release lock %r while closing; its lease will expire", name,
+                            exc_info=True)
+        self._stop.set()
+        if self._beater is not None:
+            self._beater.join()
+        self._ctl.close()
+
+    # -- acquire / release ----------------------------------------------------------------------
+    def acquire_lock(self, name: str, timeout: float | None = None, ttl: float | None = None) -> Lease:
+        """Take ``name``, waiting up to ``timeout`` seconds (0: try once); raises LockTimeout naming the holder."""
+        if not name:
+            raise PgtrainError("lock name must be a non-empty string")
+        if name in self._held:
+            raise PgtrainError(f"lock {name!r} is already held by this manager (token {self._held[name].token}); "
+                               "locks are not re-entrant, release it first")
+        timeout = self.default_timeout if timeout is None else timeout
+        ttl = self.ttl if ttl is None else float(ttl)
+        owner = owner_identity(self._owner_extra)
+        deadline = time.monotonic() + timeout
+        if not self._listening and timeout > 0:
+            self._ctl.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
+            self._listening = True
+        while True:
+            self._drain_notifications()
+            remaining_ms = max(1, int((deadline - time.monotonic()) * 1000))
+            try:
+                # A holder inside a fenced write keeps the row locked: never block past our timeout. The
+                # lock_timeout is local to this attempt's transaction, so release and renewal on this
+                # connection later run without it.
+                with self._ctl.transaction():
+                    self._ctl.execute("SELECT set_config('lock_timeout', %s, true)", (f"{remaining_ms}ms",))
+                    row = self._ctl.execute(_ACQUIRE, {"name": name, "owner": Jsonb(owner), "ttl": ttl}).fetchone()
+            except psycopg.errors.LockNotAvailable:
+                busy = self._ctl.execute(_HOLDER, (name,)).fetchone()
+                row = (False, *busy) if busy else None
+            if row is not None and row[0]:
+                lease = Lease(name, row[1], owner, row[3], row[4], ttl)
+                with self._held_lock:
+                    self._held[name] = lease
+                self._start_heartbeat()
+                return lease
+            holder = row[1:] if row is not None else None
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self._timeout_error(name, timeout, holder)
+            if holder is None or holder[1] is None:
+                continue  # released or taken since our snapshot: look again at once
+            until_expiry = holder[4] if holder[4] is not None else _MAX_WAIT
+            self._wait_for_release(name, min(remaining, max(until_expiry, 0.0) + 0.005, _MAX_WAIT))
+
+    def release_lock(self, name: str) -> bool:
+        """Release ``name``. False (and a warning) when the lease had already been taken over.
+
+        Raises LockNotHeld when this manager holds no lease on ``name``: only the holder releases.
+        """
+        with self._held_lock:
+            lease = self._held.pop(name, None)
+        if lease is None:
+            holder = self._ctl.execute(_HOLDER, (name,)).fetchone()
+            who = describe_owner(holder[1]) if holder else "nobody"
+            raise LockNotHeld(f"cannot release lock {name!r}: this manager does not hold it "
+                              f"(held by {who}); only the holder may release a lock")
+        return self._release(lease)
+
+    def release(self, lease: Lease) -> bool:
+        with self._held_lock:
+            if self._held.get(lease.name) is lease:
+                del self._held[lease.name]
+            else:
+                raise LockNotHeld(f"lease on {lease.name!r} (token {lease.token}) is not held by this manager")
+        return self._release(lease)
+
+    def _release(self, lease: Lease) -> bool:
+        rows = self._ctl.execute(_RELEASE, {"name": lease.name, "token": lease.token, "channel": CHANNEL}).fetchall()
+        if not rows:
+            log.warning("lease on lock %r (token %s) had already ended before release: %s", lease.name,
+                        lease.token, lease.lost or "it expired and was taken over")
+            return False
+        return True
+
+    @contextmanager
+    def lock(self, name: str, timeout: float | None = None, ttl: float | None = None) -> Iterator[Lease]:
+        """``with manager.lock("model:x") as lease:`` -- released on exit, also on error."""
+        lease = self.acquire_lock(name, timeout=timeout, ttl=ttl)
+        try:
+            yield lease
+        finally:
+            if self._held.get(name) is lease:
+                try:
+                    self.release(lease)
+                except psycopg.Error:
+                    log.warning("could not release lock %r (token %s); its lease ends by itself at %s",
+                                name, lease.token, lease.expires_at, exc_info=True)
+
+    def renew(self, lease: Lease) -> bool:
+        """Extend the lease by its ttl now (the heartbeat does this; call it yourself with heartbeat=False).
+
+        False when the lock row is busy in the holder's own fenced transaction (nobody can take the
+        lock meanwhile); raises StaleLockToken when the lease has ended.
+        """
+        return self._renew(self._ctl, lease)
+
+    def _renew(self, conn: psycopg.Connection, lease: Lease) -> bool:
+        row = conn.execute(_RENEW, {"name": lease.name, "token": lease.token, "ttl": lease.ttl}).fetchone()
+        if row is not None:
+            lease.expires_at = row[0]
+            return True
+        current = conn.execute(_HOLDER, (lease.name,)).fetchone()
+        if current is not None and current[0] == lease.token and current[1] is not None:
+            return False
+        lease.lost = self._lost_message(conn, lease)
+        raise StaleLockToken(lease.lost)
+
+    def holder(self, name: str) -> dict[str, Any] | None:
+        """The current holder of ``name`` (owner, token, since, expires) or None when free."""
+        row = self._ctl.execute(_HOLDER, (name,)).fetchone()
+        if row is None or row[1] is None:
+            return None
+        return {"token": row[0], "owner": row[1], "acquired_at": row[2], "expires_at": row[3]}
+
+    # -- internals --------------------------------------------------------------------------------
+    def _drain_notifications(self) -> None:
+        if self._listening:
+            for _ in self._ctl.notifies(timeout=0):
+                pass
+
+    def _wait_for_release(self, name: str, seconds: float) -> None:
+        for notify in self._ctl.notifies(timeout=seconds):
+            if notify.payload == name:
+                return
+
+    def _timeout_error(self, name: str, timeout: float, holder: tuple | None) -> LockTimeout:
+        if holder is None or holder[1] is None:
+            return LockTimeout(f"could not take lock {name!r} within {timeout:g}s (it was busy and has just "
+                               "been released); try again or raise the timeout")
+        token, owner, since, expires, _ = holder
+        return LockTimeout(
+            f"could not take lock {name!r} within {timeout:g}s: held by {describe_owner(owner)} since "
+            f"{since.isoformat()} (token {token}), lease until {expires.isoformat()} unless renewed. "
+            "Wait for that holder to finish or raise the timeout; a dead holder's lease ends by itself."
+        )
+
+    @staticmethod
+    def _lost_message(conn: psycopg.Connection, lease: Lease) -> str:
+        row = conn.execute(_HOLDER, (lease.name,)).fetchone()
+        now = f"now held by {describe_owner(row[1])} with token {row[0]}" if row and row[1] else "now free"
+        return f"lease on lock {lease.name!r} with token {lease.token} has ended ({now}); take the lock again"
+
+    def _start_heartbeat(self) -> None:
+        if not self.heartbeat or self._beater is not None:
+            return
+        self._beater = threading.Thread(target=self._heartbeat_loop, name="pgtrain-lock-heartbeat", daemon=True)
+        self._beater.start()
+
+    def _heartbeat_loop(self) -> None:
+        conn: psycopg.Connection | None = None
+        try:
+            while True:
+                with self._held_lock:
+                    leases = [lease for lease in self._held.values() if lease.lost is None]
+                interval = min((lease.ttl for lease in leases), default=self.ttl) / 3
+                if self._stop.wait(interval):
+                    return
+                with self._held_lock:
+                    leases = [lease for lease in self._held.values() if lease.lost is None]
+                if not leases:
+                    continue
+                try:
+                    if conn is None or conn.closed:
+                        conn = connect_like(self._source, "pgtrain-locks")
+                    for lease in leases:
+                        try:
+                            self._renew(conn, lease)
+                        except StaleLockToken:
+                            if self._held.get(lease.name) is lease:  # not just released by its holder
+                                log.error("%s", lease.lost)
+                except psycopg.Error:
+                    log.warning("lock heartbeat failed; retrying in %.1fs", interval, exc_info=True)
+                    if conn is not None:
+                        conn.close()
+                    conn = None
+        finally:
+            if conn is not None:
+                conn.close()
+
+
+@contextmanager
+def fenced(conn: psycopg.Connection, lease: Lease) -> Iterator[psycopg.Connection]:
+    """A transaction on ``conn`` that commits only if ``lease`` is still the lock's current lease.
+
+    The lock row is held FOR SHARE until the transaction ends, so nobody can take the lock over
+    between the check and the commit; a stale or expired lease raises StaleLockToken and nothing
+    written inside is kept.
+    """
+    with conn.transaction():
+        row = conn.execute(
+            """SELECT token, owner, expires_at, expires_at > clock_timestamp()
+               FROM pgtrain.store.locks WHERE name = %s FOR SHARE""",
+            (lease.name,),
+        ).fetchone()
+        if row is None or row[0] != lease.token or row[1] is None:
+            now = (f"now held by {describe_owner(row[1])} with token {row[0]}" if row and row[1]
+                   else "now free")
+            raise StaleLockToken(f"write refused: lock {lease.name!r} token {lease.token} is no longer current "
+                                 f"({now}); the lease ended, take the lock again and redo the work")
+        if not row[3]:
+            raise StaleLockToken(f"write refused: lease on lock {lease.name!r} (token {lease.token}) expired "
+                                 f"at {row[2].isoformat()}; take the lock again (or renew it in time)")
+        yield conn
+
+
+def list_locks(conn: psycopg.Connection) -> list[dict[str, Any]]:
+    """Every lock row: who holds what, since when, until when (``held`` is False for free or expired)."""
+    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            """SELECT name, token, owner, acquired_at, heartbeat_at, expires_at,
+                      owner IS NOT NULL AND expires_at > clock_timestamp() AS held
+               FROM pgtrain.store.locks ORDER BY name"""
+        ).fetchall()
