@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 import pgtrain  # noqa: E402
 from pgtrain.config.params import TrainingConfig  # noqa: E402
-from pgtrain.core.db import DATABASE_URL_ENV  # noqa: E402
+from pgtrain.core.database_url import DATABASE_URL_ENV  # noqa: E402
 from pgtrain.core.errors import ConfigError, PgtrainError, SourceError  # noqa: E402
 from pgtrain.runs.record import plan_run, record_epoch, set_model_layout  # noqa: E402
 from pgtrain.store.inference import predict  # noqa: E402

@@ -309,7 +309,7 @@ def test_seen_xmins_keep_wrapped_rows_on_in_progress_xids_and_the_nearest_after_
     assert seen == tuple(x % (1 << 32) for x in (base - 20, base, base + 3, base + 80)) == (
         4294967226, 4294967246, 4294967249, 30)
     assert horizon == base + (1 << 30)
-    monkeypatch.setattr("pgtrain.source.SEEN_XMINS_MAX", 2)
+    monkeypatch.setattr("pgtrain.data.source.snapshot.SEEN_XMINS_MAX", 2)
     seen, horizon = seen_xmins(ages, clock)
     assert seen == tuple(x % (1 << 32) for x in (base - 20, base, base + 3))  # in-progress ones always kept
     assert horizon == base + 80

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from pgtrain.config.params import TrainingConfig
-from pgtrain.core.db import DATABASE_URL_ENV
+from pgtrain.core.database_url import DATABASE_URL_ENV
 from pgtrain.core.errors import CommitRejected, PgtrainError
 from pgtrain.runs.record import plan_run, record_epoch, set_model_layout
 from pgtrain.store.catalog import head_history, list_versions

@@ -11,7 +11,7 @@ from contextlib import redirect_stdout
 import pytest
 import yaml
 
-from pgtrain.core.db import DATABASE_URL_ENV, DATABASE_URL_FILE_ENV
+from pgtrain.core.database_url import DATABASE_URL_ENV, DATABASE_URL_FILE_ENV
 from pgtrain.core.errors import ConfigError
 from pgtrain.launch.mpijob import api, cli, spec, validation, watch
 from pgtrain.launch.trainer_command import trainer_argv
@@ -86,7 +86,7 @@ def test_database_url_only_from_the_secret_mounted_as_a_file():
 
 
 def test_a_url_file_is_read_and_its_problems_explained(tmp_path, monkeypatch):
-    from pgtrain.core.db import database_url
+    from pgtrain.core.database_url import database_url
 
     monkeypatch.delenv(DATABASE_URL_ENV, raising=False)
     url_file = tmp_path / "url"
@@ -102,8 +102,8 @@ def test_a_url_file_is_read_and_its_problems_explained(tmp_path, monkeypatch):
 
 
 def test_importing_the_module_does_not_load_the_database_driver():
-    """DAG files import pgtrain.mpijob at parse time: it must not pull in psycopg (pgtrain.core.db does)."""
-    code = "import sys, pgtrain.mpijob; print('psycopg' in sys.modules)"
+    """DAG files import pgtrain.launch.mpijob.spec at parse time: it must not pull in psycopg (pgtrain.core.db does)."""
+    code = "import sys, pgtrain.launch.mpijob.spec; print('psycopg' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 

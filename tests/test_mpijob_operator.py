@@ -14,7 +14,7 @@ from kubernetes.client import models as k8s
 from pgtrain.airflow.kubernetes.operator import MPIJobOperator
 from pgtrain.airflow.local.operator import HorovodTrainOperator
 from pgtrain.config.settings import load_settings
-from pgtrain.core.db import DATABASE_URL_ENV, DATABASE_URL_FILE_ENV
+from pgtrain.core.database_url import DATABASE_URL_ENV, DATABASE_URL_FILE_ENV
 from pgtrain.core.errors import ConfigError
 from pgtrain.launch.mpijob import api
 from tests.k8s_sim.airflow_context import task_context
@@ -145,7 +145,7 @@ def test_settings_file_errors_name_the_file_and_the_field(tmp_path):
 
 
 def test_importing_the_operators_stays_light_for_dag_parsing():
-    probe = ("import sys, pgtrain.airflow.local.operator, pgtrain.mpijob; "
+    probe = ("import sys, pgtrain.airflow.local.operator, pgtrain.launch.mpijob.spec; "
              "print([m for m in ('torch', 'horovod', 'psycopg', 'numpy') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -6,7 +6,6 @@ raised as ConfigError with the password redacted (libpq quotes a malformed URI w
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -15,12 +14,8 @@ from urllib.parse import unquote
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from pgtrain.core.database_url import database_url
 from pgtrain.core.errors import ConfigError
-
-# The one environment variable that carries the training database URL to every pgtrain process.
-DATABASE_URL_ENV = "PGTRAIN_DATABASE_URL"
-# Where a pod reads the URL instead: a path (not a secret), so launchers may pass it to ranks in the open.
-DATABASE_URL_FILE_ENV = "PGTRAIN_DATABASE_URL_FILE"
 
 # The custom setting that carries a trainer's attempt on its connection; 007's triggers compare it
 # with training_runs.attempt and refuse writes of an older attempt.
@@ -30,29 +25,6 @@ REDACTED = "********"
 SECRET_KEYWORDS = ("password", "sslpassword")
 _URI_USERINFO = re.compile(r"^\s*[a-z][a-z0-9+.-]*://([^@/?#]*)@", re.IGNORECASE)
 _KEYWORD_SECRET = re.compile(r"(?:^|[\s?&])(?:ssl)?password\s*=\s*('(?:[^'\\]|\\.)*'|[^\s&]*)", re.IGNORECASE)
-
-
-def database_url(explicit: str | None = None) -> str:
-    """The training database URL: an explicit one, else ``$PGTRAIN_DATABASE_URL``, else the contents of the
-    file ``$PGTRAIN_DATABASE_URL_FILE`` names (a Kubernetes Secret mounted into a pod)."""
-    url = explicit or os.environ.get(DATABASE_URL_ENV)
-    if not url and os.environ.get(DATABASE_URL_FILE_ENV):
-        path = Path(os.environ[DATABASE_URL_FILE_ENV])
-        try:
-            url = path.read_text().strip()
-        except OSError as error:
-            raise ConfigError(f"{DATABASE_URL_FILE_ENV} names {path}, which cannot be read ({error.strerror}): "
-                              "is the Secret with the database URL mounted there?") from None
-        if not url:
-            raise ConfigError(f"{path} (from {DATABASE_URL_FILE_ENV}) is empty: the Secret's key must hold "
-                              "the database URL")
-    if not url:
-        raise ConfigError(
-            f"no training database configured: set {DATABASE_URL_ENV} (for example "
-            "postgresql://user@host:5432/dbname, password from PGPASSWORD or ~/.pgpass) "
-            "or the Airflow connection pgtrain_db"
-        )
-    return url
 
 
 def secrets_in(url: str) -> set[str]:

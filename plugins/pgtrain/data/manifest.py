@@ -297,7 +297,7 @@ def cut_shards(conn: psycopg.Connection, source: Source, rows: int, world_size: 
     at = dict(zip(wanted, keys, strict=True))
     edges = [(at[first], at[last]) for first, last in positions]
     if validation_keys is not None:
-        import numpy as np  # loaded already (pgtrain.loader)
+        import numpy as np  # loaded already (pgtrain.data.loader)
 
         held = np.sort(np.frombuffer(validation_keys, ">i8"))
         validation = [int(np.searchsorted(held, int(hi), "right") - np.searchsorted(held, int(lo), "left"))

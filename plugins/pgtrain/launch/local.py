@@ -25,7 +25,8 @@ import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from pgtrain.core.db import DATABASE_URL_ENV, connect, split_password
+from pgtrain.core.database_url import DATABASE_URL_ENV
+from pgtrain.core.db import connect, split_password
 from pgtrain.core.errors import ConfigError, TrainingFailed, TrainingInputError
 from pgtrain.launch.lifetime import preexec_die_with_this_process
 from pgtrain.launch.trainer_command import horovodrun_options, trainer_argv

@@ -2,7 +2,7 @@
 
 A subclass of the cncf-kubernetes provider's KubernetesPodOperator: KPO builds the pod (image, env,
 secrets, volumes, resources, node selector, tolerations, affinity, pull secrets, service account,
-labels), ``pgtrain.mpijob`` turns it into the launcher and worker templates of one MPIJob. Then:
+labels), ``pgtrain.launch.mpijob.spec`` turns it into the launcher and worker templates of one MPIJob. Then:
 
 - re-attach: a running (or succeeded) MPIJob of this task instance, found through the task state
   store (Airflow 3.3) or by the task-instance labels, is watched instead of submitting a second one;
@@ -17,7 +17,7 @@ labels), ``pgtrain.mpijob`` turns it into the launcher and worker templates of o
 - ``deferrable=True``: a trigger polls the conditions, the worker slot is freed meanwhile.
 
 The API calls live in ``MPIJobClient``; what one look at the job and its pods means (running,
-succeeded, failed, cannot start, timed out) is ``pgtrain.mpijob.watch_step``, the same in the
+succeeded, failed, cannot start, timed out) is ``pgtrain.launch.mpijob.watch.watch_step``, the same in the
 operator's loop and in the trigger.
 """
 

@@ -1,6 +1,6 @@
 """MPIJobTrigger: the deferrable MPIJobOperator's wait, run in the triggerer.
 
-Polls the MPIJob and its pods, reading each look with ``pgtrain.mpijob.watch_step`` (the operator's
+Polls the MPIJob and its pods, reading each look with ``pgtrain.launch.mpijob.watch.watch_step`` (the operator's
 own loop uses the same function), until it is done: succeeded, failed, cannot start (a missing Secret,
 a bad image name: no point waiting) or timed out. The operator resumes in ``execute_complete``.
 """

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pgtrain.core.db import DATABASE_URL_ENV, DATABASE_URL_FILE_ENV
+from pgtrain.core.database_url import DATABASE_URL_ENV, DATABASE_URL_FILE_ENV
 from pgtrain.core.errors import ConfigError
 from pgtrain.launch.mpijob.api import (
     API_GROUP,
