@@ -31,7 +31,7 @@ from pathlib import Path
 
 from dev import devdb
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 DEFAULT_STATE_DIR = REPO / ".airflow-ui"
 DEFAULT_PG_DIR = REPO / ".pgdata"
 USERNAME = "admin"

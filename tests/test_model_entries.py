@@ -226,7 +226,7 @@ def test_a_model_dag_trains_its_entry_and_notes_the_outcome(airflow_env, make_da
     # The model and its source are the entry's: a conf cannot move them.
     result = dags_test(airflow_env, db_url, models, dag_id, {"model_name": "elsewhere"})
     assert result.returncode != 0
-    assert "'model_name' is fixed by the DAG's author in the models file" in result.stdout + result.stderr
+    assert "'model_name' is fixed by the DAG's author" in result.stdout + result.stderr
     assert latest_note(dag_id).startswith("refused before planning: the run's conf has keys")
 
     # Input refused when the shards are planned: the run ends 'refused' with the reason, not 'planned'.

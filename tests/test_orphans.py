@@ -13,6 +13,7 @@ import psycopg
 import pytest
 
 from pgtrain.core.db import connect
+from pgtrain.launch.attempt import clear_output
 from pgtrain.runs import record
 from pgtrain.store import tensors
 from tests.conftest import REPO
@@ -109,7 +110,7 @@ def test_writes_of_an_older_attempt_are_refused_and_others_pass(db_url):
         record.set_status(airflow_side, run.run_id, "committed")
         assert [m["epoch"] for m in record.epoch_metrics(airflow_side, run.run_id)] == [1]
         assert record.get_run(airflow_side, run.run_id).status == "committed"
-        record.clear_training_output(airflow_side, run.run_id)
+        clear_output(airflow_side, run.run_id)
 
 
 def test_every_table_a_trainer_writes_is_fenced(conn):

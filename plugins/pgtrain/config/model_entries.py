@@ -25,22 +25,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pgtrain.config.params import _MODEL_NAME, PARAMETERS, QUALITY_GATE, param_problems
-from pgtrain.config.settings import KUBERNETES_SETTINGS, AuthorSettings
+from pgtrain.config.params import _MODEL_NAME, PARAMETERS, param_problems
+from pgtrain.config.settings import AUTHOR_PROPERTIES, AuthorSettings, rule
 from pgtrain.core.errors import ConfigError
 
 MODELS_ENV = "PGTRAIN_MODELS"
-DEFAULT_MODELS_FILE = Path(__file__).resolve().parents[2] / "dags" / "models.yaml"
+MODELS_FILE_NAME = "models.yaml"  # next to the DAG files, which pass its path
 # What the author fixes per model: a triggerer of the model's DAG can change none of these.
 FIXED_PARAMS = ("model_name", "source_table", "key_column", "features_column", "feature_columns", "label_column",
                 "launcher")
 # A scheduled model's gate unless its entry says otherwise: no worse than the head it would replace.
 DEFAULT_QUALITY_GATE: dict[str, float | None] = {"max_accuracy_drop": 0.0, "max_rmse_rise": 0.0}
 DEFAULT_POLL_SECONDS = 60
-
-
-def _without_default(schema: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in schema.items() if k not in ("default", "section", "title", "description")}
 
 
 _ENTRY_SCHEMA: dict[str, Any] = {
@@ -53,11 +49,11 @@ _ENTRY_SCHEMA: dict[str, Any] = {
         "source": {
             "type": "object", "additionalProperties": False, "required": ["table", "label_column"],
             "properties": {
-                "table": _without_default(PARAMETERS["source_table"]),
-                "key_column": _without_default(PARAMETERS["key_column"]),
-                "features_column": _without_default(PARAMETERS["features_column"]),
-                "feature_columns": _without_default(PARAMETERS["feature_columns"]),
-                "label_column": _without_default(PARAMETERS["label_column"]),
+                "table": rule(PARAMETERS["source_table"]),
+                "key_column": rule(PARAMETERS["key_column"]),
+                "features_column": rule(PARAMETERS["features_column"]),
+                "feature_columns": rule(PARAMETERS["feature_columns"]),
+                "label_column": rule(PARAMETERS["label_column"]),
             },
         },
         "schedule": {
@@ -69,12 +65,8 @@ _ENTRY_SCHEMA: dict[str, Any] = {
                 "poll_seconds": {"type": "number", "minimum": 1, "maximum": 86400},
             },
         },
-        "launcher": _without_default(PARAMETERS["launcher"]),
-        "kubernetes": {"type": "object", "additionalProperties": False, "properties": KUBERNETES_SETTINGS},
         "params": {"type": "object"},  # checked against PARAMETERS by validate_params (closest-name hints)
-        "quality_gate": {"type": "object", "additionalProperties": False,
-                         "properties": {name: _without_default(s) for name, s in QUALITY_GATE.items()}},
-        "max_world_size": {"type": "integer", "minimum": 1},
+        **AUTHOR_PROPERTIES,
     },
 }
 _FILE_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["models"],
@@ -108,10 +100,11 @@ class ModelEntry:
 
     def settings(self, base: AuthorSettings) -> AuthorSettings:
         """The author's settings for this model's runs: its own table is the one source it may read; its
-        Kubernetes settings over the settings file's; its quality gate; its world-size bound."""
+        launcher; its Kubernetes settings over the settings file's; its quality gate; its world-size bound."""
         return dataclasses.replace(
             base, allowed_sources=(self.source_table,), kubernetes={**base.kubernetes, **self.kubernetes},
-            quality_gate=dict(self.quality_gate), max_world_size=self.max_world_size or base.max_world_size)
+            quality_gate=dict(self.quality_gate), max_world_size=self.max_world_size or base.max_world_size,
+            launcher=self.fixed["launcher"])
 
 
 @dataclass(frozen=True)
@@ -131,18 +124,23 @@ def dag_id_for(model_name: str) -> str:
     return "pgtrain_model_" + "".join(c if c.isalnum() or c in "_-." else "_" for c in model_name)
 
 
-def models_path() -> Path:
-    return Path(os.environ.get(MODELS_ENV) or DEFAULT_MODELS_FILE)
+def models_path(default: Path | str | None = None) -> Path | None:
+    """``$PGTRAIN_MODELS``, else ``default`` (a DAG passes the file next to it), else None: no models file."""
+    chosen = os.environ.get(MODELS_ENV) or default
+    return Path(chosen) if chosen else None
 
 
-def load_entries(path: Path | str | None = None) -> tuple[list[ModelEntry], list[EntryError]]:
-    """The file's valid entries, and one EntryError per bad entry. A file that cannot be read at all (missing,
-    not YAML, no ``models`` list) raises ConfigError: then no entry can be trusted."""
+def load_entries(path: Path | str | None = None, *, default: Path | str | None = None
+                 ) -> tuple[list[ModelEntry], list[EntryError]]:
+    """The valid entries of ``path`` (else ``models_path(default)``), and one EntryError per bad entry. A file
+    that cannot be read at all (missing, not YAML, no ``models`` list) raises ConfigError: then no entry can be
+    trusted; only a missing ``default`` file means no scheduled models (the generic DAG still runs)."""
     import yaml
 
-    path = Path(path) if path is not None else models_path()
-    if not path.exists() and path == DEFAULT_MODELS_FILE:
-        return [], []  # no models file: no scheduled models (the generic DAG still runs)
+    chosen = Path(path) if path is not None else models_path(default)
+    if chosen is None or (path is None and not os.environ.get(MODELS_ENV) and not chosen.exists()):
+        return [], []
+    path = chosen
     if not path.exists():
         raise ConfigError(f"the pgtrain models file {path} does not exist (${MODELS_ENV} names another)")
     try:
@@ -220,11 +218,11 @@ def _message(error: Any) -> str:
     return error.message
 
 
-def model_owners(path: Path | str | None = None) -> dict[str, str]:
+def model_owners(path: Path | str | None = None, *, default: Path | str | None = None) -> dict[str, str]:
     """Model name -> the DAG that trains it, for every entry of the models file, good or bad (a bad entry's
     model still belongs to its author). An unreadable file fails closed: ConfigError, not "owns nothing"."""
     try:
-        entries, errors = load_entries(path)
+        entries, errors = load_entries(path, default=default)
     except ConfigError as error:
         raise ConfigError(f"{error}; until the models file is fixed, ad-hoc runs cannot tell which models "
                           "belong to a scheduled model's DAG, so none runs") from None
@@ -241,7 +239,7 @@ def find_entry(name: str, path: Path | str | None = None) -> ModelEntry:
     bad = [str(error) for error in errors if error.name == name]
     if bad:
         raise ConfigError("the model's entry is invalid: " + "; ".join(bad))
-    raise ConfigError(f"{path or models_path()} has no entry named {name!r}; its models are: "
+    raise ConfigError(f"{path or models_path() or 'the models file'} has no entry named {name!r}; its models are: "
                       + ", ".join(e.name for e in entries))
 
 

@@ -21,6 +21,8 @@ _DOTTED = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
 MODEL_REFERENCE = rf"^(?:mlp|{_DOTTED}:[A-Za-z_][A-Za-z0-9_]*)$"
 INIT_FROM_WORDS = ("scratch", "head")
 TASKS = ("classification", "regression")
+# The most Horovod ranks any run may have; a DAG's author may allow fewer (max_world_size).
+MAX_WORLD_SIZE = 1024
 
 _DATA, _MODEL, _TRAINING, _CLUSTER = "Data", "Model", "Training", "Cluster"
 
@@ -33,110 +35,10 @@ AUTO_MIN_BATCH, AUTO_MAX_BATCH, AUTO_STEPS_PER_EPOCH = 32, 2048, 50
 BASE_LEARNING_RATE, BASE_GLOBAL_BATCH, MAX_AUTO_LEARNING_RATE = 0.05, 64, 0.8
 _OPTIONAL_NUMBER = {"type": ["number", "null"]}
 
-# name -> JSON schema (with default, title, description and form section) of each param.
-PARAMETERS: dict[str, dict[str, Any]] = {
-    "source_table": {"default": "public.samples", "type": "string", "minLength": 1, "section": _DATA,
-                     "title": "Source table",
-                     "description": "table holding the training rows, schema-qualified and quoted as in SQL "
-                                    "(e.g. \"Clinic\".\"Biopsies\"); must be allowed by the DAG's author"},
-    "key_column": {"default": "id", "type": "string", "minLength": 1, "section": _DATA, "title": "Key column",
-                   "description": "unique, orderable key column used for keyset sharding"},
-    "features_column": {"default": "features", "type": ["string", "null"], "minLength": 1, "section": _DATA,
-                        "title": "Features column (array)",
-                        "description": "one real[], double precision[] or bytea (packed float32) column; "
-                                       "empty when feature_columns is used"},
-    "feature_columns": {"default": None, "type": ["array", "null"], "minItems": 1,
-                        "items": {"type": "string", "minLength": 1}, "section": _DATA,
-                        "title": "Feature columns (scalars)",
-                        "description": "scalar numeric columns, in input order; set features_column empty "
-                                       "to use these"},
-    "label_column": {"default": "label", "type": "string", "minLength": 1, "section": _DATA,
-                     "title": "Target column",
-                     "description": "classification: an integer label in [0, num_classes); regression: a "
-                                    "numeric column or numeric array"},
-    "task": {"default": "classification", "type": "string", "enum": list(TASKS), "section": _DATA,
-             "title": "Task", "description": "classification (cross-entropy) or regression (mean squared error)"},
-    "input_dim": {"default": None, "type": ["integer", "null"], "minimum": 1, "section": _DATA,
-                  "title": "Feature length",
-                  "description": "array features only; empty = the most common length among the rows"},
-    "num_classes": {"default": None, "type": ["integer", "null"], "minimum": 2, "maximum": 100000,
-                    "section": _DATA, "title": "Classes",
-                    "description": "classification only; empty = max(label) + 1"},
-    "validation_fraction": {"default": 0.1, "type": "number", "minimum": 0, "maximum": 0.5, "section": _DATA,
-                            "title": "Validation fraction",
-                            "description": "share of rows held out for validation, chosen by a hash of the key"},
-    "bad_rows": {"default": "fail", "type": "string", "enum": ["fail", "exclude"], "section": _DATA,
-                 "title": "Bad rows",
-                 "description": "rows with NULL/non-finite values, wrong length or bad labels: fail or skip"},
-    "model_name": {"default": "digits-mlp", "type": "string", "pattern": _MODEL_NAME, "section": _MODEL,
-                   "title": "Model name", "description": "the model whose next version this run commits"},
-    "model": {"default": "mlp", "type": "string", "pattern": MODEL_REFERENCE, "section": _MODEL,
-              "title": "Model", "description": "mlp, or package.module:factory (allowed by the DAG's author)"},
-    "model_options": {"default": {}, "type": "object", "section": _MODEL, "title": "Model options",
-                      "description": "keyword arguments of the factory: factory(input_dim=, output_dim=, ...)"},
-    "hidden_sizes": {"default": [50], "type": "array", "minItems": 1, "maxItems": 16,
-                     "items": {"type": "integer", "minimum": 1, "maximum": 65536}, "section": _MODEL,
-                     "title": "Hidden layers", "description": "hidden layer widths of the mlp model"},
-    "init_from": {"default": "scratch", "type": ["string", "integer"], "section": _MODEL, "title": "Start from",
-                  "anyOf": [{"type": "string", "enum": list(INIT_FROM_WORDS)},
-                            {"type": "string", "pattern": r"^[1-9][0-9]{0,8}$"},
-                            {"type": "integer", "minimum": 1}],
-                  "description": "scratch, head (the model's current version), or a version number"},
-    "standardize_target": {"default": True, "type": "boolean", "section": _MODEL, "title": "Standardize target",
-                           "description": "regression: train on the standardized target, predict in its units"},
-    "epochs": {"default": 10, "type": "integer", "minimum": 1, "maximum": 10000, "section": _TRAINING,
-               "title": "Epochs", "description": "passes over the training rows"},
-    "batch_size": {"default": None, "type": ["integer", "null"], "minimum": 1, "maximum": 1048576,
-                   "section": _TRAINING, "title": "Batch size per rank",
-                   "description": "rows per rank per step (global batch = world_size x batch_size); empty = "
-                                  f"auto: the largest shard's training rows / {AUTO_STEPS_PER_EPOCH}, between "
-                                  f"{AUTO_MIN_BATCH} and {AUTO_MAX_BATCH}"},
-    "learning_rate": {"default": None, "type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 10,
-                      "section": _TRAINING, "title": "Learning rate",
-                      "description": f"SGD with momentum 0.9; empty = {BASE_LEARNING_RATE} x global batch / "
-                                     f"{BASE_GLOBAL_BATCH} (linear scaling), at most {MAX_AUTO_LEARNING_RATE}"},
-    "seed": {"default": 0, "type": "integer", "minimum": 0, "maximum": 2**31 - 1, "section": _TRAINING,
-             "title": "Seed", "description": "initialization, split and shuffling seed"},
-    "checkpoint_every": {"default": 1, "type": "integer", "minimum": 0, "maximum": 10000, "section": _TRAINING,
-                         "title": "Checkpoint every",
-                         "description": "epochs between checkpoints a retried train task resumes from; 0 = off"},
-    "force": {"default": False, "type": "boolean", "section": _TRAINING, "title": "Train even if unchanged",
-              "description": "scheduled (cron) runs skip training when no row of the source changed since the "
-                             "head version was trained; set this to train anyway"},
-    # One rank by default: on a CPU-only worker one rank's PyTorch threads use every core, and two ranks there
-    # only add Horovod's per-step allreduce (benchmarks/RESULTS.md, "Training"); GPUs want one rank each.
-    "world_size": {"default": 1, "type": "integer", "minimum": 1, "maximum": 1024, "section": _CLUSTER,
-                   "title": "Ranks",
-                   "description": "Horovod ranks: one per GPU; on a CPU-only worker one rank uses every core"},
-    "launcher": {"default": "local", "type": "string", "enum": ["local", "kubernetes"], "section": _CLUSTER,
-                 "title": "Launcher",
-                 "description": "local: horovodrun on the worker; kubernetes: an MPIJob on GPU pods"},
-}
-
-# The quality gate: the DAG author's (the settings file's ``quality_gate``), never the triggerer's. It is kept
-# in the run's config snapshot so that the commit applies the gate that was in force when the run was planned.
-QUALITY_GATE: dict[str, dict[str, Any]] = {
-    "max_accuracy_drop": {**_OPTIONAL_NUMBER, "default": None, "minimum": 0, "maximum": 1,
-                          "title": "Quality gate: max accuracy drop",
-                          "description": "classification: reject if val_accuracy falls more than this below "
-                                         "the head's; empty = no gate"},
-    "max_rmse_rise": {**_OPTIONAL_NUMBER, "default": None, "minimum": 0,
-                      "title": "Quality gate: max RMSE rise",
-                      "description": "regression: reject if val_rmse rises more than this above the head's; "
-                                     "empty = no gate"},
-    "min_val_accuracy": {**_OPTIONAL_NUMBER, "default": None, "minimum": 0, "maximum": 1,
-                         "title": "Quality floor: min accuracy",
-                         "description": "classification: reject any run whose val_accuracy is below this"},
-    "max_val_rmse": {**_OPTIONAL_NUMBER, "default": None, "minimum": 0,
-                     "title": "Quality floor: max RMSE",
-                     "description": "regression: reject any run whose val_rmse is above this"},
-}
-
-_SCHEMA = {"type": "object", "properties": {**PARAMETERS, **QUALITY_GATE}, "additionalProperties": False}
-
-
 @dataclass(frozen=True)
 class TrainingConfig:
+    """A run's training params: the one home of their defaults (``PARAMETERS`` takes them from here)."""
+
     source_table: str = "public.samples"
     key_column: str = "id"
     features_column: str | None = "features"
@@ -163,6 +65,8 @@ class TrainingConfig:
     max_rmse_rise: float | None = None
     min_val_accuracy: float | None = None
     max_val_rmse: float | None = None
+    # One rank by default: on a CPU-only worker one rank's PyTorch threads use every core, and two ranks there
+    # only add Horovod's per-step allreduce (docs/performance.md); GPUs want one rank each.
     world_size: int = 1
     launcher: str = "local"
 
@@ -211,6 +115,118 @@ class TrainingConfig:
     def init_version(self) -> int | None:
         """The version number init_from names, or None for scratch/head."""
         return self.init_from if isinstance(self.init_from, int) else None
+
+
+
+def _with_defaults(schemas: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each schema with its ``default`` from TrainingConfig's field (tuples as JSON lists)."""
+    fields = {f.name: f for f in dataclasses.fields(TrainingConfig)}
+    result = {}
+    for name, schema in schemas.items():
+        f = fields[name]
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        result[name] = {"default": list(default) if isinstance(default, tuple) else default, **schema}
+    return result
+
+
+# name -> JSON schema (title, description and form section; the default from TrainingConfig) of each param.
+PARAMETERS: dict[str, dict[str, Any]] = _with_defaults({
+    "source_table": {"type": "string", "minLength": 1, "section": _DATA,
+                     "title": "Source table",
+                     "description": "table holding the training rows, schema-qualified and quoted as in SQL "
+                                    "(e.g. \"Clinic\".\"Biopsies\"); must be allowed by the DAG's author"},
+    "key_column": {"type": "string", "minLength": 1, "section": _DATA, "title": "Key column",
+                   "description": "unique, orderable key column used for keyset sharding"},
+    "features_column": {"type": ["string", "null"], "minLength": 1, "section": _DATA,
+                        "title": "Features column (array)",
+                        "description": "one real[], double precision[] or bytea (packed float32) column; "
+                                       "empty when feature_columns is used"},
+    "feature_columns": {"type": ["array", "null"], "minItems": 1,
+                        "items": {"type": "string", "minLength": 1}, "section": _DATA,
+                        "title": "Feature columns (scalars)",
+                        "description": "scalar numeric columns, in input order; set features_column empty "
+                                       "to use these"},
+    "label_column": {"type": "string", "minLength": 1, "section": _DATA,
+                     "title": "Target column",
+                     "description": "classification: an integer label in [0, num_classes); regression: a "
+                                    "numeric column or numeric array"},
+    "task": {"type": "string", "enum": list(TASKS), "section": _DATA,
+             "title": "Task", "description": "classification (cross-entropy) or regression (mean squared error)"},
+    "input_dim": {"type": ["integer", "null"], "minimum": 1, "section": _DATA,
+                  "title": "Feature length",
+                  "description": "array features only; empty = the most common length among the rows"},
+    "num_classes": {"type": ["integer", "null"], "minimum": 2, "maximum": 100000,
+                    "section": _DATA, "title": "Classes",
+                    "description": "classification only; empty = max(label) + 1"},
+    "validation_fraction": {"type": "number", "minimum": 0, "maximum": 0.5, "section": _DATA,
+                            "title": "Validation fraction",
+                            "description": "share of rows held out for validation, chosen by a hash of the key"},
+    "bad_rows": {"type": "string", "enum": ["fail", "exclude"], "section": _DATA,
+                 "title": "Bad rows",
+                 "description": "rows with NULL/non-finite values, wrong length or bad labels: fail or skip"},
+    "model_name": {"type": "string", "pattern": _MODEL_NAME, "section": _MODEL,
+                   "title": "Model name", "description": "the model whose next version this run commits"},
+    "model": {"type": "string", "pattern": MODEL_REFERENCE, "section": _MODEL,
+              "title": "Model", "description": "mlp, or package.module:factory (allowed by the DAG's author)"},
+    "model_options": {"type": "object", "section": _MODEL, "title": "Model options",
+                      "description": "keyword arguments of the factory: factory(input_dim=, output_dim=, ...)"},
+    "hidden_sizes": {"type": "array", "minItems": 1, "maxItems": 16,
+                     "items": {"type": "integer", "minimum": 1, "maximum": 65536}, "section": _MODEL,
+                     "title": "Hidden layers", "description": "hidden layer widths of the mlp model"},
+    "init_from": {"type": ["string", "integer"], "section": _MODEL, "title": "Start from",
+                  "anyOf": [{"type": "string", "enum": list(INIT_FROM_WORDS)},
+                            {"type": "string", "pattern": r"^[1-9][0-9]{0,8}$"},
+                            {"type": "integer", "minimum": 1}],
+                  "description": "scratch, head (the model's current version), or a version number"},
+    "standardize_target": {"type": "boolean", "section": _MODEL, "title": "Standardize target",
+                           "description": "regression: train on the standardized target, predict in its units"},
+    "epochs": {"type": "integer", "minimum": 1, "maximum": 10000, "section": _TRAINING,
+               "title": "Epochs", "description": "passes over the training rows"},
+    "batch_size": {"type": ["integer", "null"], "minimum": 1, "maximum": 1048576,
+                   "section": _TRAINING, "title": "Batch size per rank",
+                   "description": "rows per rank per step (global batch = world_size x batch_size); empty = "
+                                  f"auto: the largest shard's training rows / {AUTO_STEPS_PER_EPOCH}, between "
+                                  f"{AUTO_MIN_BATCH} and {AUTO_MAX_BATCH}"},
+    "learning_rate": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 10,
+                      "section": _TRAINING, "title": "Learning rate",
+                      "description": f"SGD with momentum 0.9; empty = {BASE_LEARNING_RATE} x global batch / "
+                                     f"{BASE_GLOBAL_BATCH} (linear scaling), at most {MAX_AUTO_LEARNING_RATE}"},
+    "seed": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1, "section": _TRAINING,
+             "title": "Seed", "description": "initialization, split and shuffling seed"},
+    "checkpoint_every": {"type": "integer", "minimum": 0, "maximum": 10000, "section": _TRAINING,
+                         "title": "Checkpoint every",
+                         "description": "epochs between checkpoints a retried train task resumes from; 0 = off"},
+    "force": {"type": "boolean", "section": _TRAINING, "title": "Train even if unchanged",
+              "description": "scheduled (cron) runs skip training when no row of the source changed since the "
+                             "head version was trained; set this to train anyway"},
+    "world_size": {"type": "integer", "minimum": 1, "maximum": MAX_WORLD_SIZE, "section": _CLUSTER,
+                   "title": "Ranks",
+                   "description": "Horovod ranks: one per GPU; on a CPU-only worker one rank uses every core"},
+    "launcher": {"type": "string", "enum": ["local", "kubernetes"], "section": _CLUSTER,
+                 "title": "Launcher",
+                 "description": "local: horovodrun on the worker; kubernetes: an MPIJob on GPU pods"},
+})
+
+# The quality gate: the DAG author's (the settings file's ``quality_gate``), never the triggerer's. It is kept
+# in the run's config snapshot so that the commit applies the gate that was in force when the run was planned.
+QUALITY_GATE: dict[str, dict[str, Any]] = _with_defaults({
+    "max_accuracy_drop": {**_OPTIONAL_NUMBER, "minimum": 0, "maximum": 1,
+                          "title": "Quality gate: max accuracy drop",
+                          "description": "classification: reject if val_accuracy falls more than this below "
+                                         "the head's; empty = no gate"},
+    "max_rmse_rise": {**_OPTIONAL_NUMBER, "minimum": 0,
+                      "title": "Quality gate: max RMSE rise",
+                      "description": "regression: reject if val_rmse rises more than this above the head's; "
+                                     "empty = no gate"},
+    "min_val_accuracy": {**_OPTIONAL_NUMBER, "minimum": 0, "maximum": 1,
+                         "title": "Quality floor: min accuracy",
+                         "description": "classification: reject any run whose val_accuracy is below this"},
+    "max_val_rmse": {**_OPTIONAL_NUMBER, "minimum": 0,
+                     "title": "Quality floor: max RMSE",
+                     "description": "regression: reject any run whose val_rmse is above this"},
+})
+
+_SCHEMA = {"type": "object", "properties": {**PARAMETERS, **QUALITY_GATE}, "additionalProperties": False}
 
 
 def unknown_keys(values: dict[str, Any], known: dict[str, Any] = PARAMETERS) -> list[str]:

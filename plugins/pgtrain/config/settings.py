@@ -1,8 +1,9 @@
 """The DAG author's settings: what runs where, and what a triggerer may read and run.
 
-They live in a YAML file next to the DAGs (``dags/pgtrain.yaml``; ``$PGTRAIN_SETTINGS`` names another),
-owned by whoever deploys the DAGs, never in the trigger form:
+They live in a YAML file next to the DAGs (``dags/pgtrain.yaml``, whose path the DAG files pass;
+``$PGTRAIN_SETTINGS`` names another), owned by whoever deploys the DAGs, never in the trigger form:
 
+- ``launcher``: where the generic DAG's jobs run, ``local`` (horovodrun on the worker) or ``kubernetes``;
 - ``allowed_sources``: schemas (``public``) or tables (``"Clinic"."Biopsies"``) a run may train on;
 - ``allowed_models``: model references a run may build (``mlp``, ``package.module:factory``);
 - ``kubernetes``: the MPIJob's image, namespace, Secret, node selector, tolerations, sizes;
@@ -15,18 +16,20 @@ is read.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pgtrain.config.params import QUALITY_GATE
+from pgtrain.config.params import MAX_WORLD_SIZE, PARAMETERS, QUALITY_GATE, TrainingConfig
 from pgtrain.core.errors import ConfigError
 
 SETTINGS_ENV = "PGTRAIN_SETTINGS"
-DEFAULT_SETTINGS_FILE = Path(__file__).resolve().parents[2] / "dags" / "pgtrain.yaml"
+SETTINGS_FILE_NAME = "pgtrain.yaml"  # next to the DAG files, which pass its path
 
-# The MPIJob operator's arguments an author may set, with their JSON schema (the render CLI has a flag each).
+# The MPIJob operator's arguments an author may set, with their JSON schema (the render CLI has a flag each);
+# their defaults are MPIJobSettings' (pgtrain.launch.mpijob.spec).
 KUBERNETES_SETTINGS: dict[str, dict[str, Any]] = {
     "namespace": {"type": "string", "minLength": 1},
     "image": {"type": "string", "minLength": 1},
@@ -43,17 +46,28 @@ KUBERNETES_SETTINGS: dict[str, dict[str, Any]] = {
     "deferrable": {"type": "boolean"},
 }
 
+
+def rule(schema: dict[str, Any]) -> dict[str, Any]:
+    """A param's JSON schema as a rule for a file the author writes: no default, title, description or section."""
+    return {k: v for k, v in schema.items() if k not in ("default", "section", "title", "description")}
+
+
+# What the settings file and a models-file entry share: where a run's job runs, its gate and its size bound.
+AUTHOR_PROPERTIES: dict[str, dict[str, Any]] = {
+    "launcher": rule(PARAMETERS["launcher"]),
+    "kubernetes": {"type": "object", "additionalProperties": False, "properties": KUBERNETES_SETTINGS},
+    "quality_gate": {"type": "object", "additionalProperties": False,
+                     "properties": {name: rule(schema) for name, schema in QUALITY_GATE.items()}},
+    "max_world_size": {"type": "integer", "minimum": 1, "maximum": MAX_WORLD_SIZE},
+}
+
 _SCHEMA = {
     "type": "object",
     "additionalProperties": False,
     "properties": {
         "allowed_sources": {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
         "allowed_models": {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}},
-        "kubernetes": {"type": "object", "additionalProperties": False, "properties": KUBERNETES_SETTINGS},
-        "quality_gate": {"type": "object", "additionalProperties": False,
-                         "properties": {name: {k: v for k, v in schema.items() if k != "default"}
-                                        for name, schema in QUALITY_GATE.items()}},
-        "max_world_size": {"type": "integer", "minimum": 1},
+        **AUTHOR_PROPERTIES,
     },
 }
 
@@ -64,36 +78,52 @@ class AuthorSettings:
     allowed_models: tuple[str, ...] = ("mlp",)
     kubernetes: dict[str, Any] = field(default_factory=dict)
     quality_gate: dict[str, float | None] = field(default_factory=dict)
-    max_world_size: int = 1024
+    max_world_size: int = MAX_WORLD_SIZE
+    launcher: str = TrainingConfig.launcher
 
     def operator_arguments(self) -> dict[str, Any]:
-        """Keyword arguments of HorovodTrainOperator for launcher=kubernetes (KPO converts the tolerations)."""
+        """Keyword arguments of MPIJobTrainOperator for launcher=kubernetes (KPO converts the tolerations)."""
         return dict(self.kubernetes)
 
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able: what a DAG hands its tasks (resolved once, when the DAG file is parsed)."""
+        data = dataclasses.asdict(self)
+        return {**data, "allowed_sources": list(self.allowed_sources), "allowed_models": list(self.allowed_models)}
 
-def settings_path() -> Path:
-    return Path(os.environ.get(SETTINGS_ENV) or DEFAULT_SETTINGS_FILE)
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AuthorSettings:
+        return cls(**{**data, "allowed_sources": tuple(data["allowed_sources"]),
+                      "allowed_models": tuple(data["allowed_models"])})
 
 
-def load_settings(path: Path | str | None = None) -> AuthorSettings:
-    """Read and check the author's settings file; a missing default file means the defaults."""
+def settings_path(default: Path | str | None = None) -> Path | None:
+    """``$PGTRAIN_SETTINGS``, else ``default`` (a DAG passes the file next to it), else None: the defaults."""
+    chosen = os.environ.get(SETTINGS_ENV) or default
+    return Path(chosen) if chosen else None
+
+
+def load_settings(path: Path | str | None = None, *, default: Path | str | None = None) -> AuthorSettings:
+    """Read and check the author's settings file: ``path``, or ``settings_path(default)``. A missing ``default``
+    file means the defaults; a missing file named by ``path`` or ``$PGTRAIN_SETTINGS`` is an error."""
     import jsonschema
     import yaml
 
-    path = Path(path) if path is not None else settings_path()
-    if not path.exists():
-        if path == DEFAULT_SETTINGS_FILE:
-            return AuthorSettings()
-        raise ConfigError(f"the pgtrain settings file {path} (from ${SETTINGS_ENV}) does not exist")
+    chosen = Path(path) if path is not None else settings_path(default)
+    if chosen is None or (path is None and not os.environ.get(SETTINGS_ENV) and not chosen.exists()):
+        return AuthorSettings()
+    if not chosen.exists():
+        raise ConfigError(f"the pgtrain settings file {chosen} does not exist (${SETTINGS_ENV} names another)")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(chosen.read_text()) or {}
     except yaml.YAMLError as error:
-        raise ConfigError(f"{path} is not valid YAML: {error}") from error
+        raise ConfigError(f"{chosen} is not valid YAML: {error}") from error
     errors = sorted(jsonschema.Draft202012Validator(_SCHEMA).iter_errors(data), key=lambda e: list(e.path))
     if errors:
-        raise ConfigError(f"{path}: " + "; ".join(
+        raise ConfigError(f"{chosen}: " + "; ".join(
             f"{'.'.join(map(str, e.absolute_path)) or 'top level'}: {e.message}" for e in errors))
-    return AuthorSettings(tuple(data.get("allowed_sources", AuthorSettings.allowed_sources)),
-                          tuple(data.get("allowed_models", AuthorSettings.allowed_models)),
+    defaults = AuthorSettings()
+    return AuthorSettings(tuple(data.get("allowed_sources", defaults.allowed_sources)),
+                          tuple(data.get("allowed_models", defaults.allowed_models)),
                           dict(data.get("kubernetes") or {}), dict(data.get("quality_gate") or {}),
-                          data.get("max_world_size", AuthorSettings.max_world_size))
+                          data.get("max_world_size", defaults.max_world_size),
+                          data.get("launcher", defaults.launcher))

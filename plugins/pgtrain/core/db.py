@@ -7,7 +7,6 @@ raised as ConfigError with the password redacted (libpq quotes a malformed URI w
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
@@ -106,7 +105,3 @@ def connect_like(conn_or_url: psycopg.Connection | str, application_name: str) -
     if conn_or_url.info.password:
         kwargs["password"] = conn_or_url.info.password
     return psycopg.connect(conn_or_url.info.dsn, **kwargs)
-
-
-def repo_root() -> Path:
-    return Path(__file__).resolve().parents[2]

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import psycopg
 
-from pgtrain.core.db import repo_root
 from pgtrain.core.errors import PgtrainError
 
 SQL_DIR_ENV = "PGTRAIN_SQL_DIR"
@@ -35,7 +34,9 @@ class Migration:
 
 
 def sql_dir() -> Path:
-    return Path(os.environ.get(SQL_DIR_ENV) or repo_root() / "sql")
+    """``$PGTRAIN_SQL_DIR``, else the migrations shipped in the package (``pgtrain/core/sql``, which in the
+    repository is a link to the top-level ``sql/``, their one home)."""
+    return Path(os.environ.get(SQL_DIR_ENV) or Path(__file__).resolve().parent / "sql")
 
 
 def discover(directory: Path | None = None) -> list[Migration]:

@@ -1,7 +1,10 @@
-"""Can this machine run the job at all? Checked while planning, so an impossible run fails before any rank starts.
+"""Can the run's launcher run the job at all? Checked while planning, so an impossible run fails before the
+source is scanned and before any rank starts.
 
-Only ``launcher=local`` is checked: its ranks run on this worker. On Kubernetes the scheduler decides,
-and a job that cannot be placed fails at its startup timeout.
+``launcher=local``: its ranks run on this worker, which needs a CPU per rank and memory for the model.
+``launcher=kubernetes``: the ranks must fill whole worker pods (``world_size`` a multiple of
+``gpus_per_worker``); whether the cluster can place them is the scheduler's call, and a job that cannot be
+placed fails at its startup timeout.
 """
 
 from __future__ import annotations
@@ -10,8 +13,10 @@ import math
 import os
 
 from pgtrain.config.params import TrainingConfig
+from pgtrain.config.settings import AuthorSettings
 from pgtrain.core.errors import ConfigError
 from pgtrain.core.memory import available_bytes
+from pgtrain.launch.mpijob.spec import default, layout
 
 # Bytes a float32 parameter costs while training: the weight, its gradient, the momentum buffer, and
 # Horovod's fusion copy of the gradient.
@@ -26,6 +31,14 @@ def local_slots() -> int:
 def mlp_parameter_count(input_dim: int, hidden_sizes: tuple[int, ...], output_dim: int) -> int:
     dims = [input_dim, *hidden_sizes, output_dim]
     return sum(fan_in * fan_out + fan_out for fan_in, fan_out in zip(dims, dims[1:], strict=False))
+
+
+def check_launch(config: TrainingConfig, settings: AuthorSettings) -> None:
+    """Refuse a world size the run's launcher cannot lay out (ConfigError saying what to choose)."""
+    if config.launcher == "local":
+        check_world_size(config)
+    else:
+        layout(config.world_size, int(settings.kubernetes.get("gpus_per_worker", default("gpus_per_worker"))))
 
 
 def check_world_size(config: TrainingConfig) -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 from pgtrain.core.database_url import DATABASE_URL_ENV
 from pgtrain.core.db import connect, split_password
 from pgtrain.core.errors import ConfigError, TrainingFailed, TrainingInputError
+from pgtrain.launch.attempt import start_attempt
 from pgtrain.launch.lifetime import preexec_die_with_this_process
 from pgtrain.launch.trainer_command import horovodrun_options, trainer_argv
 from pgtrain.runs import record
@@ -125,8 +126,7 @@ def run_local(run_id: str, world_size: int, database_url: str, log: logging.Logg
     rank_url, password = split_password(database_url)
     password = password or os.environ.get("PGPASSWORD") or None  # the worker's libpq password reaches them too
     with connect(database_url) as conn:
-        attempt = record.begin_attempt(conn, run_id)
-        record.clear_training_output(conn, run_id)
+        attempt = start_attempt(conn, run_id)
     command = local_command(run_id, world_size, attempt)
     log.info("starting %d Horovod ranks (attempt %d): %s", world_size, attempt, " ".join(command))
     with private_passfile(password) as passfile:

@@ -15,7 +15,6 @@ from psycopg.types.json import Jsonb
 
 from pgtrain.config.params import TrainingConfig
 from pgtrain.core.errors import PgtrainError
-from pgtrain.store import tensors
 
 
 @dataclass(frozen=True)
@@ -233,11 +232,9 @@ def json_safe(metrics: dict[str, Any]) -> dict[str, Any]:
             for key, value in metrics.items()}
 
 
-def clear_training_output(conn: psycopg.Connection, run_id: str) -> None:
-    """Forget metrics and staged parameters of an earlier attempt of this run."""
-    with conn.transaction():
-        conn.execute("DELETE FROM pgtrain.run_metrics WHERE run_id = %s", (run_id,))
-        tensors.delete_staged(conn, run_id)
+def delete_epoch_metrics(conn: psycopg.Connection, run_id: str) -> None:
+    """Forget the epochs an earlier attempt of this run recorded (pgtrain.launch.attempt.start_attempt)."""
+    conn.execute("DELETE FROM pgtrain.run_metrics WHERE run_id = %s", (run_id,))
 
 
 def outcome(conn: psycopg.Connection, run_id: str) -> str:

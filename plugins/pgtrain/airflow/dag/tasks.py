@@ -1,6 +1,8 @@
 """The DAG's Python tasks. Each is a thin shell: resolve the database, call the plain pgtrain function.
 
-Which errors are retried is decided by the DAG's one retry policy (``pgtrain.airflow.dag.failures``).
+The author's settings reach them as arguments (``AuthorSettings.to_dict()``, with a model entry's merged in), resolved
+once when the task's process parses the DAG file; the run's params come from the trigger. Which errors are
+retried is decided by the DAG's one retry policy (``pgtrain.airflow.dag.failures``).
 """
 
 from __future__ import annotations
@@ -12,17 +14,9 @@ from airflow.sdk import task
 
 from pgtrain.airflow.dag.assets import MODELS_ALIAS, model_asset
 from pgtrain.airflow.dag.connection import DEFAULT_CONN_ID, database_url
+from pgtrain.airflow.dag.outcome import OUTCOME_KEY, leave_outcome
 
 log = logging.getLogger(__name__)
-# The XCom each task leaves when it decides what became of the run; its value becomes the DAG run's note.
-OUTCOME_KEY = "pgtrain_outcome"
-
-
-def leave_outcome(ti: Any, conn: Any, run_id: int) -> None:
-    """Leave the run's outcome as it stands in the database (``record.outcome``) for the DAG run's note."""
-    from pgtrain.runs import record
-
-    ti.xcom_push(key=OUTCOME_KEY, value=record.outcome(conn, run_id))
 
 
 @task
@@ -37,28 +31,32 @@ def provision_tables(conn_id: str = DEFAULT_CONN_ID) -> list[int]:
 
 
 @task
-def plan_run(model_entry: str | None = None, conn_id: str = DEFAULT_CONN_ID, params: dict | None = None,
-             dag_run: Any = None, ti: Any = None) -> str:
+def plan_run(settings: dict[str, Any], fixed: dict[str, Any], models_file: str | None = None,
+             conn_id: str = DEFAULT_CONN_ID, params: dict | None = None, dag_run: Any = None, ti: Any = None) -> str:
+    """Check the run against the author's ``settings`` and record it. ``fixed``: the params the author fixed
+    (a model entry's source and launcher; the generic DAG's launcher). ``models_file``: the generic DAG's, whose
+    models it may not train (they belong to their own DAGs)."""
     from airflow.sdk.exceptions import AirflowSkipException
 
     from pgtrain.config.params import TrainingConfig
+    from pgtrain.config.settings import AuthorSettings
     from pgtrain.core.db import connect
     from pgtrain.core.errors import PgtrainError
     from pgtrain.data import freshness, policy
     from pgtrain.launch import capacity
     from pgtrain.runs import record
 
+    author = AuthorSettings.from_dict(settings)
     try:
-        entry = _entry(model_entry)
-        _check_conf(dict(dag_run.conf or {}), entry)
-        config = TrainingConfig.from_mapping({**dict(params), **(entry.fixed if entry else {})})
-        if entry is None:
+        _check_conf(dict(dag_run.conf or {}), fixed)
+        config = TrainingConfig.from_mapping({**dict(params), **fixed})
+        if models_file is not None:
             from pgtrain.config.model_entries import model_owners
 
-            policy.check_unowned(config.model_name, model_owners())
-        capacity.check_world_size(config)
+            policy.check_unowned(config.model_name, model_owners(default=models_file))
+        capacity.check_launch(config, author)
         with connect(database_url(conn_id)) as conn:
-            config = policy.admit(conn, config, _settings(entry))
+            config = policy.admit(conn, config, author)
             skip = freshness.skip_reason(conn, config, _run_type(dag_run))
             if skip:
                 log.info("not training, no new version: %s", skip)
@@ -74,8 +72,9 @@ def plan_run(model_entry: str | None = None, conn_id: str = DEFAULT_CONN_ID, par
 
 
 @task
-def compute_shards(training_run: str, model_entry: str | None = None, conn_id: str = DEFAULT_CONN_ID,
+def compute_shards(training_run: str, settings: dict[str, Any], conn_id: str = DEFAULT_CONN_ID,
                    ti: Any = None) -> dict[str, Any]:
+    from pgtrain.config.settings import AuthorSettings
     from pgtrain.core.db import connect
     from pgtrain.core.errors import PgtrainError
     from pgtrain.data import manifest, policy
@@ -85,7 +84,7 @@ def compute_shards(training_run: str, model_entry: str | None = None, conn_id: s
     with connect(database_url(conn_id)) as conn:
         run = record.get_run(conn, training_run)
         try:
-            policy.check_run(conn, run.config, _settings(_entry(model_entry)))
+            policy.check_run(conn, run.config, AuthorSettings.from_dict(settings))
             plan = manifest.plan_shards(conn, run)
             capacity.check_model_size(run.config, plan.input_dim, plan.output_dim)
         except PgtrainError as refused:
@@ -142,29 +141,14 @@ def report(training_run: str, conn_id: str = DEFAULT_CONN_ID) -> dict[str, Any]:
     return summary
 
 
-def _entry(name: str | None) -> Any:
-    """The models-file entry of a per-model DAG (None for the generic DAG)."""
-    from pgtrain.config.model_entries import find_entry
-
-    return find_entry(name) if name else None
-
-
-def _settings(entry: Any) -> Any:
-    from pgtrain.config.settings import load_settings
-
-    settings = load_settings()
-    return entry.settings(settings) if entry else settings
-
-
-def _check_conf(conf: dict[str, Any], entry: Any) -> None:
+def _check_conf(conf: dict[str, Any], fixed: dict[str, Any]) -> None:
     """A conf key that is not a param of this DAG fails the run, with the closest param's name."""
     from pgtrain.config.params import unknown_keys
     from pgtrain.core.errors import ConfigError
 
     problems = unknown_keys(conf)
-    if entry is not None:
-        problems += [f"{key!r} is fixed by the DAG's author in the models file (entry {entry.name!r}), not a "
-                     "param of this DAG" for key in sorted(set(conf) & set(entry.fixed))]
+    problems += [f"{key!r} is fixed by the DAG's author (the models file's entry, or the settings file), not a "
+                 "param of this DAG" for key in sorted(set(conf) & set(fixed))]
     if problems:
         raise ConfigError("the run's conf has keys this DAG does not define: " + "; ".join(problems))
 

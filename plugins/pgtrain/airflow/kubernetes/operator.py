@@ -39,6 +39,9 @@ from airflow.sdk.exceptions import AirflowFailException
 from kubernetes.client import V1Pod
 from kubernetes.client.exceptions import ApiException
 
+from pgtrain.airflow.dag import train_run
+from pgtrain.airflow.dag.connection import DEFAULT_CONN_ID
+from pgtrain.airflow.dag.failures import RETRY_POLICY
 from pgtrain.airflow.kubernetes.client import MPIJobClient
 from pgtrain.airflow.kubernetes.trigger import MPIJobTrigger
 from pgtrain.core.errors import ConfigError, TrainingFailed, TrainingInputError
@@ -96,16 +99,16 @@ class MPIJobOperator(KubernetesPodOperator):
         *,
         training_run_id: str | None = None,
         world_size: int | str | None = None,
-        gpus_per_worker: int | str = 1,
-        database_secret: str = api.DEFAULT_SECRET_NAME,
-        database_secret_key: str = api.DEFAULT_SECRET_KEY,
-        worker_cpu: str = "4",
-        worker_memory: str = "16Gi",
-        launcher_cpu: str = "500m",
-        launcher_memory: str = "1Gi",
-        backoff_limit: int = 0,
-        active_deadline_seconds: int | None = 86400,
-        ttl_seconds_after_finished: int = 3600,
+        gpus_per_worker: int | str = spec.default("gpus_per_worker"),
+        database_secret: str = spec.default("database_secret"),
+        database_secret_key: str = spec.default("database_secret_key"),
+        worker_cpu: str = spec.default("worker_cpu"),
+        worker_memory: str = spec.default("worker_memory"),
+        launcher_cpu: str = spec.default("launcher_cpu"),
+        launcher_memory: str = spec.default("launcher_memory"),
+        backoff_limit: int = spec.default("backoff_limit"),
+        active_deadline_seconds: int | None = spec.default("active_deadline_seconds"),
+        ttl_seconds_after_finished: int = spec.default("ttl_seconds_after_finished"),
         startup_timeout_seconds: int = 600,
         poll_interval: float = 2,
         log_tail_lines: int = 40,
@@ -147,7 +150,7 @@ class MPIJobOperator(KubernetesPodOperator):
     def build_mpijob(self, context: Context | None = None, *, dry_run: bool = False) -> dict[str, Any]:
         """KPO's pod for this task, turned into the MPIJob (validated) that runs the trainer."""
         if self.image is None:
-            self.image = api.DEFAULT_IMAGE
+            self.image = spec.default("image")
         pod = PodGenerator.serialize_pod(self.build_pod_request_obj(context, dry_run=dry_run))
         if self.world_size in (None, ""):
             raise ConfigError("world_size is required: the number of Horovod ranks (GPUs)")
@@ -479,3 +482,44 @@ def _container_started(pod: V1Pod) -> bool:
         if status.state and (status.state.running or status.state.terminated):
             return True
     return False
+
+
+class MPIJobTrainOperator(MPIJobOperator):
+    """The DAG's ``train`` task with launcher=kubernetes: one planned run's trainer as an MPIJob.
+
+    World size comes from the run record (plan_run's config snapshot), so a re-run trains what was planned.
+    Every Kubernetes setting (image, namespace, Secret, node selector, ...) is a constructor argument, chosen by
+    the DAG's author (``pgtrain.config.settings``), never by a trigger's conf.
+
+    :param conn_id: Airflow connection of the training database (starting an attempt, reading the trainer's
+        verdict); the pods read the database URL from the Kubernetes Secret instead.
+    """
+
+    template_fields: Sequence[str] = (*MPIJobOperator.template_fields, "conn_id")
+
+    def __init__(self, *, conn_id: str = DEFAULT_CONN_ID, **kwargs: Any) -> None:
+        kwargs.setdefault("retry_policy", RETRY_POLICY)
+        super().__init__(**kwargs)
+        self.conn_id = conn_id
+
+    def execute(self, context: Context) -> None:
+        run_id = self._training_run_id(context)
+        with train_run.failure_recorded(self.conn_id, run_id, context["ti"]):
+            run = train_run.planned_run(self.conn_id, run_id, "kubernetes")
+            self.log.info("training run %s: world_size %d, launcher kubernetes", run_id, run.config.world_size)
+            self.world_size = run.config.world_size
+            return super().execute(context)
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> None:
+        with train_run.failure_recorded(self.conn_id, self._training_run_id(context), context["ti"]):
+            return super().execute_complete(context, event)
+
+    def before_submit(self, context: Context) -> None:
+        """A new job is a new attempt (the earlier one's writes are refused from now on) and trains from
+        scratch: the earlier attempt's metrics and staged parameters are forgotten."""
+        run_id = self._training_run_id(context)
+        self.attempt = train_run.start_attempt(self.conn_id, run_id)
+        self.log.info("training run %s: attempt %d", run_id, self.attempt)
+
+    def trainer_verdict(self, context: Context) -> tuple[str, str] | None:
+        return train_run.trainer_verdict(self.conn_id, self._training_run_id(context), self.attempt)

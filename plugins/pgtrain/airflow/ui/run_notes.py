@@ -17,7 +17,7 @@ from typing import Any
 
 from airflow.listeners import hookimpl
 
-from pgtrain.airflow.dag.tasks import OUTCOME_KEY
+from pgtrain.airflow.dag.outcome import OUTCOME_KEY
 
 log = logging.getLogger(__name__)
 NOTE_LIMIT = 1000  # dag_run_note.content is a String(1000)

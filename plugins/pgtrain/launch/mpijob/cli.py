@@ -11,8 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pgtrain.core.errors import ConfigError
-from pgtrain.launch.mpijob.api import DEFAULT_IMAGE, DEFAULT_SECRET_KEY, DEFAULT_SECRET_NAME
-from pgtrain.launch.mpijob.spec import MPIJobSettings, build_mpijob
+from pgtrain.launch.mpijob.spec import MPIJobSettings, build_mpijob, default
 
 
 def render_yaml(manifest: Mapping[str, Any]) -> str:
@@ -49,17 +48,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     render = sub.add_parser("render", help="print the MPIJob as YAML (no cluster needed)")
     render.add_argument("--run-id", required=True, help="training run id (plan_run creates it)")
     render.add_argument("--world-size", type=int, required=True, help="Horovod ranks = GPUs")
-    render.add_argument("--gpus-per-worker", type=int, default=1)
-    render.add_argument("--image", default=DEFAULT_IMAGE)
+    render.add_argument("--gpus-per-worker", type=int, default=default("gpus_per_worker"))
+    render.add_argument("--image", default=default("image"))
     render.add_argument("--name", default="", help="MPIJob name (default: derived from the run id)")
-    render.add_argument("--namespace", default="default")
-    render.add_argument("--secret", default=DEFAULT_SECRET_NAME, help="Secret holding the database URL")
-    render.add_argument("--secret-key", default=DEFAULT_SECRET_KEY)
-    render.add_argument("--worker-cpu", default="4")
-    render.add_argument("--worker-memory", default="16Gi")
+    render.add_argument("--namespace", default=default("namespace"))
+    render.add_argument("--secret", default=default("database_secret"), help="Secret holding the database URL")
+    render.add_argument("--secret-key", default=default("database_secret_key"))
+    render.add_argument("--worker-cpu", default=default("worker_cpu"))
+    render.add_argument("--worker-memory", default=default("worker_memory"))
     render.add_argument("--node-selector", action="append", default=[], metavar="KEY=VALUE")
     render.add_argument("--toleration", action="append", default=[], metavar="KEY[=VALUE][:EFFECT]")
-    render.add_argument("--active-deadline-seconds", type=int, default=86400)
+    render.add_argument("--active-deadline-seconds", type=int, default=default("active_deadline_seconds"))
     render.add_argument("--attempt", type=int, default=1,
                         help="the run's train attempt the trainer is told (pgtrain.runs.record.begin_attempt); a "
                              "trainer of an older attempt than the run's cannot write")

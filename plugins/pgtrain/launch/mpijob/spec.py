@@ -92,6 +92,12 @@ class MPIJobSettings:
         return self.name or job_name(self.run_id, workers=workers)
 
 
+def default(name: str) -> Any:
+    """The default of an MPIJobSettings field: the one home of the MPIJob's sizes and run policy defaults
+    (the operator's arguments and the render command's flags take theirs from here)."""
+    return MPIJobSettings.__dataclass_fields__[name].default
+
+
 def layout(world_size: int, gpus_per_worker: int) -> tuple[int, int]:
     """(worker pods, slots per worker): one rank per GPU; fewer ranks than GPUs per worker use one worker."""
     slots = min(gpus_per_worker, world_size)

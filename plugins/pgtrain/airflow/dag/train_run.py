@@ -1,0 +1,73 @@
+"""What both train operators (local and Kubernetes) do around their job: find the planned run, refuse one
+planned for the other launcher, start an attempt, and record a failed job's verdict before the task fails."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from airflow.sdk.exceptions import AirflowFailException
+
+from pgtrain.airflow.dag.connection import database_url
+from pgtrain.airflow.dag.outcome import leave_outcome
+from pgtrain.core.errors import TrainingFailed, TrainingInputError
+
+
+def run_id_of(explicit: str | None, context: Any) -> str:
+    """The training run a train task trains: ``explicit`` (plan_run's XCom), else the DAG run's own."""
+    if explicit:
+        return str(explicit)
+    from pgtrain.runs.record import training_run_id
+
+    return training_run_id(context["ti"].dag_id, context["run_id"])
+
+
+def planned_run(conn_id: str, run_id: str, launcher: str) -> Any:
+    """The run record; a run planned for another launcher than this train task's fails for good."""
+    from pgtrain.core.db import connect
+    from pgtrain.runs import record
+
+    with connect(database_url(conn_id)) as conn:
+        run = record.get_run(conn, run_id)
+    if run.config.launcher != launcher:
+        raise AirflowFailException(
+            f"training run {run_id} was planned for launcher={run.config.launcher!r}, but this DAG's train task "
+            f"launches {launcher!r} (the DAG's author changed the launcher since plan_run): re-run the DAG run "
+            "from plan_run")
+    return run
+
+
+def start_attempt(conn_id: str, run_id: str) -> int:
+    from pgtrain.core.db import connect
+    from pgtrain.launch.attempt import start_attempt as start
+
+    with connect(database_url(conn_id)) as conn:
+        return start(conn, run_id)
+
+
+def trainer_verdict(conn_id: str, run_id: str, attempt: int | None) -> tuple[str, str] | None:
+    """What the trainer recorded when it stopped (start_attempt cleared any earlier attempt's verdict)."""
+    from pgtrain.core.db import connect
+    from pgtrain.runs import record
+
+    with connect(database_url(conn_id)) as conn:
+        return record.trainer_verdict(conn, run_id, attempt)
+
+
+@contextmanager
+def failure_recorded(conn_id: str, run_id: str, ti: Any) -> Iterator[None]:
+    """A failed job marks the run 'failed' (with the first line of why) before the task fails, unless the
+    trainer recorded its own verdict (refused, or failed with its reason): that one stays."""
+    try:
+        yield
+    except TrainingFailed as failure:
+        from pgtrain.core.db import connect
+        from pgtrain.runs import record
+
+        status = "refused" if isinstance(failure, TrainingInputError) else "failed"
+        with connect(database_url(conn_id)) as conn:
+            record.record_verdict(conn, run_id, status, str(failure).splitlines()[0])
+            # The DAG run's note (pgtrain.airflow.ui.run_notes): the verdict that stays, with its reason.
+            leave_outcome(ti, conn, run_id)
+        raise
