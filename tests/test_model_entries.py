@@ -9,7 +9,6 @@ from airflow.dag_processing.dagbag import DagBag
 from airflow.sdk.exceptions import ParamValidationError
 
 from pgtrain.config.model_entries import (
-    DEFAULT_MODELS_FILE,
     FIXED_PARAMS,
     MODELS_ENV,
     find_entry,
@@ -20,6 +19,8 @@ from pgtrain.config.model_entries import (
 from pgtrain.config.params import TrainingConfig
 from pgtrain.core.errors import ConfigError
 from tests.conftest import REPO
+
+SHIPPED_MODELS_FILE = REPO / "dags" / "models.yaml"
 
 TASK_ORDER = ["provision_tables", "plan_run", "compute_shards", "train", "commit_parameters", "report"]
 GOOD = """
@@ -41,9 +42,9 @@ def good(name: str, schedule: str = "{cron: '@daily'}") -> str:
 
 
 def test_the_default_file_schedules_the_digits_model_of_the_demo():
-    entries, errors = load_entries(DEFAULT_MODELS_FILE)
+    entries, errors = load_entries(SHIPPED_MODELS_FILE)
     assert errors == []
-    digits = find_entry("digits-mlp", DEFAULT_MODELS_FILE)
+    digits = find_entry("digits-mlp", SHIPPED_MODELS_FILE)
     demo = TrainingConfig()  # what `make demo` trained before it ran this entry's DAG
     config = TrainingConfig.from_mapping({**digits.params, **digits.fixed})
     for name in ("model_name", "source_table", "key_column", "features_column", "label_column", "task",
@@ -57,8 +58,16 @@ def test_the_default_file_schedules_the_digits_model_of_the_demo():
 def test_the_env_var_names_another_file(tmp_path, monkeypatch):
     path = models_file(tmp_path, good("other"))
     monkeypatch.setenv(MODELS_ENV, str(path))
-    assert models_path() == path
-    assert [e.name for e in load_entries()[0]] == ["other"]
+    assert models_path(default=SHIPPED_MODELS_FILE) == path
+    assert [e.name for e in load_entries(default=SHIPPED_MODELS_FILE)[0]] == ["other"]
+
+
+def test_a_missing_default_file_means_no_models_but_a_named_one_is_an_error(tmp_path, monkeypatch):
+    monkeypatch.delenv(MODELS_ENV, raising=False)
+    assert load_entries(default=tmp_path / "models.yaml") == ([], [])
+    monkeypatch.setenv(MODELS_ENV, str(tmp_path / "models.yaml"))
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_entries(default=SHIPPED_MODELS_FILE)
 
 
 def test_the_quality_gate_is_on_unless_an_entry_turns_it_off(tmp_path):

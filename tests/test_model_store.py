@@ -72,7 +72,7 @@ def test_commit_creates_version_moves_head_and_is_idempotent(db_url, aconn):
     assert version == 1 and set(tensors) == set(SPEC.parameter_shapes())
     assert all(np.array_equal(tensors[n], a) for n, a in parameters(0.5).items())
     assert run_status(db_url, run_id) == ("committed", None)
-    lock = aconn.execute("SELECT owner FROM pgtrain.store.locks WHERE name = %s", (f"model:{MODEL}",)).fetchone()
+    lock = aconn.execute("SELECT owner FROM pgtrain.locks WHERE name = %s", (f"model:{MODEL}",)).fetchone()
     assert lock == (None,), "the model lock is released after the commit"
 
 

@@ -1,6 +1,6 @@
 """Leased locks in PostgreSQL with fencing tokens (see docs/locks.md).
 
-A lock is a row of ``pgtrain.store.locks``. Taking it is one conditional upsert that succeeds only when
+A lock is a row of ``pgtrain.locks``. Taking it is one conditional upsert that succeeds only when
 the row is free or its lease has expired, and gives the holder a fencing token larger than every
 token issued before. Writes that need the lock run inside :func:`fenced`, which re-checks, in the
 writer's own transaction and under a row lock, that the token is still the current one and the
@@ -42,7 +42,7 @@ _MAX_WAIT = 5.0
 
 _ACQUIRE = """
 WITH taken AS (
-    INSERT INTO pgtrain.store.locks AS l (name, token, owner, acquired_at, heartbeat_at, expires_at)
+    INSERT INTO pgtrain.locks AS l (name, token, owner, acquired_at, heartbeat_at, expires_at)
     VALUES (%(name)s, nextval('pgtrain.fencing_tokens'), %(owner)s, clock_timestamp(), clock_timestamp(),
             clock_timestamp() + %(ttl)s * interval '1 second')
     ON CONFLICT (name) DO UPDATE
@@ -59,18 +59,18 @@ UNION ALL
 -- not taken: who holds it (as of this statement's snapshot), and for how much longer
 SELECT false, token, owner, acquired_at, expires_at,
        extract(epoch FROM expires_at - clock_timestamp())::float8
-FROM pgtrain.store.locks WHERE name = %(name)s AND NOT EXISTS (SELECT FROM taken)
+FROM pgtrain.locks WHERE name = %(name)s AND NOT EXISTS (SELECT FROM taken)
 """
 
 _HOLDER = """
 SELECT token, owner, acquired_at, expires_at,
        extract(epoch FROM expires_at - clock_timestamp())::float8 AS remaining
-FROM pgtrain.store.locks WHERE name = %s
+FROM pgtrain.locks WHERE name = %s
 """
 
 _RELEASE = """
 WITH released AS (
-    UPDATE pgtrain.store.locks
+    UPDATE pgtrain.locks
        SET owner = NULL, acquired_at = NULL, heartbeat_at = NULL, expires_at = NULL
      WHERE name = %(name)s AND token = %(token)s AND owner IS NOT NULL
     RETURNING name)
@@ -80,9 +80,9 @@ SELECT pg_notify(%(channel)s, name) FROM released
 # SKIP LOCKED: while the holder's own fenced transaction holds the row, a renewal must not queue
 # behind it (a queued renewal would still land after the holder died and extend a dead lease).
 _RENEW = """
-UPDATE pgtrain.store.locks AS l
+UPDATE pgtrain.locks AS l
    SET heartbeat_at = clock_timestamp(), expires_at = clock_timestamp() + %(ttl)s * interval '1 second'
-  FROM (SELECT name FROM pgtrain.store.locks
+  FROM (SELECT name FROM pgtrain.locks
          WHERE name = %(name)s AND token = %(token)s AND owner IS NOT NULL
            FOR UPDATE SKIP LOCKED) AS mine
  WHERE l.name = mine.name
@@ -362,7 +362,7 @@ def fenced(conn: psycopg.Connection, lease: Lease) -> Iterator[psycopg.Connectio
     with conn.transaction():
         row = conn.execute(
             """SELECT token, owner, expires_at, expires_at > clock_timestamp()
-               FROM pgtrain.store.locks WHERE name = %s FOR SHARE""",
+               FROM pgtrain.locks WHERE name = %s FOR SHARE""",
             (lease.name,),
         ).fetchone()
         if row is None or row[0] != lease.token or row[1] is None:
@@ -382,5 +382,5 @@ def list_locks(conn: psycopg.Connection) -> list[dict[str, Any]]:
         return cur.execute(
             """SELECT name, token, owner, acquired_at, heartbeat_at, expires_at,
                       owner IS NOT NULL AND expires_at > clock_timestamp() AS held
-               FROM pgtrain.store.locks ORDER BY name"""
+               FROM pgtrain.locks ORDER BY name"""
         ).fetchall()

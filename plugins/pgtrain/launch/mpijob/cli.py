@@ -42,7 +42,7 @@ def _toleration(text: str) -> dict[str, str]:
     return toleration
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pgtrain.launch.mpijob.cli", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     render = sub.add_parser("render", help="print the MPIJob as YAML (no cluster needed)")
@@ -62,6 +62,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     render.add_argument("--attempt", type=int, default=1,
                         help="the run's train attempt the trainer is told (pgtrain.runs.record.begin_attempt); a "
                              "trainer of an older attempt than the run's cannot write")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         settings = MPIJobSettings(
