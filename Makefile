@@ -47,7 +47,7 @@ load-digits: install
 	$(PY) -m dev.examples digits --if-empty
 
 render-mpijob: install
-	$(PY) -m pgtrain.mpijob render --world-size 8 --gpus-per-worker 4 --image pgtrain-trainer:latest --run-id example
+	$(PY) -m pgtrain.launch.mpijob.cli render --world-size 8 --gpus-per-worker 4 --image pgtrain-trainer:latest --run-id example
 
 ui: install  # a local Airflow on http://127.0.0.1:8080 (api-server, scheduler, dag-processor, triggerer); see README
 	$(PY) -m dev.devstack start

@@ -26,5 +26,5 @@ if ! .venv/bin/airflow dags test pgtrain_model_digits-mlp >.demo/dags-test.log 2
   exit 1
 fi
 echo
-.venv/bin/python -m pgtrain.runs.report --require-committed
+.venv/bin/python -m pgtrain.cli.report --require-committed
 echo "demo wall time    $(( $(date +%s) - started )) s (full Airflow log: .demo/dags-test.log)"

@@ -1,4 +1,4 @@
-"""The models page in the Airflow UI: a FastAPI app the api-server mounts at /pgtrain (see plugins/pgtrain_plugin.py).
+"""The models page in the Airflow UI: a FastAPI app the api-server mounts at /pgtrain (pgtrain.airflow.plugins).
 
 Every route requires a user logged in to Airflow (the JWT of the Airflow UI's cookie, or a bearer token):
 without one a browser is sent to Airflow's login page and any other client gets 401, with nothing of the

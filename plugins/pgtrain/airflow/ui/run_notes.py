@@ -6,7 +6,7 @@ in the worker. So the tasks that decide the outcome (plan_run, compute_shards, c
 as the XCom ``pgtrain_outcome``, and this listener, which Airflow calls where the DAG run's state is decided
 (the scheduler, or ``dags test``) with the run's metadata session, copies it into the note when the run ends.
 A run that failed without leaving one gets "failed in <tasks>". A note someone wrote when triggering stays
-first. Registered by plugins/pgtrain_notes_plugin.py. Listeners never fail the scheduler: Airflow logs and
+first. Registered by pgtrain.airflow.plugins. Listeners never fail the scheduler: Airflow logs and
 swallows their exceptions.
 """
 
