@@ -160,16 +160,16 @@ def show(label: str, figures: dict[str, float]) -> None:
 
 
 def dags_folder(folder: Path) -> None:
-    """The repository's DAG files, and EAGER_DAG_ID: pgtrain_training as every task process parsed it before
-    ``pipeline.train_task`` (it imports HorovodTrainOperator, hence the Kubernetes provider, in every task)."""
+    """The repository's DAG files, and EAGER_DAG_ID: pgtrain_training as every task process parsed it when the
+    train task was a KubernetesPodOperator whatever the launcher (the Kubernetes provider imported in every task)."""
     for path in (REPO / "dags").iterdir():
         if path.is_file():
             shutil.copy(path, folder / path.name)
     text = (REPO / "dags" / "pgtrain_training.py").read_text()
     text = text.replace(f'dag_id="{DAG_ID}"', f'dag_id="{EAGER_DAG_ID}"').replace(
-        "\nfrom airflow.sdk import DAG\n",
-        "\nimport pgtrain.airflow.local.operator  # noqa: F401  (before)\nfrom airflow.sdk import DAG\n")
-    assert EAGER_DAG_ID in text and "train_operator" in text, "dags/pgtrain_training.py changed: fix the benchmark"
+        "\nfrom airflow.sdk import DAG, chain\n",
+        "\nimport pgtrain.airflow.kubernetes.operator  # noqa: F401  (before)\nfrom airflow.sdk import DAG, chain\n")
+    assert EAGER_DAG_ID in text and "kubernetes.operator" in text, "dags/pgtrain_training.py changed: fix the benchmark"
     (folder / "bench_eager_training.py").write_text(text)
 
 

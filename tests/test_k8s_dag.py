@@ -32,9 +32,10 @@ def test_dag_trains_on_kubernetes_and_commits_a_version(airflow_env, make_databa
     url = with_password(db_url, password_sentinel)
     namespace = k8s_cluster.new_namespace()
     k8s_cluster.create_secret(namespace, "pgtrain-db", {"url": url})
-    conf = {"launcher": "kubernetes", "world_size": 2, "epochs": 3, "batch_size": 16, "model_name": "k8s-mlp"}
+    conf = {"world_size": 2, "epochs": 3, "batch_size": 16, "model_name": "k8s-mlp"}
     settings = tmp_path / "pgtrain.yaml"  # the author's settings: where the job runs is not a param
-    settings.write_text(f"kubernetes:\n  namespace: {namespace}\n  image: pgtrain-trainer:test\n"
+    settings.write_text(f"launcher: kubernetes\nkubernetes:\n  namespace: {namespace}\n"
+                        "  image: pgtrain-trainer:test\n"
                         "  startup_timeout_seconds: 120\n")
     env = {**airflow_env, **k8s_cluster.connection_uri_env(), "AIRFLOW_CONN_PGTRAIN_DB": url,
            "PGTRAIN_SETTINGS": str(settings)}
@@ -45,7 +46,7 @@ def test_dag_trains_on_kubernetes_and_commits_a_version(airflow_env, make_databa
     assert result.returncode == 0, output[-6000:]
 
     creates = k8s_cluster.history(namespace, verb="create", resource="mpijobs")
-    assert len(creates) == 1, "the train task created no MPIJob: is it HorovodTrainOperator? (docs/kubernetes.md)"
+    assert len(creates) == 1, "the train task created no MPIJob: is it MPIJobTrainOperator? (docs/kubernetes.md)"
     create = creates[0]
     assert create["body"]["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
     assert k8s_cluster.history(namespace, verb="exec")  # the launcher ran the trainer

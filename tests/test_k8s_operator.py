@@ -1,4 +1,4 @@
-"""MPIJobOperator / HorovodTrainOperator against the simulated cluster, real PostgreSQL and the real trainer.
+"""MPIJobOperator / MPIJobTrainOperator (and LocalTrainOperator) on the simulated cluster, real PostgreSQL and trainer.
 
 The simulated cluster (tests/k8s_sim, a test double) runs the launcher's rendered ``horovodrun``
 command as local processes; the database URL reaches them only through a Kubernetes Secret whose
@@ -17,10 +17,15 @@ import threading
 import psycopg
 import pytest
 from airflow.sdk import RetryAction
-from airflow.sdk.exceptions import TaskDeferred
+from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
-from pgtrain.airflow.kubernetes.operator import MPIJobInputRefused, MPIJobOperator, MPIJobStartupTimeout
-from pgtrain.airflow.local.operator import HorovodTrainOperator
+from pgtrain.airflow.kubernetes.operator import (
+    MPIJobInputRefused,
+    MPIJobOperator,
+    MPIJobStartupTimeout,
+    MPIJobTrainOperator,
+)
+from pgtrain.airflow.local.operator import LocalTrainOperator
 from tests.k8s_sim import fixtures
 from tests.k8s_sim.airflow_context import FakeTaskStateStore, task_context
 from tests.k8s_sim.validation import assert_cluster_accepted_every_manifest
@@ -47,10 +52,10 @@ def plan(db_url: str, dag_run_id: str, *, rows: int = 240, epochs: int = 2, shar
                            launcher="kubernetes").run_id
 
 
-def train_operator(namespace: str | None = None, **kwargs) -> HorovodTrainOperator:
+def train_operator(namespace: str | None = None, **kwargs) -> MPIJobTrainOperator:
     """The operator as a DAG author configures it: namespace, image and timeouts are its arguments."""
     cluster = {"namespace": namespace, "image": IMAGE, "startup_timeout_seconds": 60} if namespace else {}
-    return HorovodTrainOperator(task_id="train", poll_interval=0.3, **cluster, **kwargs)
+    return MPIJobTrainOperator(task_id="train", poll_interval=0.3, **cluster, **kwargs)
 
 
 def committed_versions(db_url: str) -> int:
@@ -289,9 +294,19 @@ def test_local_launcher_runs_horovodrun_on_this_machine(namespace, db_url, capfd
     with psycopg.connect(db_url, autocommit=True) as conn:
         seed_samples(conn, 200, dim=8, classes=3)
         run_id = planned_run(conn, "local", world_size=2, epochs=1, launcher="local").run_id
-    train_operator(training_run_id=run_id).execute(task_context(DAG_ID, "local"))
+    LocalTrainOperator(task_id="train", training_run_id=run_id).execute(task_context(DAG_ID, "local"))
     assert staged(db_url, run_id) > 0
     assert "starting 2 Horovod ranks" in "".join(capfd.readouterr())
+
+
+def test_a_run_planned_for_another_launcher_fails_for_good(k8s, namespace, db_url):
+    """The author switched the DAG's launcher between plan_run and train: nothing is launched, no retry."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        seed_samples(conn, 50, dim=8, classes=3)
+        run_id = planned_run(conn, "switched", world_size=1, epochs=1, launcher="local").run_id
+    with pytest.raises(AirflowFailException, match="planned for launcher='local'.*re-run the DAG run from plan_run"):
+        train_operator(namespace, training_run_id=run_id).execute(task_context(DAG_ID, "switched"))
+    assert not k8s.history(namespace, verb="create", resource="mpijobs")
 
 
 def test_retry_finds_its_job_through_the_task_state_store(k8s, namespace, db_url):

@@ -11,8 +11,7 @@ from airflow.providers.cncf.kubernetes.pod_generator import make_safe_label_valu
 from airflow.providers.cncf.kubernetes.secret import Secret
 from kubernetes.client import models as k8s
 
-from pgtrain.airflow.kubernetes.operator import MPIJobOperator
-from pgtrain.airflow.local.operator import HorovodTrainOperator
+from pgtrain.airflow.kubernetes.operator import MPIJobOperator, MPIJobTrainOperator
 from pgtrain.config.settings import load_settings
 from pgtrain.core.database_url import DATABASE_URL_ENV, DATABASE_URL_FILE_ENV
 from pgtrain.core.errors import ConfigError
@@ -131,7 +130,7 @@ def test_train_operator_takes_kubernetes_settings_from_the_authors_settings_file
     path = tmp_path / "pgtrain.yaml"
     path.write_text("kubernetes:\n  namespace: gpu-team\n  image: from-settings:1\n  gpus_per_worker: 8\n"
                     "  node_selector: {pool: a100}\n  tolerations: [{key: gpu, operator: Exists}]\n")
-    operator = HorovodTrainOperator(task_id="train", **load_settings(path).operator_arguments())
+    operator = MPIJobTrainOperator(task_id="train", **load_settings(path).operator_arguments())
     assert (operator.namespace, operator.image, operator.gpus_per_worker) == ("gpu-team", "from-settings:1", 8)
     assert operator.node_selector == {"pool": "a100"}
     assert operator.tolerations[0].key == "gpu"
@@ -145,7 +144,8 @@ def test_settings_file_errors_name_the_file_and_the_field(tmp_path):
 
 
 def test_importing_the_operators_stays_light_for_dag_parsing():
-    probe = ("import sys, pgtrain.airflow.local.operator, pgtrain.launch.mpijob.spec; "
+    probe = ("import sys, pgtrain.airflow.local.operator, pgtrain.airflow.kubernetes.operator, "
+             "pgtrain.launch.mpijob.spec; "
              "print([m for m in ('torch', 'horovod', 'psycopg', 'numpy') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -94,13 +94,12 @@ def test_a_crash_without_a_verdict_is_a_failure_to_retry(autocommit, db_url, mon
 
 @pytest.mark.horovod
 def test_the_mpijob_path_reads_the_refusal_from_the_run(k8s, namespace, autocommit, password_sentinel):
-    from pgtrain.airflow.kubernetes.operator import MPIJobInputRefused
-    from pgtrain.airflow.local.operator import HorovodTrainOperator
+    from pgtrain.airflow.kubernetes.operator import MPIJobInputRefused, MPIJobTrainOperator
 
     seed_samples(autocommit, rows=240, dim=8, classes=3)
     run = planned_run(autocommit, "refusing", world_size=2, epochs=2, batch_size=16, launcher="kubernetes")
     delete_a_row_of_rank(autocommit, run.run_id, 1)
-    operator = HorovodTrainOperator(task_id="train", poll_interval=0.3, namespace=namespace,
+    operator = MPIJobTrainOperator(task_id="train", poll_interval=0.3, namespace=namespace,
                                     image="pgtrain-trainer:test", startup_timeout_seconds=60,
                                     training_run_id=run.run_id, on_finish_action="keep_pod")
     with pytest.raises(MPIJobInputRefused) as failure:

@@ -172,7 +172,7 @@ class MPIJobOperator(KubernetesPodOperator):
             launcher_memory=self.launcher_memory, backoff_limit=self.backoff_limit,
             active_deadline_seconds=self.job_active_deadline_seconds,
             ttl_seconds_after_finished=self.ttl_seconds_after_finished,
-            # HorovodTrainOperator.before_submit sets the run's attempt; a plain MPIJobOperator has no database
+            # MPIJobTrainOperator.before_submit sets the run's attempt; a plain MPIJobOperator has no database
             # to begin one in (and dry_run never submits), so its trainer is told attempt 1.
             attempt=self.attempt if self.attempt is not None else 1,
         )
@@ -386,7 +386,7 @@ class MPIJobOperator(KubernetesPodOperator):
     def trainer_verdict(self, context: Context) -> tuple[str, str] | None:
         """(status, reason) the trainer recorded for its run when it stopped ('refused' or 'failed'), if known.
 
-        The trainer records it in its database; this operator cannot read it (HorovodTrainOperator does).
+        The trainer records it in its database; this operator cannot read it (MPIJobTrainOperator does).
         """
         return None
 
