@@ -18,7 +18,7 @@ from pgtrain.airflow.triggers.new_rows import NewRowsTrigger
 from pgtrain.config.params import TrainingConfig
 from pgtrain.core.migrations import apply_migrations
 from pgtrain.data import freshness
-from pgtrain.runs import record_epoch
+from pgtrain.runs.record import record_epoch
 from pgtrain.store.model_spec import ModelSpec
 from pgtrain.store.model_store import commit_run
 from pgtrain.store.tensors import write_staged

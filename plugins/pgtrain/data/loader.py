@@ -30,6 +30,7 @@ from psycopg import sql
 from pgtrain.core.db import connect_like
 from pgtrain.core.errors import PgtrainError, SourceError
 from pgtrain.data import copy_binary
+from pgtrain.data.manifest import load_refusal
 from pgtrain.data.source.resolve import Source
 from pgtrain.data.source.rows import bad_row, feature_payload, is_validation, key_range, target_payload
 from pgtrain.data.source.snapshot import (
@@ -191,8 +192,6 @@ def load_shard(conn: psycopg.Connection, source: Source, shard: Shard, dim: int,
             prefault.join()
     fill.check_complete()
     if fill.non_finite:
-        from pgtrain.data.manifest import load_refusal  # manifest imports this module
-
         raise load_refusal(conn, source, shard.rank, fill.non_finite)
     return out
 
