@@ -1,6 +1,7 @@
-"""MPIJobClient: every Kubernetes API call the MPIJob operator makes, on the provider's ``KubernetesHook``.
+"""Every Kubernetes API call of the MPIJob operator (``MPIJobClient``, on the provider's ``KubernetesHook``) and of
+its deferrable trigger (``AsyncMPIJobClient``, on ``AsyncKubernetesHook``): the same calls, in one place.
 
-The operator decides; this client only talks to the API server (as the cncf-kubernetes provider's
+The operator and the trigger decide; these clients only talk to the API server (as the cncf-kubernetes provider's
 ``CustomObjectLauncher`` does for ``SparkKubernetesOperator``). Transient API errors are retried with
 the provider's ``generic_api_retry``; a 404 on a read means "gone" and is returned as None.
 """
@@ -17,6 +18,23 @@ from kubernetes.client.exceptions import ApiException
 
 from pgtrain.launch.mpijob import api
 
+POD_EVENTS = "involvedObject.kind=Pod"
+
+
+def pods_of(name: str) -> str:
+    """The label selector of an MPIJob's pods (the MPI Operator labels them)."""
+    return f"{api.JOB_NAME_LABEL}={name}"
+
+
+def events_of(pods: list[dict[str, Any]], events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The events (API form) about these pods."""
+    names = {pod["metadata"]["name"] for pod in pods}
+    return [e for e in events if (e.get("involvedObject") or {}).get("name") in names]
+
+
+def _resource() -> dict[str, str]:
+    return {"group": api.API_GROUP, "version": api.API_VERSION, "plural": api.PLURAL}
+
 
 class MPIJobClient:
     def __init__(self, hook: KubernetesHook, namespace: str) -> None:
@@ -25,9 +43,7 @@ class MPIJobClient:
 
     def _call(self, method: str, *, retry: bool = True, **kwargs: Any) -> Any:
         def call() -> Any:
-            return getattr(self.hook.custom_object_client, method)(
-                group=api.API_GROUP, version=api.API_VERSION, plural=api.PLURAL,
-                namespace=self.namespace, **kwargs)
+            return getattr(self.hook.custom_object_client, method)(**_resource(), namespace=self.namespace, **kwargs)
 
         return generic_api_retry(call)() if retry else call()
 
@@ -63,7 +79,7 @@ class MPIJobClient:
 
     def pods(self, name: str, role: str | None = None) -> list[V1Pod]:
         """The job's pods (launcher, worker, or both)."""
-        selector = f"{api.JOB_NAME_LABEL}={name}" + (f",{api.JOB_ROLE_LABEL}={role}" if role else "")
+        selector = pods_of(name) + (f",{api.JOB_ROLE_LABEL}={role}" if role else "")
         return generic_api_retry(self.hook.core_v1_client.list_namespaced_pod)(
             self.namespace, label_selector=selector).items
 
@@ -75,12 +91,47 @@ class MPIJobClient:
         """The events of these (API-form) pods, in API form: a missing Secret volume shows only there."""
         if not pods:
             return []
-        names = {pod["metadata"]["name"] for pod in pods}
         listed = generic_api_retry(self.hook.core_v1_client.list_namespaced_event)(
-            self.namespace, field_selector="involvedObject.kind=Pod")
-        events = self.hook.core_v1_client.api_client.sanitize_for_serialization(listed)["items"]
-        return [e for e in events if (e.get("involvedObject") or {}).get("name") in names]
+            self.namespace, field_selector=POD_EVENTS)
+        return events_of(pods, self.hook.core_v1_client.api_client.sanitize_for_serialization(listed)["items"])
 
     def launcher_pod(self, name: str) -> V1Pod | None:
         """The newest launcher pod (with backoffLimit > 0 the launcher Job may have made several)."""
         return max(self.pods(name, "launcher"), key=lambda p: p.metadata.creation_timestamp, default=None)
+
+
+class AsyncMPIJobClient:
+    """The calls the deferrable trigger makes, on one ``kubernetes_asyncio`` API client (``AsyncKubernetesHook``)."""
+
+    def __init__(self, api_client: Any, namespace: str) -> None:
+        from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi
+
+        self.api_client = api_client
+        self.namespace = namespace
+        self.custom = CustomObjectsApi(api_client)
+        self.core = CoreV1Api(api_client)
+
+    async def get(self, name: str) -> dict[str, Any]:
+        return await self.custom.get_namespaced_custom_object(**_resource(), namespace=self.namespace, name=name)
+
+    async def pods_and_events(self, name: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The job's pods and their events, in API form (what ``watch_step`` reads before the job runs)."""
+        listed = await self.core.list_namespaced_pod(self.namespace, label_selector=pods_of(name))
+        pods = self.api_client.sanitize_for_serialization(listed)["items"]
+        listed = await self.core.list_namespaced_event(self.namespace, field_selector=POD_EVENTS)
+        return pods, events_of(pods, self.api_client.sanitize_for_serialization(listed)["items"])
+
+    async def delete(self, name: str) -> bool:
+        """Delete with foreground propagation; False if already gone."""
+        from kubernetes_asyncio.client import V1DeleteOptions
+        from kubernetes_asyncio.client.exceptions import ApiException as AsyncApiException
+
+        try:
+            await self.custom.delete_namespaced_custom_object(
+                **_resource(), namespace=self.namespace, name=name,
+                body=V1DeleteOptions(propagation_policy="Foreground"))
+        except AsyncApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True

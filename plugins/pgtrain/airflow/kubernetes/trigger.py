@@ -1,8 +1,9 @@
 """MPIJobTrigger: the deferrable MPIJobOperator's wait, run in the triggerer.
 
-Polls the MPIJob and its pods, reading each look with ``pgtrain.launch.mpijob.watch.watch_step`` (the operator's
-own loop uses the same function), until it is done: succeeded, failed, cannot start (a missing Secret,
-a bad image name: no point waiting) or timed out. The operator resumes in ``execute_complete``.
+Polls the MPIJob and its pods (through ``AsyncMPIJobClient``), reading each look with
+``pgtrain.launch.mpijob.watch.watch_step`` (the operator's own loop uses the same function), until it is
+done: succeeded, failed, cannot start (a missing Secret, a bad image name: no point waiting) or timed out.
+The operator resumes in ``execute_complete``.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from typing import Any
 
 from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
 from airflow.triggers.base import BaseTrigger, TriggerEvent
-from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi, V1DeleteOptions
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from pgtrain.airflow.kubernetes.client import AsyncMPIJobClient
 from pgtrain.launch.mpijob import watch
 
 
@@ -77,21 +78,10 @@ class MPIJobTrigger(BaseTrigger):
         started = False
         try:
             while True:
-                async with self.hook.get_conn() as api:
-                    job = await CustomObjectsApi(api).get_namespaced_custom_object(
-                        group=api.API_GROUP, version=api.API_VERSION, plural=api.PLURAL,
-                        namespace=self.namespace, name=self.name)
-                    pods: list[dict[str, Any]] = []
-                    events: list[dict[str, Any]] = []
-                    if not started:
-                        listed = await CoreV1Api(api).list_namespaced_pod(
-                            self.namespace, label_selector=f"{api.JOB_NAME_LABEL}={self.name}")
-                        pods = api.sanitize_for_serialization(listed)["items"]
-                        names = {pod["metadata"]["name"] for pod in pods}
-                        listed = await CoreV1Api(api).list_namespaced_event(
-                            self.namespace, field_selector="involvedObject.kind=Pod")
-                        events = [e for e in api.sanitize_for_serialization(listed)["items"]
-                                  if (e.get("involvedObject") or {}).get("name") in names]
+                async with self.hook.get_conn() as api_client:
+                    jobs = AsyncMPIJobClient(api_client, self.namespace)
+                    job = await jobs.get(self.name)
+                    pods, events = ([], []) if started else await jobs.pods_and_events(self.name)
                 verdict = watch.watch_step(job, pods, time.time(), self.startup_deadline, started, events)
                 if verdict.done:
                     yield self._event(verdict.outcome, verdict.message, reason=verdict.reason)
@@ -105,12 +95,8 @@ class MPIJobTrigger(BaseTrigger):
         """The deferred task was killed (Airflow 3.3+ calls this): delete the MPIJob like the operator's on_kill."""
         if self._fired or self.on_kill_action == "keep_pod":
             return
-        async with self.hook.get_conn() as api:
+        async with self.hook.get_conn() as api_client:
             try:
-                await CustomObjectsApi(api).delete_namespaced_custom_object(
-                    group=api.API_GROUP, version=api.API_VERSION, plural=api.PLURAL,
-                    namespace=self.namespace, name=self.name,
-                    body=V1DeleteOptions(propagation_policy="Foreground"))
-            except ApiException as exc:
-                if exc.status != 404:
-                    self.log.exception("Unable to delete MPIJob %s/%s", self.namespace, self.name)
+                await AsyncMPIJobClient(api_client, self.namespace).delete(self.name)
+            except ApiException:
+                self.log.exception("Unable to delete MPIJob %s/%s", self.namespace, self.name)
