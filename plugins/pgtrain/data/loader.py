@@ -11,17 +11,13 @@ key range, only rows visible to the planning snapshot, and the rows counted must
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import logging
-import mmap
 import struct
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import psycopg
@@ -31,6 +27,7 @@ from pgtrain.core.db import connect_like
 from pgtrain.core.errors import PgtrainError, SourceError
 from pgtrain.data import copy_binary
 from pgtrain.data.manifest import load_refusal
+from pgtrain.data.prefault import prefault_in_background
 from pgtrain.data.source.resolve import Source
 from pgtrain.data.source.rows import bad_row, feature_payload, is_validation, key_range, target_payload
 from pgtrain.data.source.snapshot import (
@@ -327,41 +324,6 @@ def non_finite_rows(features: np.ndarray) -> int:
         if np.isfinite(features.sum(dtype=np.float32)):
             return 0
     return int(np.count_nonzero(~np.isfinite(features).all(axis=1)))
-
-
-_MADV_POPULATE_WRITE = 23  # Linux >= 5.14: map pages writable (zeroed if new) without changing their contents
-_PREFAULT_CHUNK = 8 << 20
-
-
-def prefault_in_background(arrays: list[np.ndarray]) -> threading.Thread | None:
-    """Map the pages of ``arrays`` in a thread (madvise MADV_POPULATE_WRITE, chunk by chunk from the start, the
-    GIL released), so the loop that fills them rarely takes a page fault; None where Linux cannot. It never
-    writes to the arrays: rows stored meanwhile are safe."""
-    if not sys.platform.startswith("linux"):
-        return None
-    thread = threading.Thread(target=_populate, args=(arrays,), name="pgtrain-prefault", daemon=True)
-    thread.start()
-    return thread
-
-
-def _populate(arrays: list[np.ndarray]) -> None:
-    madvise = _libc_madvise()
-    page = mmap.PAGESIZE
-    for array in arrays:
-        start, end = array.ctypes.data, array.ctypes.data + array.nbytes
-        at = -(-start // page) * page
-        while at + page <= end:
-            size = min(_PREFAULT_CHUNK, (end - at) // page * page)
-            if madvise(at, size, _MADV_POPULATE_WRITE) != 0:
-                return  # an older kernel: the loop takes the faults itself
-            at += size
-
-
-@functools.cache
-def _libc_madvise() -> Any:
-    madvise = ctypes.CDLL(None, use_errno=True).madvise  # ctypes releases the GIL around the call
-    madvise.argtypes, madvise.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
-    return madvise
 
 
 def _store(block: memoryview, fill: _Fill, from_back: bool) -> None:
