@@ -20,13 +20,12 @@ as an ``EntryError`` naming the file, the entry and the field, and the others ar
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pgtrain.config.params import _MODEL_NAME, PARAMETERS, param_problems
-from pgtrain.config.settings import AUTHOR_PROPERTIES, AuthorSettings, rule
+from pgtrain.config.settings import AUTHOR_PROPERTIES, AuthorSettings, author_file, rule
 from pgtrain.core.errors import ConfigError
 
 MODELS_ENV = "PGTRAIN_MODELS"
@@ -124,29 +123,16 @@ def dag_id_for(model_name: str) -> str:
     return "pgtrain_model_" + "".join(c if c.isalnum() or c in "_-." else "_" for c in model_name)
 
 
-def models_path(default: Path | str | None = None) -> Path | None:
-    """``$PGTRAIN_MODELS``, else ``default`` (a DAG passes the file next to it), else None: no models file."""
-    chosen = os.environ.get(MODELS_ENV) or default
-    return Path(chosen) if chosen else None
-
-
 def load_entries(path: Path | str | None = None, *, default: Path | str | None = None
                  ) -> tuple[list[ModelEntry], list[EntryError]]:
-    """The valid entries of ``path`` (else ``models_path(default)``), and one EntryError per bad entry. A file
-    that cannot be read at all (missing, not YAML, no ``models`` list) raises ConfigError: then no entry can be
-    trusted; only a missing ``default`` file means no scheduled models (the generic DAG still runs)."""
-    import yaml
-
-    chosen = Path(path) if path is not None else models_path(default)
-    if chosen is None or (path is None and not os.environ.get(MODELS_ENV) and not chosen.exists()):
+    """The valid entries of the models file (``author_file``: ``path``, ``$PGTRAIN_MODELS`` or ``default``), and
+    one EntryError per bad entry. A file that cannot be read at all (missing, not YAML, no ``models`` list)
+    raises ConfigError: then no entry can be trusted; no file at all means no scheduled models (the generic DAG
+    still runs)."""
+    found = author_file(path, MODELS_ENV, default, "models")
+    if found is None:
         return [], []
-    path = chosen
-    if not path.exists():
-        raise ConfigError(f"the pgtrain models file {path} does not exist (${MODELS_ENV} names another)")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path} is not valid YAML: {error}") from error
+    path, data = found
     problems = _schema_problems(_FILE_SCHEMA, data)
     if problems:
         raise ConfigError(f"{path}: " + "; ".join(problems))
@@ -239,7 +225,7 @@ def find_entry(name: str, path: Path | str | None = None) -> ModelEntry:
     bad = [str(error) for error in errors if error.name == name]
     if bad:
         raise ConfigError("the model's entry is invalid: " + "; ".join(bad))
-    raise ConfigError(f"{path or models_path() or 'the models file'} has no entry named {name!r}; its models are: "
+    raise ConfigError(f"{path or 'the models file'} has no entry named {name!r}; its models are: "
                       + ", ".join(e.name for e in entries))
 
 

@@ -96,27 +96,33 @@ class AuthorSettings:
                       "allowed_models": tuple(data["allowed_models"])})
 
 
-def settings_path(default: Path | str | None = None) -> Path | None:
-    """``$PGTRAIN_SETTINGS``, else ``default`` (a DAG passes the file next to it), else None: the defaults."""
-    chosen = os.environ.get(SETTINGS_ENV) or default
-    return Path(chosen) if chosen else None
+def author_file(path: Path | str | None, env: str, default: Path | str | None, what: str) -> tuple[Path, Any] | None:
+    """(path, parsed YAML) of an author's file: ``path``, else ``$env``, else ``default`` (a DAG passes the file
+    next to it). None when no file is named, or only ``default`` is and it does not exist: the built-in
+    defaults apply. A named file that is missing or not YAML is a ConfigError."""
+    import yaml
+
+    named = path or os.environ.get(env)
+    chosen = Path(named or default) if (named or default) else None
+    if chosen is None or (not named and not chosen.exists()):
+        return None
+    if not chosen.exists():
+        raise ConfigError(f"the pgtrain {what} file {chosen} does not exist (${env} names another)")
+    try:
+        return chosen, yaml.safe_load(chosen.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{chosen} is not valid YAML: {error}") from error
 
 
 def load_settings(path: Path | str | None = None, *, default: Path | str | None = None) -> AuthorSettings:
-    """Read and check the author's settings file: ``path``, or ``settings_path(default)``. A missing ``default``
-    file means the defaults; a missing file named by ``path`` or ``$PGTRAIN_SETTINGS`` is an error."""
+    """Read and check the author's settings file (``author_file``): ``path``, ``$PGTRAIN_SETTINGS`` or
+    ``default``; none of them there means the defaults."""
     import jsonschema
-    import yaml
 
-    chosen = Path(path) if path is not None else settings_path(default)
-    if chosen is None or (path is None and not os.environ.get(SETTINGS_ENV) and not chosen.exists()):
+    found = author_file(path, SETTINGS_ENV, default, "settings")
+    if found is None:
         return AuthorSettings()
-    if not chosen.exists():
-        raise ConfigError(f"the pgtrain settings file {chosen} does not exist (${SETTINGS_ENV} names another)")
-    try:
-        data = yaml.safe_load(chosen.read_text()) or {}
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{chosen} is not valid YAML: {error}") from error
+    chosen, data = found
     errors = sorted(jsonschema.Draft202012Validator(_SCHEMA).iter_errors(data), key=lambda e: list(e.path))
     if errors:
         raise ConfigError(f"{chosen}: " + "; ".join(
