@@ -127,10 +127,10 @@ def shard_copy(conn: psycopg.Connection, source: Source, shard: Shard, validatio
 def streams_for(world_size: int) -> int:
     """How many connections each rank reads its shard on: two when a rank loads alone, one otherwise.
 
-    The server builds the batches of one COPY on one core; with one rank, a second backend reading the other half
-    of the batches took the load of 500k x 100 rows from 2.4-3.3 s to 1.5-2.0 s for real[] and from 2.6-3.0 s
-    to 1.6-1.9 s for scalar columns (bytea, bound by the client, unchanged). With more ranks, they already
-    keep as many backends busy; a run never holds more than max(2, world_size) loading connections."""
+    The server builds the batches of one COPY on one core, which bounds a lone rank's load; a second backend
+    reading the other half of the batches lifts that bound (not for bytea, which the client bounds; figures in
+    docs/performance.md). With more ranks, they already keep as many backends busy; a run never holds more
+    than max(2, world_size) loading connections."""
     return 2 if world_size == 1 else 1
 
 

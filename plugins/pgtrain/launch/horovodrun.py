@@ -2,7 +2,7 @@
 
 ``horovodrun --gloo`` first asks whether Horovod was built with Gloo by importing each framework's Horovod
 extension in a forked process (``horovod.common.util.gloo_built``); for PyTorch that is a whole
-``import torch`` (1.5 s on a quiet 2-core machine, 5-7 s on a busy one) before any rank starts, and the
+``import torch`` (seconds on a small machine) before any rank starts, and the
 ranks then import torch again. `make install` checked the build (``horovodrun --check-build``), and a rank
 whose Horovod lacks Gloo still fails at ``hvd.init()`` with Horovod's own message, so this entry point
 answers that probe without the import and otherwise is horovodrun itself (same arguments, same code).

@@ -61,8 +61,8 @@ def horovodrun_path() -> str:
 
 
 def local_command(run_id: str, world_size: int, attempt: int) -> list[str]:
-    """horovodrun through ``pgtrain.launch.horovodrun`` (the same launcher, without its import of torch to probe the
-    build: 1.5-5 s of every train task on 2 cores, benchmarks/RESULTS.md)."""
+    """horovodrun through ``pgtrain.launch.horovodrun`` (the same launcher, without the import of torch it makes
+    to probe the build: seconds of every train task on a small worker)."""
     horovodrun_path()  # installed, or the clear error
     return [
         sys.executable, "-m", "pgtrain.launch.horovodrun", "--gloo", "-np", str(world_size),
