@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 import types
 import typing
 
@@ -76,3 +78,56 @@ def test_the_shipped_settings_file_is_valid():
     settings = load_settings(REPO / "dags" / "pgtrain.yaml")
     assert settings.launcher == "local"
     assert AuthorSettings.from_dict(settings.to_dict()) == settings
+
+
+def _doc_rows(doc: str, header: str) -> list[tuple[list[str], list[str]]]:
+    """(names, defaults) of each row of the table under ``header`` in a docs page: backticked names in the column
+    before ``default``, the defaults in the ``default`` column split at top-level commas."""
+    lines = (REPO / "docs" / doc).read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|") and header in line)
+    columns = [c.strip() for c in lines[start].strip("|").split("|")]
+    at = columns.index("default")
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        names = re.findall(r"`([a-z_]+)`", cells[at - 1])
+        defaults = [d.strip() for d in re.split(r",\s*(?![^\[{]*[\]}])", cells[at].split(" (")[0])]
+        rows.append((names, defaults))
+    return rows
+
+
+def _documented(text: str) -> object:
+    text = text.strip("`")
+    words = {"none": None, "auto": None, "from the data": None, "true": True, "false": False}
+    if text in words:
+        return words[text]
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+@pytest.mark.parametrize(("doc", "header", "defaults"), [
+    ("configuration.md", "| section | param | default |", lambda name: PARAMETERS[name]["default"]),
+    ("kubernetes.md", "| setting | default |", lambda name: spec.default(name)),
+])
+def test_the_docs_tables_state_the_defaults_the_code_has(doc, header, defaults):
+    checked = 0
+    for names, values in _doc_rows(doc, header):
+        if len(names) != len(values):
+            continue
+        for name, value in zip(names, values, strict=True):
+            try:
+                expected = defaults(name)
+            except KeyError:
+                continue  # not a field with a default of its own (e.g. service_account_name)
+            if name == "model_name" or _documented(value) is None and expected is None:
+                checked += 1
+                continue
+            expected = list(expected) if isinstance(expected, tuple) else expected
+            documented = value.strip("`") if isinstance(expected, str) else _documented(value)
+            assert documented == expected, f"docs/{doc}: {name} is documented as {value}, not {expected!r}"
+            checked += 1
+    assert checked >= 8, f"docs/{doc}: the defaults table was not found or not read"

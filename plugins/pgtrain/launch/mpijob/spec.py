@@ -9,6 +9,7 @@ pod; a launcher pod without GPU runs ``horovodrun`` against the hostfile the MPI
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import math
 import re
@@ -95,7 +96,8 @@ class MPIJobSettings:
 def default(name: str) -> Any:
     """The default of an MPIJobSettings field: the one home of the MPIJob's sizes and run policy defaults
     (the operator's arguments and the render command's flags take theirs from here)."""
-    return MPIJobSettings.__dataclass_fields__[name].default
+    field_ = MPIJobSettings.__dataclass_fields__[name]
+    return field_.default_factory() if field_.default is dataclasses.MISSING else field_.default
 
 
 def layout(world_size: int, gpus_per_worker: int) -> tuple[int, int]:
