@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import psycopg
@@ -19,8 +21,13 @@ pytestmark = pytest.mark.airflow
 
 
 def dags_test(airflow_env: dict[str, str], db_url: str, conf: dict | None = None,
-              dag_id: str = "pgtrain_training") -> subprocess.CompletedProcess:
+              dag_id: str = "pgtrain_training", settings: str | None = None) -> subprocess.CompletedProcess:
+    """``airflow dags test``; ``settings``: the author's settings file as YAML text, when not the shipped one."""
     env = {**airflow_env, "AIRFLOW_CONN_PGTRAIN_DB": db_url}
+    if settings is not None:
+        path = Path(tempfile.mkdtemp(prefix="pgtrain-settings-")) / "pgtrain.yaml"
+        path.write_text(settings)
+        env["PGTRAIN_SETTINGS"] = str(path)
     command = [str(REPO / ".venv/bin/airflow"), "dags", "test", dag_id]
     if conf:
         command += ["-c", json.dumps(conf)]
@@ -108,9 +115,21 @@ def test_world_size_above_row_count_fails_in_compute_shards(airflow_env, db_url)
     with psycopg.connect(db_url, autocommit=True) as conn:
         examples.insert_samples(conn, *examples.synthetic(3, 4, 2))
     # launcher=kubernetes: 5 local ranks on a 2-CPU worker would be refused earlier, in plan_run
-    result = dags_test(airflow_env, db_url, {"world_size": 5, "launcher": "kubernetes"})
+    result = dags_test(airflow_env, db_url, {"world_size": 5}, settings="launcher: kubernetes\n")
     assert result.returncode != 0
     assert "world_size 5 is larger than the 3 rows" in result.stdout + result.stderr
     with psycopg.connect(db_url, autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM pgtrain.shard_manifest").fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM pgtrain.run_metrics").fetchone() == (0,)
+
+
+def test_a_world_size_that_cannot_fill_whole_gpu_workers_fails_in_plan_run(airflow_env, db_url):
+    """The GPU layout is checked before compute_shards scans the table, and the conf may not pick the launcher."""
+    settings = "launcher: kubernetes\nkubernetes: {gpus_per_worker: 4}\n"
+    result = dags_test(airflow_env, db_url, {"world_size": 6}, settings=settings)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0 and "world_size=6 is not a multiple of gpus_per_worker=4" in output, output[-3000:]
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM pgtrain.training_runs").fetchone() == (0,)
+    chosen = dags_test(airflow_env, db_url, {"launcher": "kubernetes"})
+    assert chosen.returncode != 0 and "'launcher' is fixed by the DAG's author" in chosen.stdout + chosen.stderr
