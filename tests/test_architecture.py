@@ -115,3 +115,33 @@ def test_the_library_below_airflow_imports_no_airflow_and_no_torch_at_module_lev
                if isinstance(node, (ast.Import, ast.ImportFrom))
                for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")])}
         assert not top & {"airflow", "torch", "horovod"}, f"{module} imports {top & {'airflow', 'torch', 'horovod'}}"
+
+
+def is_module(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # its parent is a module, not a package
+        return False
+
+
+def test_every_import_of_a_pgtrain_name_resolves():
+    """Imports inside functions run only when the function does: check that each names what exists."""
+    import importlib
+
+    missing = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                    and node.module.split(".")[0] in ("pgtrain", "trainer")):
+                continue
+            try:
+                target = importlib.import_module(node.module)
+            except ImportError as error:
+                missing.append(f"{module}: {node.module} ({error})")
+                continue
+            for alias in node.names:
+                if not hasattr(target, alias.name) and not is_module(f"{node.module}.{alias.name}"):
+                    missing.append(f"{module}: from {node.module} import {alias.name}")
+    assert not missing, missing

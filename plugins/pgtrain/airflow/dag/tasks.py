@@ -132,7 +132,7 @@ def commit_parameters(training_run: str, conn_id: str = DEFAULT_CONN_ID, ti: Any
 def report(training_run: str, conn_id: str = DEFAULT_CONN_ID) -> dict[str, Any]:
     from pgtrain.core.db import connect
     from pgtrain.runs import record
-    from pgtrain.runs.record import report as reporting
+    from pgtrain.runs import report as reporting
 
     with connect(database_url(conn_id)) as conn:
         summary = reporting.build_summary(conn, training_run)
