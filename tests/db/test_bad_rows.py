@@ -1,10 +1,10 @@
 """Bad rows, each kind named, counted, exemplified: found by compute_shards before any rank starts, except NaN,
 infinite and too large feature values (source.LOAD_KINDS), which the loader finds as the rows load (bad_rows='fail';
-with bad_rows='exclude' compute_shards finds them too, to leave them out)."""
+with bad_rows='exclude' compute_shards finds them too, to leave them out). A rank loading a NaN:
+tests/integration/horovod/test_bad_rows_ranks.py."""
 
 from __future__ import annotations
 
-import logging
 import re
 
 import numpy as np
@@ -14,11 +14,7 @@ import pytest
 from dev import examples
 from pgtrain.core.errors import SourceError
 from pgtrain.data.source.rows import LOAD_KINDS
-from pgtrain.runs import record
-from tests import test_manifest as shards
-from tests.test_manifest import load_all, make_table, plan
-
-ac, small_batches = shards.ac, shards.small_batches  # fixtures
+from tests.db.test_manifest import load_all, make_table, plan
 
 NAN, INF, NEG_INF, MAX_FINITE = (np.array([v], "<f4").tobytes() for v in (np.nan, np.inf, -np.inf, 3.4028235e38))
 # The bytea features with the float at (0-based) position %(at)s replaced by %(value)s:
@@ -280,28 +276,6 @@ def test_non_finite_rows_in_both_halves_of_a_two_stream_load_are_all_reported(ac
     count, keys = reported_kinds(str(failure.value))["non_finite"]
     assert str(failure.value).startswith("rank 0 found 3 rows") and (count, sorted(keys, key=int)) == (
         3, ["3", "101", "198"]), str(failure.value)
-
-
-@pytest.mark.horovod
-def test_a_rank_that_loads_a_nan_refuses_the_whole_job_for_good_with_the_report(autocommit, db_url):
-    from pgtrain.core.errors import TrainingInputError
-    from pgtrain.launch import local as launch_local
-    from tests.support import planned_run, seed_samples
-
-    seed_samples(autocommit, rows=300, dim=8, classes=3)  # keys 1..300: rank 1 holds 151..300
-    autocommit.execute("UPDATE public.samples SET features[8] = 'NaN' WHERE id = 300")
-    run = planned_run(autocommit, world_size=2, epochs=2)  # compute_shards leaves the NaN to the loader
-
-    with pytest.raises(TrainingInputError) as failure:
-        launch_local.run_local(run.run_id, 2, db_url, logging.getLogger("test.nan"), timeout_seconds=300)
-
-    run = record.get_run(autocommit, run.run_id)
-    assert run.status == "refused" and run.attempt == 1
-    assert run.status_reason.startswith("rank 1 found 1 rows with NaN"), run.status_reason
-    assert reported_kinds(run.status_reason) == {"non_finite": (1, ["300"])}
-    assert run.status_reason in str(failure.value)
-    assert autocommit.execute("SELECT count(*) FROM pgtrain.run_metrics WHERE run_id = %s",
-                              (run.run_id,)).fetchone()[0] == 0
 
 
 # Feature values that the combined bad-row test (source.bad_row) must judge as the per-kind checks do, by format;

@@ -21,12 +21,6 @@ from pgtrain.store.tensors import write_staged  # noqa: E402
 from trainer.model import build_model, state_layout  # noqa: E402
 
 
-@pytest.fixture
-def aconn(db_url: str):
-    with psycopg.connect(db_url, autocommit=True) as connection:
-        yield connection
-
-
 def commit_random_model(conn: psycopg.Connection, name: str, input_dim: int, output_dim: int,
                         **config) -> torch.nn.Module:
     """A version of a model built by trainer.model.build_model with random weights and statistics."""

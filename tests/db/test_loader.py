@@ -19,10 +19,7 @@ from pgtrain.data import loader, manifest
 from pgtrain.data.source.snapshot import planned_rows, prefer_index_order, read_xid_clock, snapshot_transaction
 from pgtrain.runs import record
 from tests import support
-from tests import test_manifest as shards
-from tests.test_manifest import load_all, make_table, plan, rows_in_key_order
-
-ac, small_batches = shards.ac, shards.small_batches  # fixtures
+from tests.db.test_manifest import load_all, make_table, plan, rows_in_key_order
 
 FORMATS = ["float4_array", "float8_array", "bytea"]
 

@@ -1,6 +1,7 @@
 """compute_shards against a real PostgreSQL: exact, disjoint, balanced keyset shards of one snapshot, read once.
 
-The helpers at the top are shared with test_loader.py and test_bad_rows.py.
+The helpers at the top are shared with test_loader.py and test_bad_rows.py (their fixtures ac and small_batches:
+conftest.py).
 """
 
 from __future__ import annotations
@@ -29,18 +30,6 @@ from pgtrain.data.source.snapshot import (
     xmins_may_alias,
 )
 from pgtrain.runs import record
-
-
-@pytest.fixture
-def ac(db_url: str):
-    with psycopg.connect(db_url, autocommit=True) as connection:
-        yield connection
-
-
-@pytest.fixture
-def small_batches(monkeypatch):
-    """Batches of 16 rows, so that every shard spans many batches and batch edges fall inside shards."""
-    monkeypatch.setattr(manifest, "BATCH_BYTES", 1)
 
 
 def make_table(conn: psycopg.Connection, name: str, rows: int, dim: int = 4, *, key_type: str = "bigint",

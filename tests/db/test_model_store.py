@@ -51,12 +51,6 @@ def run_status(url: str, run_id: str) -> tuple[str, str | None]:
                             (run_id,)).fetchone()
 
 
-@pytest.fixture
-def aconn(db_url: str):
-    with psycopg.connect(db_url, autocommit=True) as connection:
-        yield connection
-
-
 def test_commit_creates_version_moves_head_and_is_idempotent(db_url, aconn):
     run_id = prepare_run(db_url, "r1", fill=0.5)
 

@@ -11,7 +11,7 @@ import pytest
 from pgtrain.airflow.ui import render as ui_render
 from pgtrain.store import catalog
 from pgtrain.store.model_store import commit_run, promote
-from tests.test_model_store import MODEL, OWNER, prepare_run
+from tests.db.test_model_store import MODEL, OWNER, prepare_run
 
 
 def test_catalog_lists_models_versions_head_moves_and_runs(db_url, autocommit):

@@ -16,12 +16,6 @@ from pgtrain.store.model_store import load_tensors
 
 
 @pytest.fixture
-def aconn(db_url: str):
-    with psycopg.connect(db_url, autocommit=True) as connection:
-        yield connection
-
-
-@pytest.fixture
 def small_chunks(monkeypatch) -> int:
     monkeypatch.setattr(tensors, "CHUNK_BYTES", 64)
     return 64

@@ -11,7 +11,7 @@ import sys
 import yaml
 
 from tests.conftest import REPO
-from tests.test_k8s_image import DEV_ONLY, PROJECT, pulled_in, requirement_lines
+from tests.unit.test_trainer_image import DEV_ONLY, PROJECT, pulled_in, requirement_lines
 
 COMPOSE = yaml.safe_load((REPO / "docker-compose.yaml").read_text())
 

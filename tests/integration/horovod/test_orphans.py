@@ -1,4 +1,7 @@
-"""A killed launcher takes its ranks with it, and an older attempt can no longer write to its run."""
+"""A killed launcher takes its ranks with it, and an older attempt can no longer write to its run.
+
+(The fencing of every table a trainer writes, without ranks: tests/db/test_attempt_fencing.py.)
+"""
 
 from __future__ import annotations
 
@@ -7,16 +10,14 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import psutil
 import psycopg
 import pytest
 
 from pgtrain.core.db import connect
-from pgtrain.launch.attempt import clear_output
 from pgtrain.runs import record
-from pgtrain.store import tensors
 from tests.conftest import REPO
+from tests.db.test_attempt_fencing import assert_refused
 from tests.support import planned_run, seed_samples, wait_for
 
 # Stands in for the Airflow task: the local launcher in a process of its own, killed without warning.
@@ -38,12 +39,6 @@ def alive(process: psutil.Process) -> bool:
 def epochs_recorded(db_url: str, run_id: str) -> int:
     with psycopg.connect(db_url) as conn:
         return conn.execute("SELECT count(*) FROM pgtrain.run_metrics WHERE run_id = %s", (run_id,)).fetchone()[0]
-
-
-def assert_refused(conn: psycopg.Connection, write, attempt: int, run_id: str) -> None:
-    with pytest.raises(psycopg.Error, match=f"stale train attempt {attempt} of run {run_id}") as refused:
-        write(conn)
-    assert refused.value.sqlstate == "PT409"
 
 
 @pytest.mark.horovod
@@ -81,40 +76,3 @@ def test_a_killed_launcher_takes_its_ranks_with_it_and_its_attempt_is_fenced(db_
         assert_refused(stale, lambda c: record.record_epoch(c, run.run_id, 99, {"train_loss": 1.0, "seconds": 1.0}),
                        killed, run.run_id)
         assert_refused(stale, lambda c: record.record_verdict(c, run.run_id, "failed", "late"), killed, run.run_id)
-
-
-def test_writes_of_an_older_attempt_are_refused_and_others_pass(db_url):
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        seed_samples(conn, rows=40)
-        run = planned_run(conn, world_size=2, epochs=1)
-        assert record.get_run(conn, run.run_id).attempt == 0
-        assert [record.begin_attempt(conn, run.run_id) for _ in range(3)] == [1, 2, 3]
-    epoch = {"train_loss": 1.0, "train_accuracy": 0.5, "seconds": 1.0}
-    with connect(db_url, attempt=3) as current:
-        record.record_epoch(current, run.run_id, 1, epoch)
-    with connect(db_url, attempt=2) as stale:
-        for write in (
-            lambda c: record.record_epoch(c, run.run_id, 2, epoch),
-            lambda c: record.mark_training(c, run.run_id),
-            lambda c: record.set_status(c, run.run_id, "trained"),
-            lambda c: c.execute("DELETE FROM pgtrain.run_metrics WHERE run_id = %s", (run.run_id,)),
-            lambda c: tensors.write_staged(c, run.run_id, {"w": np.zeros(3, np.float32)}),
-            lambda c: tensors.write_checkpoint(c, run.run_id, 1, {"w": np.zeros(3, np.float32)}, {}),
-        ):
-            assert_refused(stale, write, 2, run.run_id)
-    with connect(db_url, attempt=3) as current:
-        tensors.write_checkpoint(current, run.run_id, 1, {"w": np.zeros(3, np.float32)}, {})
-        tensors.write_staged(current, run.run_id, {"w": np.zeros(3, np.float32)})
-        record.set_status(current, run.run_id, "trained")
-    with connect(db_url) as airflow_side:  # no attempt: the launchers and commit are not fenced
-        record.set_status(airflow_side, run.run_id, "committed")
-        assert [m["epoch"] for m in record.epoch_metrics(airflow_side, run.run_id)] == [1]
-        assert record.get_run(airflow_side, run.run_id).status == "committed"
-        clear_output(airflow_side, run.run_id)
-
-
-def test_every_table_a_trainer_writes_is_fenced(conn):
-    fenced = {row[0] for row in conn.execute(
-        "SELECT tgrelid::regclass::text FROM pg_trigger WHERE tgname = 'refuse_stale_attempt'").fetchall()}
-    # tensor bytes (pgtrain.tensor_chunks) are written in the transaction that writes these layout rows first
-    assert fenced == {f"pgtrain.{t}" for t in ("training_runs", "run_metrics", "staged_parameters", "checkpoints")}

@@ -1,4 +1,5 @@
-"""Pytest fixtures for tests against the simulated cluster (import them into a test module)."""
+"""Fixtures of the tests against the simulated Kubernetes cluster (tests/k8s_sim, a test double): one cluster per
+session, a namespace per test holding the Secret with the test's database URL (PostgreSQL from tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from .cluster import SimulatedCluster
+from tests.k8s_sim import SimulatedCluster
+from tests.support import with_password
 
 
 @pytest.fixture(scope="session")
@@ -39,13 +41,3 @@ def namespace(k8s: SimulatedCluster, db_url: str, password_sentinel: str, monkey
     k8s.create_secret(ns, "pgtrain-db", {"url": url})
     monkeypatch.setenv("AIRFLOW_CONN_PGTRAIN_DB", url)
     return ns
-
-
-def with_password(url: str, password: str) -> str:
-    """``postgresql://user@/db?host=...`` with a password added."""
-    scheme, rest = url.split("://", 1)
-    userinfo, at, hostpart = rest.partition("@")
-    if not at:
-        raise ValueError(f"expected a URL with a user part: {url}")
-    user = userinfo.split(":", 1)[0]
-    return f"{scheme}://{user}:{password}@{hostpart}"

@@ -13,13 +13,10 @@ import psycopg
 import pytest
 
 from tests.conftest import REPO
-from tests.k8s_sim import fixtures
-from tests.k8s_sim.fixtures import with_password
 from tests.k8s_sim.validation import assert_cluster_accepted_every_manifest
-from tests.support import seed_samples
+from tests.support import seed_samples, with_password
 
 pytestmark = [pytest.mark.airflow, pytest.mark.horovod]
-k8s_cluster, password_sentinel = fixtures.k8s_cluster, fixtures.password_sentinel
 
 
 def test_dag_trains_on_kubernetes_and_commits_a_version(airflow_env, make_database, k8s_cluster,

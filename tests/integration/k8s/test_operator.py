@@ -26,14 +26,11 @@ from pgtrain.airflow.kubernetes.operator import (
     MPIJobTrainOperator,
 )
 from pgtrain.airflow.local.operator import LocalTrainOperator
-from tests.k8s_sim import fixtures
 from tests.k8s_sim.airflow_context import FakeTaskStateStore, task_context
 from tests.k8s_sim.validation import assert_cluster_accepted_every_manifest
 from tests.support import ProcessWatch, planned_run, seed_samples
 
 pytestmark = pytest.mark.horovod
-k8s_cluster, k8s, password_sentinel, namespace = (fixtures.k8s_cluster, fixtures.k8s, fixtures.password_sentinel,
-                                                   fixtures.namespace)
 DAG_ID = "pgtrain_test"  # tests.support.planned_run plans runs of this DAG
 IMAGE = "pgtrain-trainer:test"
 

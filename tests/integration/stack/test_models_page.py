@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from pgtrain.runs.record import training_run_id
-from tests.airflow_stack import AirflowStack
 from tests.conftest import REPO
+from tests.integration.stack.airflow_stack import AirflowStack
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(1800)]
 

@@ -1,5 +1,5 @@
 """New-data retraining in the real Airflow stack: the triggerer's NewRowsTrigger watches a model's table, and
-rows landing there start exactly one run of the model's DAG per min_new_rows (tests/stack_models.yaml)."""
+rows landing there start exactly one run of the model's DAG per min_new_rows (stack_models.yaml)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from dev import devstack
-from tests.airflow_stack import AirflowStack
+from tests.integration.stack.airflow_stack import AirflowStack
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(1800)]
 
