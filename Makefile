@@ -55,7 +55,7 @@ ui: install  # a local Airflow on http://127.0.0.1:8080 (api-server, scheduler, 
 stop-ui:  # stop what `make ui` started (the embedded PostgreSQL keeps running: make stop-db)
 	test ! -x $(PY) || $(PY) -m dev.devstack stop
 
-browser:  # Debian's Chromium and chromedriver, for the browser test only (tests/test_models_page.py); apt-get, as root
+browser:  # Debian's Chromium and chromedriver, for the browser test only (tests/integration/stack/test_models_page.py); apt-get, as root
 	command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
 	  $(if $(filter 0,$(shell id -u)),,sudo) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(if $(filter 0,$(shell id -u)),,sudo) apt-get install -y -qq chromium chromium-driver >/dev/null; }

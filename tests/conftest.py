@@ -1,4 +1,8 @@
-"""Shared fixtures: a real PostgreSQL (TEST_DATABASE_URL, else an embedded server), one database per session."""
+"""Shared fixtures: a real PostgreSQL (TEST_DATABASE_URL, else an embedded server), one server per session shared
+by tests/db and tests/integration, a new database per test; the Airflow environment; a password sentinel.
+
+The fixtures of one folder only are in its conftest.py: db/ (connections, small batches), integration/k8s/ (the
+simulated cluster), integration/stack/ (the real Airflow stack); unit/ refuses the database and Airflow fixtures."""
 
 from __future__ import annotations
 
@@ -18,7 +22,6 @@ from dev import devdb
 from pgtrain.core.migrations import apply_migrations
 
 REPO = Path(__file__).resolve().parents[1]
-pytest_plugins = ["tests.airflow_stack"]  # the session's Airflow stack (fixture airflow_stack), for tests marked stack
 logging.getLogger("pgserver").setLevel(logging.WARNING)  # its exit-time INFO lines outlive pytest's capture
 
 # A project-local Airflow (SQLite metadata DB), set before anything imports airflow.
@@ -86,3 +89,9 @@ def autocommit(db_url: str) -> Iterator[psycopg.Connection]:
     """An autocommit connection (planning and loading run their own transactions)."""
     with psycopg.connect(db_url, autocommit=True) as connection:
         yield connection
+
+
+@pytest.fixture
+def sentinel() -> str:
+    """A password that no output may show (the embedded PostgreSQL trusts local connections)."""
+    return f"sentinel-{uuid.uuid4().hex}"

@@ -70,6 +70,16 @@ def wait_for(check: Callable[[], Any], seconds: float, what: str) -> Any:
     raise AssertionError(f"gave up after {seconds:g} s waiting for {what}")
 
 
+def with_password(url: str, password: str) -> str:
+    """``postgresql://user@/db?host=...`` with a password added."""
+    scheme, rest = url.split("://", 1)
+    userinfo, at, hostpart = rest.partition("@")
+    if not at:
+        raise ValueError(f"expected a URL with a user part: {url}")
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}://{user}:{password}@{hostpart}"
+
+
 def _read(path: Path) -> bytes:
     try:
         return path.read_bytes()

@@ -1,0 +1,206 @@
+"""load_model and predict on a real PostgreSQL: a committed version scores a table like the module itself."""
+
+from __future__ import annotations
+
+import traceback
+
+import numpy as np
+import psycopg
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import pgtrain  # noqa: E402
+from pgtrain.config.params import TrainingConfig  # noqa: E402
+from pgtrain.core.database_url import DATABASE_URL_ENV  # noqa: E402
+from pgtrain.core.errors import ConfigError, PgtrainError, SourceError  # noqa: E402
+from pgtrain.runs.record import plan_run, record_epoch, set_model_layout  # noqa: E402
+from pgtrain.store.inference import predict  # noqa: E402
+from pgtrain.store.model_store import commit_run  # noqa: E402
+from pgtrain.store.tensors import write_staged  # noqa: E402
+from trainer.model import build_model, state_layout  # noqa: E402
+
+
+def commit_random_model(conn: psycopg.Connection, name: str, input_dim: int, output_dim: int,
+                        **config) -> torch.nn.Module:
+    """A version of a model built by trainer.model.build_model with random weights and statistics."""
+    config = TrainingConfig(model_name=name, **config)
+    model = build_model("mlp", input_dim, output_dim, {"hidden_sizes": list(config.hidden_sizes)}, seed=3)
+    generator = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for tensor in model.state_dict().values():
+            tensor.copy_(torch.rand(tensor.shape, generator=generator) + 0.5)
+    run = plan_run(conn, "pgtrain_training", f"{name}-run", config)
+    conn.execute("UPDATE pgtrain.training_runs SET input_dim = %s, output_dim = %s, status = 'trained' "
+                 "WHERE run_id = %s", (input_dim, output_dim, run.run_id))
+    set_model_layout(conn, run.run_id, state_layout(model))
+    write_staged(conn, run.run_id, {n: t.numpy() for n, t in model.state_dict().items()})
+    record_epoch(conn, run.run_id, 1, {"train_loss": 0.1, "val_loss": 0.1, "seconds": 0.1})
+    commit_run(conn, run.run_id, owner={"task_id": "test"})
+    return model.eval()
+
+
+def test_load_model_rebuilds_the_head_in_eval_mode(aconn, db_url):
+    model = commit_random_model(aconn, "clf", 4, 3, hidden_sizes=(5,))
+
+    loaded = pgtrain.load_model(db_url, "clf")  # by URL, head
+    again = pgtrain.load_model(aconn, "clf", version=1)
+
+    assert not loaded.training and not again.training
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+    with pytest.raises(PgtrainError, match="has no version 9"):
+        pgtrain.load_model(aconn, "clf", version=9)
+
+
+def test_importing_pgtrain_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, pgtrain; print('torch' in sys.modules, callable(pgtrain.load_model))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["False", "True"], out.stderr
+
+
+def test_predict_classification_from_scalar_columns_of_a_mixed_case_table(aconn, db_url, capsys, monkeypatch):
+    model = commit_random_model(aconn, "clf", 3, 4, hidden_sizes=(6,), features_column=None,
+                                feature_columns=("Alpha", "beta", "gamma"), label_column="y")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((53, 3))
+    aconn.execute('CREATE SCHEMA "Clinic"')
+    aconn.execute('CREATE TABLE "Clinic"."Biopsy Rows" (code text PRIMARY KEY, "Alpha" double precision, '
+                  'beta real, gamma integer, y integer)')
+    x[:, 1] = x[:, 1].astype(np.float32)
+    x[:, 2] = np.round(x[:, 2] * 10)
+    with aconn.cursor() as cur:
+        cur.executemany('INSERT INTO "Clinic"."Biopsy Rows" VALUES (%s, %s, %s, %s, 0)',
+                        [(f"k{i:03d}", *map(float, row)) for i, row in enumerate(x)])
+    monkeypatch.setenv(DATABASE_URL_ENV, db_url)
+    from pgtrain.cli.models import main
+
+    assert main(["predict", "--model", "clf", "--source", '"Clinic"."Biopsy Rows"', "--key-column", "code",
+                 "--into", '"Clinic"."Scores"', "--batch-rows", "10"]) == 0
+
+    assert "wrote 53 predictions of clf version 1" in capsys.readouterr().out
+    got = aconn.execute('SELECT code, prediction FROM "Clinic"."Scores" ORDER BY code').fetchall()
+    want = model(torch.from_numpy(x.astype(np.float32))).argmax(dim=1).numpy()
+    assert [k for k, _ in got] == [f"k{i:03d}" for i in range(53)]
+    assert [p for _, p in got] == want.tolist()
+    with pytest.raises(PgtrainError, match="already holds predictions"):
+        predict(aconn, "clf", None, '"Clinic"."Biopsy Rows"', "code", '"Clinic"."Scores"')
+
+
+def test_predict_regression_from_an_array_column_matches_the_module(aconn):
+    model = commit_random_model(aconn, "reg", 5, 2, hidden_sizes=(7,), task="regression")
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((41, 5)).astype(np.float32)
+    aconn.execute("CREATE TABLE public.houses (id bigint PRIMARY KEY, features real[], label real[])")
+    with aconn.cursor() as cur:
+        cur.executemany("INSERT INTO public.houses VALUES (%s, %s, '{0,0}')",
+                        [(i * 3, row.tolist()) for i, row in enumerate(x)])
+
+    done = predict(aconn, "reg", "head", "houses", "id", "out_houses", batch_rows=8)
+
+    assert done.rows == 41 and done.version == 1
+    got = aconn.execute("SELECT id, prediction FROM out_houses ORDER BY id").fetchall()
+    assert [k for k, _ in got] == [i * 3 for i in range(41)]
+    with torch.no_grad():
+        want = model(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(np.array([p for _, p in got]), want, atol=1e-5, rtol=0)
+
+
+def test_predict_names_a_recorded_feature_column_the_source_lacks(aconn):
+    commit_random_model(aconn, "clf", 2, 2, features_column=None, feature_columns=("a", "b"))
+    aconn.execute("CREATE TABLE public.partial (id integer PRIMARY KEY, a real)")
+    aconn.execute("INSERT INTO public.partial VALUES (1, 0.5)")
+
+    with pytest.raises(SourceError, match=r"feature_columns 'b' is not a column of public.partial.*"
+                                          r"trained on the feature columns 'a', 'b'"):
+        predict(aconn, "clf", None, "public.partial", "id", "scores")
+    with pytest.raises(SourceError, match="does not exist"):
+        predict(aconn, "clf", None, "public.nowhere", "id", "scores")
+    assert aconn.execute("SELECT to_regclass('scores')").fetchone() == (None,), "nothing is written"
+
+
+def test_predict_refuses_a_key_without_a_unique_index(aconn):
+    # Keyset pages on a key that may repeat would skip the repeats at a page boundary: refused, with the fix.
+    commit_random_model(aconn, "clf", 2, 2, features_column=None, feature_columns=("a", "b"))
+    aconn.execute("CREATE TABLE public.events (id integer, a real, b real)")
+    aconn.execute("INSERT INTO public.events SELECT i / 2, i, -i FROM generate_series(0, 9) AS i")
+
+    with pytest.raises(SourceError, match=r"""key_column 'id' of "public"."events" has no unique index.*"""
+                                          r"""ALTER TABLE "public"."events" ADD PRIMARY KEY \("id"\)"""):
+        predict(aconn, "clf", None, "public.events", "id", "scores", batch_rows=3)
+    aconn.execute("CREATE VIEW public.events_view AS SELECT * FROM public.events")
+    with pytest.raises(SourceError, match="is a view"):
+        predict(aconn, "clf", None, "public.events_view", "id", "scores")
+    assert aconn.execute("SELECT to_regclass('scores')").fetchone() == (None,), "nothing is written"
+
+    aconn.execute("CREATE TABLE public.unique_events AS SELECT DISTINCT ON (id) * FROM public.events")
+    aconn.execute("CREATE UNIQUE INDEX ON public.unique_events (id)")
+    done = predict(aconn, "clf", None, "public.unique_events", "id", "scores", batch_rows=2)
+    assert done.rows == 5
+    assert [k for (k,) in aconn.execute("SELECT id FROM scores ORDER BY id")] == [0, 1, 2, 3, 4]
+
+
+def test_predict_reports_bad_rows_or_skips_them_when_asked(aconn, db_url, capsys, monkeypatch):
+    model = commit_random_model(aconn, "clf", 2, 3, hidden_sizes=(4,), features_column=None,
+                                feature_columns=("a", "b"))
+    aconn.execute("CREATE TABLE public.visits (id integer UNIQUE, a double precision, b real)")
+    with aconn.cursor() as cur:
+        cur.executemany("INSERT INTO public.visits VALUES (%s, %s, %s)",
+                        [(i, i / 10, 1 - i / 10) for i in range(20)])
+    aconn.execute("UPDATE public.visits SET a = NULL WHERE id IN (4, 13)")
+    aconn.execute("UPDATE public.visits SET b = 'NaN' WHERE id = 7")
+    aconn.execute("INSERT INTO public.visits VALUES (NULL, 0.5, 0.5)")
+
+    with pytest.raises(SourceError) as failure:
+        predict(aconn, "clf", None, "public.visits", "id", "scores", batch_rows=6)
+    message = str(failure.value)
+    assert "4 rows of public.visits (of 21) cannot be scored" in message, message
+    assert "null_key: 1 rows (the key is NULL)" in message, message
+    assert "null_features: 2 rows (a feature column is NULL), e.g. keys 4, 13" in message, message
+    assert "non_finite: 1 rows (a feature column is NaN or infinite), e.g. keys 7" in message, message
+    assert "--skip-bad-rows" in message
+    assert aconn.execute("SELECT to_regclass('scores')").fetchone() == (None,), "nothing is written"
+
+    monkeypatch.setenv(DATABASE_URL_ENV, db_url)
+    from pgtrain.cli.models import main
+
+    assert main(["predict", "--model", "clf", "--source", "visits", "--key-column", "id", "--into", "scores",
+                 "--batch-rows", "6", "--skip-bad-rows"]) == 0
+    assert "wrote 17 predictions of clf version 1 into scores (skipped 4 bad rows)" in capsys.readouterr().out
+    got = aconn.execute("SELECT id, prediction FROM scores ORDER BY id").fetchall()
+    good = [i for i in range(20) if i not in (4, 7, 13)]
+    assert [k for k, _ in got] == good
+    x = np.array([[i / 10, np.float32(1 - i / 10)] for i in good], dtype=np.float32)
+    assert [p for _, p in got] == model(torch.from_numpy(x)).argmax(dim=1).tolist()
+
+
+def test_load_model_does_not_echo_the_password_of_a_malformed_url(aconn):
+    secret = "hunter2-do-not-print"
+    for url in (f"postgresql://trainer:{secret}@[bad/db", f"postgresql://trainer:{secret}@localhost:notaport/db"):
+        with pytest.raises(ConfigError, match="cannot be parsed|port") as failure:
+            pgtrain.load_model(url, "clf")
+        shown = "".join(traceback.format_exception(failure.value))
+        assert secret not in shown and "hunter2" not in shown, shown
+
+
+def test_predict_from_packed_float32_bytea_checks_each_row(aconn):
+    model = commit_random_model(aconn, "reg", 3, 1, hidden_sizes=(4,), task="regression")
+    x = np.random.default_rng(2).standard_normal((9, 3)).astype("<f4")
+    aconn.execute("CREATE TABLE public.packed (id bigint PRIMARY KEY, features bytea)")
+    with aconn.cursor() as cur:
+        cur.executemany("INSERT INTO public.packed VALUES (%s, %s)", [(i, row.tobytes()) for i, row in enumerate(x)])
+    aconn.execute("INSERT INTO public.packed VALUES (100, %s)", (x[0, :2].tobytes(),))  # 2 values, not 3
+
+    with pytest.raises(SourceError, match=r"wrong_length: 1 rows \(the feature vector does not hold 3 values\), "
+                                          r"e.g. keys 100"):
+        predict(aconn, "reg", None, "packed", "id", "scores", batch_rows=4)
+    done = predict(aconn, "reg", None, "packed", "id", "scores", batch_rows=4, skip_bad_rows=True)
+
+    assert (done.rows, done.skipped) == (9, 1)
+    got = np.array([p for (p,) in aconn.execute("SELECT prediction FROM scores ORDER BY id")])
+    with torch.no_grad():
+        want = model(torch.from_numpy(x.astype(np.float32)))[:, 0].numpy()
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)

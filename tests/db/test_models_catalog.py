@@ -1,0 +1,122 @@
+"""The models page's queries (pgtrain.store.catalog) on a real PostgreSQL, and its HTML (escaped, inline SVG curves)."""
+
+from __future__ import annotations
+
+import re
+import secrets
+from urllib.parse import urlencode
+
+import pytest
+
+from pgtrain.airflow.ui import render as ui_render
+from pgtrain.store import catalog
+from pgtrain.store.model_store import commit_run, promote
+from tests.db.test_model_store import MODEL, OWNER, prepare_run
+
+
+def test_catalog_lists_models_versions_head_moves_and_runs(db_url, autocommit):
+    assert catalog.list_models(autocommit) == []
+    first = prepare_run(db_url, "manual__1", val_accuracy=0.8)
+    second = prepare_run(db_url, "manual__2", val_accuracy=0.85)
+    commit_run(autocommit, first, owner=OWNER, lock_timeout=5)
+    commit_run(autocommit, second, owner=OWNER, lock_timeout=5)
+    promote(autocommit, MODEL, 1, owner=OWNER, lock_timeout=5)
+
+    [model] = catalog.list_models(autocommit)
+    assert (model["model_name"], model["versions"], model["head_version"], model["newest_version"]) == (MODEL, 2, 1, 2)
+    assert model["head_metrics"]["val_accuracy"] == 0.8 and model["head_moved_at"] is not None
+
+    versions = catalog.list_versions(autocommit, MODEL)
+    assert [(v["version"], v["is_head"], v["dag_run_id"]) for v in versions] == [
+        (1, True, "manual__1"), (2, False, "manual__2")]
+    assert all(v["dag_id"] == "pgtrain_training" and "parent_version" in v for v in versions)
+    assert [(h["previous_version"], h["version"], h["action"]) for h in catalog.head_history(autocommit, MODEL)] == [
+        (None, 1, "commit"), (1, 2, "commit"), (2, 1, "promote")]
+
+    run = catalog.run_overview(autocommit, second)
+    assert (run["version"], run["status"], run["dag_run_id"]) == (2, "committed", "manual__2")
+    assert [e["epoch"] for e in run["epochs"]] == [1, 2] and run["config"]["model_name"] == MODEL
+    html = ui_render.run_page(run, "/pgtrain", "")
+    assert 'href="/dags/pgtrain_training/runs/manual__2"' in html and f'href="/pgtrain/models/{MODEL}"' in html
+    assert html.count('class="point"') == 2 * 3  # train_loss, val_loss, val_accuracy: one point per epoch each
+
+
+def test_pages_escape_what_they_show_and_draw_one_point_per_epoch():
+    name = '<script>alert("x")</script>'
+    html = ui_render.models_page([{"model_name": name, "versions": 1, "newest_version": 1, "newest_at": None,
+                                   "head_version": 1, "head_moved_at": None, "head_metrics": {"val_x": "<b>"}}],
+                                 "/pgtrain")
+    assert "<script>" not in html and "<b>" not in html
+    assert "&lt;script&gt;" in html and "/pgtrain/models/%3Cscript%3E" in html
+
+    epochs = [{"epoch": i, "train_loss": 1.0 / i, "val_loss": 1.2 / i, "val_accuracy": 0.5 + i / 20}
+              for i in range(1, 6)]
+    svg = ui_render.curves(epochs)
+    for series in ("train_loss", "val_loss", "val_accuracy"):
+        group = re.search(rf'<g class="series" data-series="{series}">(.*?)</g>', svg).group(1)
+        assert re.findall(r'data-epoch="(\d+)"', group) == ["1", "2", "3", "4", "5"], series
+    assert "<script" not in svg and "http" not in svg.replace("http://www.w3.org/2000/svg", "")
+
+
+def test_a_page_with_no_models_says_how_to_get_one():
+    html = ui_render.models_page([], "/pgtrain")
+    assert "make load-digits" in html and "pgtrain_model_digits-mlp" in html and "dags/models.yaml" in html
+
+
+def test_metric_names_are_escaped_too():
+    html = ui_render.metrics_text({"val_<i>x</i>": 0.5, "epochs": 3})
+    assert "<i>" not in html and "&lt;i&gt;x&lt;/i&gt; 0.5" in html
+
+
+@pytest.fixture
+def page_client(make_database, monkeypatch, tmp_path):
+    """The models page app mounted at /pgtrain as the api-server mounts it, behind Airflow's own authentication
+    (the simple auth manager, in this process) and reading the Airflow connection pgtrain_db: a database where
+    nothing was trained yet (no pgtrain tables). Yields (client, bearer token)."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    monkeypatch.setenv("AIRFLOW_CONN_PGTRAIN_DB", make_database(migrate=False))
+    monkeypatch.setenv("AIRFLOW__CORE__AUTH_MANAGER",
+                       "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager")
+    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE", str(tmp_path / "passwords.json"))
+    monkeypatch.setenv("AIRFLOW__API_AUTH__JWT_SECRET", secrets.token_urlsafe(64))
+    from airflow.api_fastapi.app import init_auth_manager
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+    from pgtrain.airflow.ui.app import URL_PREFIX, create_app
+
+    token = init_auth_manager().generate_jwt(SimpleAuthManagerUser(username="admin", role="admin"))
+    airflow = FastAPI()
+    airflow.mount(URL_PREFIX, create_app())
+    with TestClient(airflow, base_url="http://attacker.example") as client:
+        yield client, token
+
+
+def test_every_page_answers_on_a_database_nothing_was_trained_into(page_client):
+    client, token = page_client
+    logged_in = {"Authorization": f"Bearer {token}", "Accept": "text/html"}
+    listing = client.get("/pgtrain/", headers=logged_in)
+    assert listing.status_code == 200 and "pgtrain_model_digits-mlp" in listing.text
+    for path in ("/pgtrain/models/digits-mlp", "/pgtrain/runs?run_id=pgtrain_training/manual__1"):
+        page = client.get(path, headers=logged_in)
+        assert page.status_code == 404, (path, page.text)
+        assert "no pgtrain tables yet" in page.text and "pgtrain_model_digits-mlp" in page.text, path
+
+
+def test_the_login_redirect_comes_back_to_a_path_not_to_the_requests_host(page_client):
+    client, _ = page_client
+    answer = client.get("/pgtrain/runs?run_id=r1", headers={"Accept": "text/html"}, follow_redirects=False)
+    assert answer.status_code == 303 and "r1" not in answer.text
+    assert answer.headers["location"] == "/auth/login?" + urlencode({"next": "/pgtrain/runs?run_id=r1"})
+
+
+def test_the_cli_lists_through_the_same_queries(db_url, autocommit, capsys, monkeypatch):
+    from pgtrain.cli.models import main
+
+    commit_run(autocommit, prepare_run(db_url, "manual__1"), owner=OWNER, lock_timeout=5)
+    monkeypatch.setenv("PGTRAIN_DATABASE_URL", db_url)
+    assert main(["list", MODEL]) == 0 and main(["history", MODEL]) == 0 and main(["rollback", MODEL]) == 1
+    out = capsys.readouterr()
+    assert f"{MODEL:<20} *     1" in out.out and "commit" in out.out
+    assert "has no version older than its head" in out.err
