@@ -264,17 +264,20 @@ def test_plan_run_skips_a_scheduled_run_of_an_unchanged_source_and_says_why(auto
 
     from pgtrain.airflow.dag import tasks
     from pgtrain.airflow.dag.params import dag_params
+    from pgtrain.config.settings import AuthorSettings
     from tests.k8s_sim.airflow_context import FakeTaskInstance
 
     monkeypatch.setenv("AIRFLOW_CONN_PGTRAIN_DB", db_url)
     seed_samples(autocommit, 20)
     commit_version(autocommit, "first")
-    params = {name: param.value for name, param in dag_params().items()} | {"model_name": MODEL, "world_size": 1}
+    params = {name: param.value for name, param in dag_params(fixed=["launcher"]).items()} | {
+        "model_name": MODEL, "world_size": 1}
 
     def plan(run_type: str, run_id: str, **conf):
         ti = FakeTaskInstance(dag_id="pgtrain_training", task_id="plan_run", run_id=run_id)
         dag_run = SimpleNamespace(dag_id="pgtrain_training", run_id=run_id, run_type=run_type, conf=conf)
-        return ti, lambda: tasks.plan_run.function(params=params | conf, dag_run=dag_run, ti=ti)
+        return ti, lambda: tasks.plan_run.function(AuthorSettings().to_dict(), {"launcher": "local"},
+                                                   params=params | conf, dag_run=dag_run, ti=ti)
 
     ti, call = plan("scheduled", "scheduled__1")
     with pytest.raises(AirflowSkipException, match="no row of .* was added, updated or deleted since version 1"):

@@ -16,6 +16,7 @@ from pgtrain.config.settings import load_settings
 from pgtrain.core.database_url import DATABASE_URL_ENV, DATABASE_URL_FILE_ENV
 from pgtrain.core.errors import ConfigError
 from pgtrain.launch.mpijob import api
+from pgtrain.launch.mpijob.spec import database_volume
 from tests.k8s_sim.airflow_context import task_context
 from tests.k8s_sim.validation import assert_valid_mpijob
 
@@ -67,7 +68,7 @@ def test_both_templates_carry_what_kubernetes_pod_operator_builds(manifest):
                                              {"name": api.DATABASE_VOLUME, "mountPath": api.DATABASE_MOUNT_PATH,
                                               "readOnly": True}]
         assert spec["volumes"] == [{"name": "shm", "emptyDir": {"medium": "Memory"}},
-                                   spec.database_volume("pgtrain-db", "url")]
+                                   database_volume("pgtrain-db", "url")]
         assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "H100"}
         assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
         assert spec["affinity"]["nodeAffinity"]
