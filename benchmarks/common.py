@@ -15,6 +15,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "plugins"))
+sys.path.insert(0, str(REPO))  # the dev/ tools (embedded PostgreSQL, example data)
 
 
 def machine() -> dict[str, object]:

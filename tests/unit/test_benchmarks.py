@@ -1,0 +1,25 @@
+"""Every benchmark script starts the way `make bench` starts it (`python benchmarks/bench_x.py`: its folder first on
+sys.path): its imports resolve, the dev tools included. Running them is `make bench-quick`'s job."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+SCRIPTS = sorted(p.stem for p in (REPO / "benchmarks").glob("bench_*.py"))
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_benchmark_script_imports_as_make_bench_starts_it(script):
+    probe = f"import runpy, sys; sys.argv = [{script!r}]; runpy.run_path({script + '.py'!r}, run_name='bench')"
+    result = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, ''); {probe}"],
+                            cwd=REPO / "benchmarks", capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_the_benchmarks_are_found():
+    assert {"bench_dag_parse", "bench_loader", "bench_manifest", "bench_training"} <= set(SCRIPTS)
