@@ -11,13 +11,13 @@ STAMP := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): requirements.txt requirements-dev.txt trainer_image/requirements.txt trainer_image/build_horovod.sh pyproject.toml
+$(STAMP): requirements.txt requirements-dev.txt trainer_image/requirements.txt trainer_image/build_horovod.sh pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip wheel setuptools
-	# torch first, alone and at pyproject.toml's pin: the CPU wheel, never a multi-GB CUDA build pulled in by a range
-	$(PY) -m pip install -q "torch==$$(sed -n 's/^ *"torch==\([0-9.]*\)".*/\1/p' pyproject.toml)"
-	# pgtrain editable with its dev extra (every pin in pyproject.toml); its entry points register the Airflow plugins
-	$(PY) -m pip install -q --no-build-isolation -r requirements-dev.txt
+	# torch first, alone and at its pin: the CPU wheel, never a multi-GB CUDA build pulled in by a range
+	$(PY) -m pip install -q -c constraints.txt torch
+	# pgtrain editable with its dev extra, at the tested versions; its entry points register the Airflow plugins
+	$(PY) -m pip install -q --no-build-isolation -c constraints.txt -r requirements-dev.txt
 	# Horovod: built from its sdist against that torch (PyPI has no wheel); its dependencies came with the extras
 	$(PY) -m pip install -q --no-deps "$$(bash trainer_image/build_horovod.sh $(PY) $(WHEEL_CACHE) | tail -n1)"
 	$(VENV)/bin/horovodrun --check-build | grep -q '\[X\] PyTorch'

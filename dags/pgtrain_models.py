@@ -30,6 +30,7 @@ for entry in entries:
     if only and entry.dag_id != only:
         continue
     settings = entry.settings(base_settings)
+    fixed = entry.fixed_params(settings)  # the author's: not offered to the triggerer
     with DAG(
         dag_id=entry.dag_id,
         description=entry.description or f"Train {entry.name} on {entry.source_table}",
@@ -37,12 +38,12 @@ for entry in entries:
         start_date=datetime(2026, 1, 1),
         catchup=False,
         max_active_runs=1,
-        params=dag_params(entry.params, fixed=entry.fixed),
+        params=dag_params(entry.params, fixed=fixed),
         default_args=DEFAULT_ARGS,
         tags=["pgtrain", "training", "model"],
         doc_md=__doc__,
     ) as dag:
-        run = plan_run(settings.to_dict(), entry.fixed)
+        run = plan_run(settings.to_dict(), fixed)
         chain(provision_tables(), run, compute_shards(run, settings.to_dict()), train_task(run, settings),
               commit_parameters(run), report(run))
     globals()[entry.dag_id] = dag

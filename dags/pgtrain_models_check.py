@@ -3,11 +3,13 @@ each entry and its field. It defines no DAG: the good entries' DAGs come from pg
 (Airflow marks every DAG of a file with an import error stale, so the error must not be in that file).
 """
 
-from pgtrain.config.model_entries import errors_report, load_entries
+from pathlib import Path
+
+from pgtrain.config.model_entries import MODELS_FILE_NAME, errors_report, load_entries
 from pgtrain.core.errors import ConfigError
 
 try:
-    _, errors = load_entries()
+    _, errors = load_entries(default=Path(__file__).parent / MODELS_FILE_NAME)
 except ConfigError:
     errors = []  # the file itself is unreadable: pgtrain_models.py reports that, with no DAG to keep
 if errors:

@@ -15,12 +15,12 @@ RUN apt-get update \
     && chown airflow:0 /opt/pgtrain
 USER airflow
 WORKDIR /opt/pgtrain
-COPY --chown=airflow:0 pyproject.toml requirements.txt ./
+COPY --chown=airflow:0 pyproject.toml requirements.txt constraints.txt ./
 COPY --chown=airflow:0 trainer_image/build_horovod.sh trainer_image/
-# torch: the CPU wheel of the version pyproject.toml pins. Horovod's own run-time dependencies (pyproject.toml's
+# torch: the CPU wheel of the version constraints.txt pins. Horovod's own run-time dependencies (pyproject.toml's
 # trainer extra, as the image's Airflow constraints allow them) go first: the Horovod build needs them.
 # This layer comes before the sources so that editing them does not rebuild Horovod.
-RUN torch_version="$(sed -n 's/^ *"torch==\([0-9.]*\)".*/\1/p' pyproject.toml)" \
+RUN torch_version="$(sed -n 's/^torch==\([0-9.]*\).*/\1/p' constraints.txt)" \
     && test -n "$torch_version" \
     && pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu "torch==${torch_version}" \
     && pip install --no-cache-dir "apache-airflow==${AIRFLOW_VERSION}" cloudpickle psutil pyyaml packaging cffi \

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import psycopg
 import pytest
 
@@ -11,17 +9,15 @@ from pgtrain.data import manifest
 
 
 @pytest.fixture
-def ac(db_url: str) -> Iterator[psycopg.Connection]:
-    """An autocommit connection to the test's database (the shard and loader tests' name for it)."""
-    with psycopg.connect(db_url, autocommit=True) as connection:
-        yield connection
+def ac(autocommit: psycopg.Connection) -> psycopg.Connection:
+    """``autocommit`` (tests/conftest.py), under the shard and loader tests' name for it."""
+    return autocommit
 
 
 @pytest.fixture
-def aconn(db_url: str) -> Iterator[psycopg.Connection]:
-    """An autocommit connection to the test's database (the store and inference tests' name for it)."""
-    with psycopg.connect(db_url, autocommit=True) as connection:
-        yield connection
+def aconn(autocommit: psycopg.Connection) -> psycopg.Connection:
+    """``autocommit`` (tests/conftest.py), under the store and inference tests' name for it."""
+    return autocommit
 
 
 @pytest.fixture

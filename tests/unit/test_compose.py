@@ -67,7 +67,7 @@ def test_the_image_installs_the_runtime_requirements_only_with_airflow_pinned():
     # the package is installed (its entry points register the plugins), with the sources pyproject.toml names
     for source in ("pyproject.toml", "plugins/pgtrain", "trainer_image/trainer"):
         assert re.search(rf"^COPY .*\b{re.escape(source)}\b", dockerfile, re.MULTILINE), source
-    assert not re.search(r"torch==\d", dockerfile)  # the version is read from pyproject.toml
+    assert not re.search(r"torch==\d", dockerfile)  # the version is read from constraints.txt
     assert [(r.name, r.extras) for r in requirement_lines(REPO / "requirements.txt")] == \
         [(PROJECT["name"], {"airflow", "local"})]
     runtime = pulled_in(requirement_lines(REPO / "requirements.txt"))
@@ -75,9 +75,29 @@ def test_the_image_installs_the_runtime_requirements_only_with_airflow_pinned():
     assert not runtime & DEV_ONLY, sorted(runtime & DEV_ONLY)
 
 
-def test_every_version_has_one_home_in_pyproject():
-    """The requirements files name the package with extras; the pins are pyproject.toml's. The dev install has
-    the runtime's, plus the tests' tools, the embedded PostgreSQL and the examples' data."""
+def test_every_version_has_one_home_in_the_constraints():
+    """pyproject.toml declares ranges (the package installs into an existing Airflow); the tested versions are
+    pinned once, in constraints.txt, and satisfy those ranges. The requirements files name the package with
+    extras; the dev install has the runtime's, plus the tests' tools, the embedded PostgreSQL and the examples'
+    data."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    declared = [Requirement(r) for r in PROJECT["dependencies"]] + [
+        Requirement(r) for extra in PROJECT["optional-dependencies"].values() for r in extra]
+    assert not [str(r) for r in declared if any(s.operator == "==" for s in r.specifier)], "exact pins in pyproject"
+    pins = {}
+    for line in (REPO / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            requirement = Requirement(line)
+            (spec,) = requirement.specifier
+            assert spec.operator == "==", line
+            pins[canonicalize_name(requirement.name)] = spec.version
+    for requirement in declared:
+        name = canonicalize_name(requirement.name)
+        if name != canonicalize_name(PROJECT["name"]):
+            assert name in pins, f"{requirement.name} has no tested version in constraints.txt"
+            assert requirement.specifier.contains(pins[name], prereleases=True), (str(requirement), pins[name])
     for path in ("requirements.txt", "requirements-dev.txt", "trainer_image/requirements.txt"):
         requirements = requirement_lines(REPO / path)
         assert [r.name for r in requirements] == [PROJECT["name"]] and not requirements[0].specifier, path
@@ -86,7 +106,7 @@ def test_every_version_has_one_home_in_pyproject():
     dev = pulled_in(requirement_lines(REPO / "requirements-dev.txt"))
     assert DEV_ONLY <= dev and pulled_in(requirement_lines(REPO / "requirements.txt")) <= dev
     install = re.search(r"^\$\(STAMP\):.*?(?=^\S)", (REPO / "Makefile").read_text(), re.MULTILINE | re.DOTALL).group()
-    assert "-r requirements-dev.txt" in install and not re.search(r"==\d", install)
+    assert "-c constraints.txt -r requirements-dev.txt" in install and not re.search(r"==\d", install)
 
 
 def test_the_plugins_folder_holds_neither_plugins_nor_the_library():

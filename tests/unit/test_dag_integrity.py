@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -125,7 +126,7 @@ def test_the_local_launcher_trains_with_a_plain_operator(dag):
 
 
 def test_the_kubernetes_launcher_trains_with_the_authors_cluster_settings(monkeypatch, tmp_path):
-    from pgtrain.airflow.kubernetes.operator import MPIJobTrainOperator
+    from pgtrain.airflow.kubernetes.train import MPIJobTrainOperator
 
     settings = tmp_path / "pgtrain.yaml"
     settings.write_text("launcher: kubernetes\nkubernetes: {image: registry.example/trainer:7, namespace: ml, "
@@ -134,12 +135,17 @@ def test_the_kubernetes_launcher_trains_with_the_authors_cluster_settings(monkey
     parsed = DagBag(dag_folder=str(REPO / "dags" / "pgtrain_training.py"))
     train = parsed.dags[DAG_ID].get_task("train")
     assert isinstance(train, MPIJobTrainOperator)
-    assert (train.image, train.namespace, train.gpus_per_worker) == ("registry.example/trainer:7", "ml", 4)
+    job = train.job_operator()
+    assert (job.image, job.namespace, job.gpus_per_worker) == ("registry.example/trainer:7", "ml", 4)
 
 
+@pytest.mark.parametrize("launcher", ["local", "kubernetes"])
 @pytest.mark.parametrize("task_id", TASK_ORDER)
-def test_a_local_dags_task_process_imports_no_kubernetes_client(task_id):
-    """The Kubernetes provider imports both Kubernetes clients: no process of a local DAG pays for them."""
+def test_parsing_the_dag_imports_no_kubernetes_client(task_id, launcher, tmp_path):
+    """The Kubernetes provider imports both Kubernetes clients: no task process pays for them when it parses the DAG,
+    whatever the launcher (a kubernetes train task imports them when it runs)."""
+    settings = tmp_path / "pgtrain.yaml"
+    settings.write_text(f"launcher: {launcher}\n")
     probe = f"""
 import importlib.util, json, os, sys
 os.environ["_AIRFLOW_PARSING_CONTEXT_DAG_ID"] = {DAG_ID!r}
@@ -150,7 +156,8 @@ spec.loader.exec_module(module)
 print(json.dumps([m for m in ("kubernetes", "kubernetes_asyncio", "airflow.providers.cncf.kubernetes.operators.pod")
                   if m in sys.modules]))
 """
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    env = {**os.environ, "PGTRAIN_SETTINGS": str(settings)}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
 
 

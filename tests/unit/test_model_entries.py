@@ -17,6 +17,7 @@ from pgtrain.config.model_entries import (
     model_owners,
 )
 from pgtrain.config.params import TrainingConfig
+from pgtrain.config.settings import AuthorSettings
 from pgtrain.core.errors import ConfigError
 from tests.conftest import REPO
 
@@ -46,7 +47,7 @@ def test_the_default_file_schedules_the_digits_model_of_the_demo():
     assert errors == []
     digits = find_entry("digits-mlp", SHIPPED_MODELS_FILE)
     demo = TrainingConfig()  # what `make demo` trained before it ran this entry's DAG
-    config = TrainingConfig.from_mapping({**digits.params, **digits.fixed})
+    config = TrainingConfig.from_mapping({**digits.params, **digits.fixed_params(digits.settings(AuthorSettings()))})
     for name in ("model_name", "source_table", "key_column", "features_column", "label_column", "task",
                  "hidden_sizes", "launcher"):
         assert getattr(config, name) == getattr(demo, name), name

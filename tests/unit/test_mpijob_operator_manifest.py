@@ -11,7 +11,8 @@ from airflow.providers.cncf.kubernetes.pod_generator import make_safe_label_valu
 from airflow.providers.cncf.kubernetes.secret import Secret
 from kubernetes.client import models as k8s
 
-from pgtrain.airflow.kubernetes.operator import MPIJobOperator, MPIJobTrainOperator
+from pgtrain.airflow.kubernetes.operator import MPIJobOperator
+from pgtrain.airflow.kubernetes.train import MPIJobTrainOperator
 from pgtrain.config.settings import load_settings
 from pgtrain.core.database_url import DATABASE_URL_ENV, DATABASE_URL_FILE_ENV
 from pgtrain.core.errors import ConfigError
@@ -131,7 +132,7 @@ def test_train_operator_takes_kubernetes_settings_from_the_authors_settings_file
     path = tmp_path / "pgtrain.yaml"
     path.write_text("kubernetes:\n  namespace: gpu-team\n  image: from-settings:1\n  gpus_per_worker: 8\n"
                     "  node_selector: {pool: a100}\n  tolerations: [{key: gpu, operator: Exists}]\n")
-    operator = MPIJobTrainOperator(task_id="train", **load_settings(path).operator_arguments())
+    operator = MPIJobTrainOperator(task_id="train", **load_settings(path).operator_arguments()).job_operator()
     assert (operator.namespace, operator.image, operator.gpus_per_worker) == ("gpu-team", "from-settings:1", 8)
     assert operator.node_selector == {"pool": "a100"}
     assert operator.tolerations[0].key == "gpu"

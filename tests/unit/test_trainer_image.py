@@ -100,9 +100,10 @@ def test_cuda_devel_base_with_open_mpi_ssh_and_nccl(dockerfile):
 
 
 def test_torch_and_horovod_are_built_as_locally(dockerfile):
-    assert any(re.fullmatch(r"torch==[\d.]+", spec) for spec in PROJECT["optional-dependencies"]["trainer"])
-    assert not re.search(r"torch==\d", dockerfile)  # the version is read from pyproject.toml
-    assert re.search(r"sed -n '[^']*torch==[^']*' pyproject\.toml", dockerfile)
+    assert re.search(r"^torch==[\d.]+$", (REPO / "constraints.txt").read_text(), re.MULTILINE)
+    assert not re.search(r"torch==\d", dockerfile)  # the version is read from constraints.txt, as make install's
+    assert re.search(r"sed -n '[^']*torch==[^']*' constraints\.txt", dockerfile)
+    assert "-c constraints.txt" in dockerfile  # the rest at the tested versions too
     build = next(args for keyword, args in instructions(dockerfile) if keyword == "RUN" and "build_horovod.sh" in args)
     for flag in ("HOROVOD_GPU_OPERATIONS=NCCL", "HOROVOD_WITH_MPI=1", "bash trainer_image/build_horovod.sh"):
         assert flag in build
@@ -147,7 +148,8 @@ def test_build_context_holds_what_the_image_copies_and_no_airflow(dockerfile):
             for source in args.split()[:-1]:
                 assert any(p == source or p.startswith(source + "/") for p in context), source
     assert not [p for p in context if p.startswith(("plugins/pgtrain/airflow/", "dev/", "tests/", "dags/"))]
-    assert any(p.startswith("trainer_image/trainer/") for p in context) and "pyproject.toml" in context
+    assert any(p.startswith("trainer_image/trainer/") for p in context)
+    assert {"pyproject.toml", "constraints.txt"} <= set(context)
     for path in context:
         if path.endswith(".py"):
             assert not re.search(r"^\s*(from|import)\s+airflow\b", (REPO / path).read_text(), re.MULTILINE), path

@@ -23,10 +23,10 @@ TRAIN_TIMEOUT = timedelta(hours=24)
 
 
 def train_task(training_run: Any, settings: AuthorSettings) -> BaseOperator:
-    """The ``train`` task for the author's launcher. Only a DAG whose launcher is kubernetes imports the
-    Kubernetes provider (both Kubernetes clients: most of a parse's cost); a local DAG's is a plain operator."""
+    """The ``train`` task for the author's launcher. Both are plain operators at parse time: the Kubernetes
+    provider (both Kubernetes clients: most of a parse's cost) is imported only when a kubernetes train task runs."""
     if settings.launcher == "kubernetes":
-        from pgtrain.airflow.kubernetes.operator import MPIJobTrainOperator
+        from pgtrain.airflow.kubernetes.train import MPIJobTrainOperator
 
         return MPIJobTrainOperator(task_id="train", training_run_id=training_run, execution_timeout=TRAIN_TIMEOUT,
                                    **settings.operator_arguments())

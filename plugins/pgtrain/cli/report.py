@@ -8,16 +8,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-import psycopg
-
 from pgtrain.core.db import connect
 from pgtrain.core.errors import PgtrainError
-from pgtrain.runs.report import build_summary, format_summary
-
-
-def latest_run_id(conn: psycopg.Connection) -> str | None:
-    row = conn.execute("SELECT run_id FROM pgtrain.training_runs ORDER BY created_at DESC LIMIT 1").fetchone()
-    return row[0] if row else None
+from pgtrain.runs.report import build_summary, format_summary, latest_run_id
 
 
 def main(argv: list[str] | None = None) -> int:

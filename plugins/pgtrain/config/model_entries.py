@@ -6,7 +6,8 @@
 - ``source``: the table and its key, feature and label columns: fixed, whoever triggers the DAG;
 - ``schedule``: ``cron`` (an expression or preset), ``min_new_rows`` (retrain once that many rows have been
   added since the head version's watermark; ``poll_seconds`` between checks), or both;
-- ``launcher`` (``local`` or ``kubernetes``) and ``kubernetes`` (``pgtrain.config.settings.KUBERNETES_SETTINGS``);
+- ``launcher`` (``local`` or ``kubernetes``; default: the settings file's) and ``kubernetes``
+  (``KUBERNETES_SETTINGS``, over the settings file's);
 - ``params``: default training params (``pgtrain.config.params.PARAMETERS``: epochs, world_size, task, ...), which the
   trigger form offers and a triggerer may change;
 - ``quality_gate`` (``pgtrain.config.params.QUALITY_GATE``): on by default, ``DEFAULT_QUALITY_GATE``: a version no
@@ -75,8 +76,9 @@ _FILE_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["m
 @dataclass(frozen=True)
 class ModelEntry:
     name: str
-    fixed: dict[str, Any]  # FIXED_PARAMS: the model, its source and launcher
+    fixed: dict[str, Any]  # FIXED_PARAMS but the launcher: the model and its source
     params: dict[str, Any]  # default training params the form offers
+    launcher: str | None = None  # None: the settings file's
     cron: str | None = None
     min_new_rows: int | None = None
     poll_seconds: float = DEFAULT_POLL_SECONDS
@@ -99,11 +101,15 @@ class ModelEntry:
 
     def settings(self, base: AuthorSettings) -> AuthorSettings:
         """The author's settings for this model's runs: its own table is the one source it may read; its
-        launcher; its Kubernetes settings over the settings file's; its quality gate; its world-size bound."""
+        launcher and Kubernetes settings over the settings file's; its quality gate; its world-size bound."""
         return dataclasses.replace(
             base, allowed_sources=(self.source_table,), kubernetes={**base.kubernetes, **self.kubernetes},
             quality_gate=dict(self.quality_gate), max_world_size=self.max_world_size or base.max_world_size,
-            launcher=self.fixed["launcher"])
+            launcher=self.launcher or base.launcher)
+
+    def fixed_params(self, settings: AuthorSettings) -> dict[str, Any]:
+        """Every param the author fixes for this model's runs (FIXED_PARAMS), with ``settings``' launcher."""
+        return {**self.fixed, "launcher": settings.launcher}
 
 
 @dataclass(frozen=True)
@@ -166,8 +172,7 @@ def parse_entry(raw: Any) -> ModelEntry:
              "key_column": source.get("key_column", PARAMETERS["key_column"]["default"]),
              "features_column": source.get("features_column", None if "feature_columns" in source
                                            else PARAMETERS["features_column"]["default"]),
-             "feature_columns": source.get("feature_columns"), "label_column": source.get("label_column"),
-             "launcher": raw.get("launcher", PARAMETERS["launcher"]["default"])}
+             "feature_columns": source.get("feature_columns"), "label_column": source.get("label_column")}
     table = source.get("table")
     if isinstance(table, str) and "." not in table:  # the settings would read an unqualified name as a schema
         problems.append(f"source.table: {table!r} must be schema-qualified (e.g. public.{table}): the model's DAG "
@@ -181,7 +186,7 @@ def parse_entry(raw: Any) -> ModelEntry:
         raise ConfigError("\n".join(problems))
     schedule = raw["schedule"]
     return ModelEntry(
-        name=raw["name"], fixed=fixed, params=dict(params), cron=schedule.get("cron"),
+        name=raw["name"], fixed=fixed, params=dict(params), launcher=raw.get("launcher"), cron=schedule.get("cron"),
         min_new_rows=schedule.get("min_new_rows"), poll_seconds=schedule.get("poll_seconds", DEFAULT_POLL_SECONDS),
         kubernetes=dict(raw.get("kubernetes") or {}),
         quality_gate={**DEFAULT_QUALITY_GATE, **(raw.get("quality_gate") or {})},

@@ -98,13 +98,15 @@ class AuthorSettings:
 
 def author_file(path: Path | str | None, env: str, default: Path | str | None, what: str) -> tuple[Path, Any] | None:
     """(path, parsed YAML) of an author's file: ``path``, else ``$env``, else ``default`` (a DAG passes the file
-    next to it). None when no file is named, or only ``default`` is and it does not exist: the built-in
-    defaults apply. A named file that is missing or not YAML is a ConfigError."""
+    next to it). None when only ``default`` is named and it does not exist: the built-in defaults apply. A named
+    file that is missing or not YAML is a ConfigError, and so is naming none at all (no silent defaults)."""
     import yaml
 
     named = path or os.environ.get(env)
-    chosen = Path(named or default) if (named or default) else None
-    if chosen is None or (not named and not chosen.exists()):
+    if not named and not default:
+        raise ConfigError(f"which pgtrain {what} file? Pass its path, or set ${env}")
+    chosen = Path(named or default)
+    if not named and not chosen.exists():
         return None
     if not chosen.exists():
         raise ConfigError(f"the pgtrain {what} file {chosen} does not exist (${env} names another)")
@@ -116,7 +118,7 @@ def author_file(path: Path | str | None, env: str, default: Path | str | None, w
 
 def load_settings(path: Path | str | None = None, *, default: Path | str | None = None) -> AuthorSettings:
     """Read and check the author's settings file (``author_file``): ``path``, ``$PGTRAIN_SETTINGS`` or
-    ``default``; none of them there means the defaults."""
+    ``default``; a ``default`` that does not exist means the defaults."""
     import jsonschema
 
     found = author_file(path, SETTINGS_ENV, default, "settings")

@@ -69,3 +69,9 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"wall time         {summary['wall_seconds']} s",
     ]
     return "\n".join(lines)
+
+
+def latest_run_id(conn: psycopg.Connection) -> str | None:
+    """The most recently planned run."""
+    row = conn.execute("SELECT run_id FROM pgtrain.training_runs ORDER BY created_at DESC LIMIT 1").fetchone()
+    return row[0] if row else None

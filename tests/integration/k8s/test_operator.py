@@ -19,12 +19,8 @@ import pytest
 from airflow.sdk import RetryAction
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
-from pgtrain.airflow.kubernetes.operator import (
-    MPIJobInputRefused,
-    MPIJobOperator,
-    MPIJobStartupTimeout,
-    MPIJobTrainOperator,
-)
+from pgtrain.airflow.kubernetes.operator import MPIJobInputRefused, MPIJobOperator, MPIJobStartupTimeout
+from pgtrain.airflow.kubernetes.train import MPIJobTrainOperator
 from pgtrain.airflow.local.operator import LocalTrainOperator
 from tests.k8s_sim.airflow_context import FakeTaskStateStore, task_context
 from tests.k8s_sim.validation import assert_cluster_accepted_every_manifest

@@ -41,7 +41,6 @@ from kubernetes.client.exceptions import ApiException
 
 from pgtrain.airflow.dag import train_run
 from pgtrain.airflow.dag.connection import DEFAULT_CONN_ID
-from pgtrain.airflow.dag.failures import RETRY_POLICY
 from pgtrain.airflow.kubernetes.client import MPIJobClient
 from pgtrain.airflow.kubernetes.trigger import MPIJobTrigger
 from pgtrain.core.errors import ConfigError, TrainingFailed, TrainingInputError
@@ -172,20 +171,16 @@ class MPIJobOperator(KubernetesPodOperator):
             launcher_memory=self.launcher_memory, backoff_limit=self.backoff_limit,
             active_deadline_seconds=self.job_active_deadline_seconds,
             ttl_seconds_after_finished=self.ttl_seconds_after_finished,
-            # MPIJobTrainOperator.before_submit sets the run's attempt; a plain MPIJobOperator has no database
+            # TrainingRunMPIJobOperator.before_submit sets the run's attempt; a plain MPIJobOperator has no database
             # to begin one in (and dry_run never submits), so its trainer is told attempt 1.
             attempt=self.attempt if self.attempt is not None else 1,
         )
         return spec.build_mpijob(settings, pod)
 
     def _training_run_id(self, context: Context | None) -> str:
-        if self.training_run_id:
-            return str(self.training_run_id)
-        if context is None:
+        if context is None and not self.training_run_id:
             return "<dag_id>/<run_id>"
-        from pgtrain.runs.record import training_run_id
-
-        return training_run_id(context["ti"].dag_id, context["run_id"])
+        return train_run.run_id_of(self.training_run_id, context)
 
     def dry_run(self) -> None:
         """Print the MPIJob this task would create (without the task-instance labels)."""
@@ -289,6 +284,10 @@ class MPIJobOperator(KubernetesPodOperator):
     # --- running ---
 
     def execute(self, context: Context) -> None:
+        self.run_job(context)
+
+    def run_job(self, context: Context) -> None:
+        """Submit (or re-attach to) the job and watch it to its end, or defer the watch to the triggerer."""
         try:
             manifest = self.build_mpijob(context)
         except ConfigError as exc:  # retrying cannot fix a bad setting
@@ -386,7 +385,7 @@ class MPIJobOperator(KubernetesPodOperator):
     def trainer_verdict(self, context: Context) -> tuple[str, str] | None:
         """(status, reason) the trainer recorded for its run when it stopped ('refused' or 'failed'), if known.
 
-        The trainer records it in its database; this operator cannot read it (MPIJobTrainOperator does).
+        The trainer records it in its database; this operator cannot read it (TrainingRunMPIJobOperator does).
         """
         return None
 
@@ -484,12 +483,10 @@ def _container_started(pod: V1Pod) -> bool:
     return False
 
 
-class MPIJobTrainOperator(MPIJobOperator):
-    """The DAG's ``train`` task with launcher=kubernetes: one planned run's trainer as an MPIJob.
-
-    World size comes from the run record (plan_run's config snapshot), so a re-run trains what was planned.
-    Every Kubernetes setting (image, namespace, Secret, node selector, ...) is a constructor argument, chosen by
-    the DAG's author (``pgtrain.config.settings``), never by a trigger's conf.
+class TrainingRunMPIJobOperator(MPIJobOperator):
+    """An MPIJobOperator whose jobs are a pgtrain run's train attempts: each new job begins the run's next attempt
+    (the trainer is told its number), and a failed job is explained with the trainer's recorded verdict.
+    ``MPIJobTrainOperator`` builds one when the train task runs.
 
     :param conn_id: Airflow connection of the training database (starting an attempt, reading the trainer's
         verdict); the pods read the database URL from the Kubernetes Secret instead.
@@ -498,21 +495,8 @@ class MPIJobTrainOperator(MPIJobOperator):
     template_fields: Sequence[str] = (*MPIJobOperator.template_fields, "conn_id")
 
     def __init__(self, *, conn_id: str = DEFAULT_CONN_ID, **kwargs: Any) -> None:
-        kwargs.setdefault("retry_policy", RETRY_POLICY)
         super().__init__(**kwargs)
         self.conn_id = conn_id
-
-    def execute(self, context: Context) -> None:
-        run_id = self._training_run_id(context)
-        with train_run.failure_recorded(self.conn_id, run_id, context["ti"]):
-            run = train_run.planned_run(self.conn_id, run_id, "kubernetes")
-            self.log.info("training run %s: world_size %d, launcher kubernetes", run_id, run.config.world_size)
-            self.world_size = run.config.world_size
-            return super().execute(context)
-
-    def execute_complete(self, context: Context, event: dict[str, Any]) -> None:
-        with train_run.failure_recorded(self.conn_id, self._training_run_id(context), context["ti"]):
-            return super().execute_complete(context, event)
 
     def before_submit(self, context: Context) -> None:
         """A new job is a new attempt (the earlier one's writes are refused from now on) and trains from

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
 from pgtrain.airflow.dag.connection import DEFAULT_CONN_ID
+from pgtrain.config.model_entries import DEFAULT_POLL_SECONDS
 
 if TYPE_CHECKING:
     import psycopg
@@ -33,8 +34,8 @@ class NewRowsTrigger(BaseEventTrigger):
     threshold, no further: the count stops there); runs until the triggerer stops it."""
 
     def __init__(self, *, model_name: str, source_table: str, key_column: str, min_new_rows: int,
-                 poll_seconds: float = 60.0, conn_id: str = DEFAULT_CONN_ID, max_backoff_seconds: float = 60.0,
-                 statement_timeout_ms: int = 60_000) -> None:
+                 poll_seconds: float = DEFAULT_POLL_SECONDS, conn_id: str = DEFAULT_CONN_ID,
+                 max_backoff_seconds: float = 60.0, statement_timeout_ms: int = 60_000) -> None:
         super().__init__()
         self.model_name = model_name
         self.source_table = source_table

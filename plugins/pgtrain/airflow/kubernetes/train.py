@@ -1,0 +1,83 @@
+"""MPIJobTrainOperator: the DAG's ``train`` task with launcher=kubernetes: a planned run's trainer as an MPIJob.
+
+A plain BaseOperator holding the author's Kubernetes arguments: the cncf-kubernetes provider (both Kubernetes
+clients, most of a DAG file's parse) is imported only when the task runs, where it builds the
+``TrainingRunMPIJobOperator`` that submits and watches the job. Every other task process of the DAG parses the
+same DAG without it. World size comes from the run record (plan_run's config snapshot), so a re-run trains what
+was planned.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+
+from pgtrain.airflow.dag import train_run
+from pgtrain.airflow.dag.connection import DEFAULT_CONN_ID
+from pgtrain.airflow.dag.failures import RETRY_POLICY
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from pgtrain.airflow.kubernetes.operator import TrainingRunMPIJobOperator
+
+# BaseOperator's own arguments (task_id, retries, execution_timeout, ...); every other keyword is the job's.
+_TASK_ARGUMENTS = frozenset(inspect.signature(BaseOperator.__init__).parameters) - {"self", "kwargs"}
+
+
+class MPIJobTrainOperator(BaseOperator):
+    """Train one planned run as an MPIJob (``launcher: kubernetes``).
+
+    :param training_run_id: the run plan_run created (pass its XComArg); templated
+    :param conn_id: Airflow connection of the training database; templated
+    :param job_arguments: every other keyword: MPIJobOperator's and KubernetesPodOperator's (namespace, image,
+        gpus_per_worker, database_secret, node_selector, tolerations, deferrable, ...), chosen by the DAG's
+        author (``pgtrain.config.settings``), never by a trigger's conf
+    """
+
+    template_fields: Sequence[str] = ("training_run_id", "conn_id")
+    ui_color = "#c6dbef"
+
+    def __init__(self, *, training_run_id: str | None = None, conn_id: str = DEFAULT_CONN_ID, **kwargs: Any) -> None:
+        task = {key: kwargs.pop(key) for key in list(kwargs) if key in _TASK_ARGUMENTS}
+        task.setdefault("retry_policy", RETRY_POLICY)
+        super().__init__(**task)
+        self.training_run_id = training_run_id
+        self.conn_id = conn_id
+        self.job_arguments = kwargs
+        self._job: TrainingRunMPIJobOperator | None = None
+
+    def job_operator(self, context: Context | None = None) -> TrainingRunMPIJobOperator:
+        """The operator that submits and watches this task's MPIJob (its templates rendered with ``context``)."""
+        from pgtrain.airflow.kubernetes.operator import TrainingRunMPIJobOperator
+
+        # training_run_id is plan_run's XComArg until the task's templates are rendered: unresolved, it is no id
+        run_id = self.training_run_id if isinstance(self.training_run_id, str) else None
+        job = TrainingRunMPIJobOperator(task_id=self.task_id, training_run_id=run_id, conn_id=self.conn_id,
+                                        **self.job_arguments)
+        if context is not None:
+            job.render_template_fields(context)
+        self._job = job
+        return job
+
+    def execute(self, context: Context) -> None:
+        run_id = train_run.run_id_of(self.training_run_id, context)
+        with train_run.failure_recorded(self.conn_id, run_id, context["ti"]):
+            run = train_run.planned_run(self.conn_id, run_id, "kubernetes")
+            self.log.info("training run %s: world_size %d, launcher kubernetes", run_id, run.config.world_size)
+            job = self.job_operator(context)
+            job.world_size = run.config.world_size
+            job.run_job(context)
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> None:
+        """Back from the triggerer (the job was deferrable): act on its verdict."""
+        run_id = train_run.run_id_of(self.training_run_id, context)
+        with train_run.failure_recorded(self.conn_id, run_id, context["ti"]):
+            self.job_operator(context).execute_complete(context, event)
+
+    def on_kill(self) -> None:
+        if self._job is not None:
+            self._job.on_kill()
