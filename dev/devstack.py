@@ -6,9 +6,10 @@
 LocalExecutor; the metadata database is the database ``airflow`` of the embedded PostgreSQL in ``.pgdata/``
 (the one ``make demo`` uses), and the training database (the Airflow connection ``pgtrain_db``) is its
 database ``pgtrain``, or ``$PGTRAIN_DATABASE_URL`` when set. DAGs come from the repository's ``dags/``,
-plugins (the models page) from ``plugins/``. The processes run detached; their pid files, logs and
-Airflow's home are in the state directory. Log in with the simple auth manager's user ``admin`` and
-the password in ``<state dir>/passwords.json`` (generated at the first start, mode 0600).
+the plugins (the models page, the run notes) from the installed package's entry points. The processes run
+detached; their pid files, logs and Airflow's home are in the state directory. Log in with the simple auth
+manager's user ``admin`` and the password in ``<state dir>/passwords.json`` (generated at the first start,
+mode 0600).
 
 Every Airflow setting is an ``AIRFLOW__...`` variable built in ``airflow_environment`` (one place); database
 URLs and signing keys travel in the processes' environment, never on a command line.

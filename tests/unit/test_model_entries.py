@@ -155,6 +155,22 @@ def test_bad_entries_are_one_import_error_and_the_good_entries_load(mixed_bag):
     assert f"{path}: models[4] (name 'both'): name: duplicate model name 'both'" in error
 
 
+def test_the_models_file_next_to_the_dag_files_is_checked_without_any_env_var(tmp_path, monkeypatch):
+    """The shipped layout: dags/models.yaml beside the DAG files, no $PGTRAIN_MODELS. A bad entry there is the
+    checker file's import error, the good entries' DAGs load."""
+    import shutil
+
+    monkeypatch.delenv(MODELS_ENV, raising=False)
+    monkeypatch.delenv("PGTRAIN_SETTINGS", raising=False)
+    folder = tmp_path / "dags"
+    shutil.copytree(REPO / "dags", folder)
+    models_file(folder, good("kept"), good("broken").replace("epochs: 2", "epochs: 0"))
+    bag = DagBag(dag_folder=str(folder))
+    assert "pgtrain_model_kept" in bag.dags and "pgtrain_model_broken" not in bag.dags
+    [(where, error)] = bag.import_errors.items()
+    assert where.endswith("pgtrain_models_check.py") and "models[1] (name 'broken'): params.epochs" in error
+
+
 def test_each_entry_has_its_schedule(mixed_bag):
     from airflow.sdk import AssetOrTimeSchedule, CronTriggerTimetable
 

@@ -131,3 +131,21 @@ def test_the_docs_tables_state_the_defaults_the_code_has(doc, header, defaults):
             assert documented == expected, f"docs/{doc}: {name} is documented as {value}, not {expected!r}"
             checked += 1
     assert checked >= 8, f"docs/{doc}: the defaults table was not found or not read"
+
+
+def test_the_settings_file_refuses_a_launcher_it_does_not_know(tmp_path):
+    from pgtrain.core.errors import ConfigError
+
+    path = tmp_path / "pgtrain.yaml"
+    path.write_text("launcher: slurm\n")
+    with pytest.raises(ConfigError, match=r"pgtrain\.yaml: launcher: 'slurm' is not one of \['local', 'kubernetes'\]"):
+        load_settings(path)
+
+
+def test_naming_no_settings_file_at_all_is_an_error_not_silent_defaults(monkeypatch, tmp_path):
+    from pgtrain.core.errors import ConfigError
+
+    monkeypatch.delenv("PGTRAIN_SETTINGS", raising=False)
+    with pytest.raises(ConfigError, match=r"which pgtrain settings file\? Pass its path, or set \$PGTRAIN_SETTINGS"):
+        load_settings()
+    assert load_settings(default=tmp_path / "absent.yaml") == AuthorSettings()  # a DAG's own file may be absent

@@ -76,7 +76,8 @@ class MPIJobSettings:
                 or self.gpus_per_worker < 1):
             problems.append(f"gpus_per_worker={self.gpus_per_worker!r} should be a positive integer")
         if not self.image:
-            problems.append("image is empty: build trainer_image/Dockerfile, push it and set k8s_image")
+            problems.append("image is empty: build trainer_image/Dockerfile, push it and set kubernetes.image in "
+                            "the settings file")
         if not self.database_secret or not self.database_secret_key:
             problems.append("database_secret and database_secret_key name the Secret with the database URL")
         if self.backoff_limit < 0:
