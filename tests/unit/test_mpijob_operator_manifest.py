@@ -151,3 +151,34 @@ def test_importing_the_operators_stays_light_for_dag_parsing():
              "print([m for m in ('torch', 'horovod', 'psycopg', 'numpy') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_train_task_takes_the_dags_default_args_and_renders_with_its_macros():
+    """What a KubernetesPodOperator took from the DAG, the job the train task builds takes too: default_args for
+    the job (deferrable, the Kubernetes connection), the DAG's retry policy, its template macros."""
+    from datetime import datetime
+
+    from airflow.sdk import DAG, ExceptionRetryPolicy
+
+    policy = ExceptionRetryPolicy(rules=[])
+    with DAG("k8s_defaults", schedule=None, start_date=datetime(2026, 1, 1), user_defined_macros={"tag": "7"},
+             default_args={"deferrable": True, "kubernetes_conn_id": "k8s_prod", "retries": 3,
+                           "retry_policy": policy}):
+        train = MPIJobTrainOperator(task_id="train", image="registry.example/trainer:{{ tag }}")
+    assert train.retries == 3 and train.retry_policy is policy
+    job = train.job_operator()
+    assert job.deferrable is True and job.kubernetes_conn_id == "k8s_prod"
+    job = train.job_operator(task_context("k8s_defaults", "manual__1"))
+    assert job.image == "registry.example/trainer:7"
+
+
+def test_bad_job_arguments_fail_the_train_task_for_good_with_what_to_fix(monkeypatch):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from pgtrain.airflow.dag import train_run
+
+    monkeypatch.setattr(train_run, "planned_run", lambda *args: type("Run", (), {"config": type(
+        "Config", (), {"world_size": 2})()})())
+    train = MPIJobTrainOperator(task_id="train", training_run_id="pgtrain_test/bad", namspace="typo")
+    with pytest.raises(AirflowFailException, match=r"(?s)Kubernetes arguments are invalid: .*namspace.*settings file"):
+        train.execute(task_context("pgtrain_test", "bad"))

@@ -14,10 +14,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
 
 from pgtrain.airflow.dag import train_run
 from pgtrain.airflow.dag.connection import DEFAULT_CONN_ID
 from pgtrain.airflow.dag.failures import RETRY_POLICY
+from pgtrain.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -43,23 +45,33 @@ class MPIJobTrainOperator(BaseOperator):
 
     def __init__(self, *, training_run_id: str | None = None, conn_id: str = DEFAULT_CONN_ID, **kwargs: Any) -> None:
         task = {key: kwargs.pop(key) for key in list(kwargs) if key in _TASK_ARGUMENTS}
-        task.setdefault("retry_policy", RETRY_POLICY)
+        default_args = dict(task.get("default_args") or {})
+        if "retry_policy" not in default_args:  # a DAG's own policy wins over pgtrain's
+            task.setdefault("retry_policy", RETRY_POLICY)
         super().__init__(**task)
         self.training_run_id = training_run_id
         self.conn_id = conn_id
         self.job_arguments = kwargs
+        # the DAG's default_args for the job (deferrable, kubernetes_conn_id, ...), as a KubernetesPodOperator
+        # would have taken them
+        self.job_defaults = {key: value for key, value in default_args.items() if key not in _TASK_ARGUMENTS}
         self._job: TrainingRunMPIJobOperator | None = None
 
     def job_operator(self, context: Context | None = None) -> TrainingRunMPIJobOperator:
         """The operator that submits and watches this task's MPIJob (its templates rendered with ``context``)."""
+        from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+
         from pgtrain.airflow.kubernetes.operator import TrainingRunMPIJobOperator
 
         # training_run_id is plan_run's XComArg until the task's templates are rendered: unresolved, it is no id
         run_id = self.training_run_id if isinstance(self.training_run_id, str) else None
+        accepted = {name for cls in TrainingRunMPIJobOperator.__mro__ if issubclass(cls, KubernetesPodOperator)
+                    for name in inspect.signature(cls.__init__).parameters}
+        defaults = {key: value for key, value in self.job_defaults.items() if key in accepted}
         job = TrainingRunMPIJobOperator(task_id=self.task_id, training_run_id=run_id, conn_id=self.conn_id,
-                                        **self.job_arguments)
+                                        **{**defaults, **self.job_arguments})
         if context is not None:
-            job.render_template_fields(context)
+            job.render_template_fields(context, jinja_env=self.get_template_env())  # the DAG's macros and filters
         self._job = job
         return job
 
@@ -68,7 +80,12 @@ class MPIJobTrainOperator(BaseOperator):
         with train_run.failure_recorded(self.conn_id, run_id, context["ti"]):
             run = train_run.planned_run(self.conn_id, run_id, "kubernetes")
             self.log.info("training run %s: world_size %d, launcher kubernetes", run_id, run.config.world_size)
-            job = self.job_operator(context)
+            try:
+                job = self.job_operator(context)
+            except (TypeError, ConfigError) as error:  # a retry would meet the same arguments
+                raise AirflowFailException(
+                    f"the train task's Kubernetes arguments are invalid: {error}; fix `kubernetes:` in the DAG "
+                    "author's settings file (docs/kubernetes.md lists the keys)") from error
             job.world_size = run.config.world_size
             job.run_job(context)
 

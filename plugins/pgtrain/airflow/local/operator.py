@@ -31,7 +31,8 @@ class LocalTrainOperator(BaseOperator):
     ui_color = "#c6dbef"
 
     def __init__(self, *, training_run_id: str | None = None, conn_id: str = DEFAULT_CONN_ID, **kwargs: Any) -> None:
-        kwargs.setdefault("retry_policy", RETRY_POLICY)
+        if "retry_policy" not in (kwargs.get("default_args") or {}):  # a DAG's own policy wins over pgtrain's
+            kwargs.setdefault("retry_policy", RETRY_POLICY)
         super().__init__(**kwargs)
         self.training_run_id = training_run_id
         self.conn_id = conn_id
