@@ -29,7 +29,7 @@ from common import bench_database, machine, report, stopwatch
 from psycopg import sql
 
 from pgtrain.config.params import TrainingConfig
-from pgtrain.data import loader, manifest
+from pgtrain.data import loader, manifest, row_check
 from pgtrain.data.source.resolve import resolve_source
 from pgtrain.data.source.rows import bad_row
 from pgtrain.data.source.snapshot import read_xid_clock, snapshot_transaction
@@ -122,9 +122,9 @@ def run_benchmark(url: str, rows: int, world_size: int, dim: int) -> dict[str, f
             clock = read_xid_clock(conn)
             split = manifest.folded_split(conn, source, 0.1, 0)
             with stopwatch() as checking:  # as plan_shards runs it: with the validation keys for cut_shards
-                check = manifest.check_rows(conn, source, dim, 10, clock, values=False, split=split)
+                check = row_check.check_rows(conn, source, dim, 10, clock, values=False, split=split)
             with stopwatch() as checking_values:  # what bad_rows='exclude' pays: the NaN/infinity test in SQL
-                manifest.check_rows(conn, source, dim, 10, clock)
+                row_check.check_rows(conn, source, dim, 10, clock)
             with stopwatch() as cutting:
                 manifest.cut_shards(conn, source, rows, world_size, 0.1, 0, batch, None,
                                     validation_keys=check.validation_keys)

@@ -26,8 +26,8 @@ from psycopg import sql
 from pgtrain.core.db import connect_like
 from pgtrain.core.errors import PgtrainError, SourceError
 from pgtrain.data import copy_binary
-from pgtrain.data.manifest import load_refusal
 from pgtrain.data.prefault import prefault_in_background
+from pgtrain.data.row_check import load_refusal
 from pgtrain.data.source.resolve import Source
 from pgtrain.data.source.rows import bad_row, feature_payload, is_validation, key_range, target_payload
 from pgtrain.data.source.snapshot import (

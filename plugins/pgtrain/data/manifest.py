@@ -2,10 +2,10 @@
 
 Everything happens in one REPEATABLE READ snapshot:
 
-1. ``check_rows``: one lean sequential scan that counts the rows, infers the label range and counts the bad
-   rows and the rows whose xmin needs noting; only when there are some, a second scan names every bad row's
-   kind with example keys and notes those xmins. NaN/infinite/too large feature values are left to the loader
-   with bad_rows='fail' (``source.LOAD_KINDS``);
+1. ``check_rows`` (``pgtrain.data.row_check``): one lean sequential scan that counts the rows, infers the
+   label range and counts the bad rows and the rows whose xmin needs noting; only when there are some, a
+   second scan names every bad row's kind with example keys and notes those xmins. NaN/infinite/too large
+   feature values are left to the loader with bad_rows='fail' (``source.LOAD_KINDS``);
 2. ``cut_shards``: one pass that sorts the keys (as ``percentile_disc`` does) and returns only those at the
    shard and batch boundaries, then one range scan of the key index per shard counting its validation rows.
 
@@ -23,27 +23,21 @@ from psycopg.types.json import Jsonb
 
 from pgtrain.config.params import TrainingConfig
 from pgtrain.core.errors import SourceError
+from pgtrain.data.row_check import BadRows, RowCheck, bad_rows_message, bad_rows_report, check_rows, empty_source
 from pgtrain.data.source.resolve import COLUMNS, Source, source_from_config
 from pgtrain.data.source.rows import (
-    BAD_ROW_KINDS,
-    COLUMN_KINDS,
     bad_row,
-    column_checks,
     feature_length,
     is_validation,
     key_range,
-    row_checks,
     target_length,
 )
 from pgtrain.data.source.snapshot import (
     PlannedRows,
     XidClock,
-    alias_xmin_age,
-    planned_rows,
     read_xid_clock,
     seen_xmins,
     snapshot_transaction,
-    xmins_may_alias,
 )
 from pgtrain.data.wire import record_dtype
 from pgtrain.runs import record
@@ -54,13 +48,6 @@ BATCH_BYTES = 256 * 1024
 BATCH_ROWS = (16, 8192)
 # Rows (in key order) the feature length is inferred from when it is not given.
 LENGTH_SAMPLE = 1000
-EXAMPLE_KEYS = 10  # as many as pgtrain.example_keys keeps
-
-
-@dataclass(frozen=True)
-class BadRows:
-    count: int
-    example_keys: list[str]
 
 
 @dataclass(frozen=True)
@@ -80,23 +67,6 @@ class Plan:
         return {"rows_per_rank": [s.row_count for s in self.shards], "input_dim": self.input_dim,
                 "num_classes": self.num_classes, "output_dim": self.output_dim, "total_rows": self.total_rows,
                 "excluded_rows": self.excluded_rows, "bad_rows": bad_rows_report(self.bad_rows)}
-
-
-def bad_rows_report(kinds: dict[str, BadRows]) -> dict[str, dict[str, object]]:
-    """kind -> {"count", "example_keys"}: as stored in pgtrain.shard_plans.bad_rows."""
-    return {kind: {"count": bad.count, "example_keys": bad.example_keys} for kind, bad in kinds.items()}
-
-
-@dataclass(frozen=True)
-class RowCheck:
-    total: int
-    bad: int
-    max_label: int | None
-    kinds: dict[str, BadRows]
-    alias_xmin_ages: list[int]  # alias_xmin_age of the rows that have one
-    bad_columns: tuple[str, ...] = ()
-    # the validation rows' keys as big-endian int8s, when asked (split): up to FOLDED_KEYS_MAX_BYTES, kept out of reprs
-    validation_keys: bytes | None = field(default=None, repr=False)
 
 
 def source_for(conn: psycopg.Connection, run: record.Run) -> Source:
@@ -196,78 +166,6 @@ def sample_length(conn: psycopg.Connection, source: Source, length: sql.Composab
     return row[0] if row else None
 
 
-def check_rows(conn: psycopg.Connection, source: Source, dim: int, num_classes: int | None,
-               clock: XidClock, output_dim: int | None = None, *, values: bool = True,
-               where: sql.Composable | None = None, split: sql.Composable | None = None) -> RowCheck:
-    """Row count, largest good label (classification without num_classes), each bad-row kind's count and example
-    keys, and (scalar feature columns) which columns hold bad values; ``values=False`` leaves the kinds of
-    LOAD_KINDS to the loader; ``where`` (SQL) restricts the rows checked. ``split`` (SQL, ``is_validation``; integer
-    keys only): the lean scan also collects the keys of the rows it holds (``validation_keys``), so that
-    ``cut_shards`` needs no pass of its own to count each shard's validation rows.
-
-    One lean scan counts the rows and the bad ones (``source.bad_row``: the kinds' checks in fewer calls); only
-    when it finds some (or rows whose xmin needs noting) does a second scan break them down by kind with example
-    keys, then with every kind (so a report names the NaN rows too, whoever would have found them).
-    """
-    restrict = sql.SQL("WHERE {}").format(where) if where is not None else sql.SQL("")
-    xmin_age = alias_xmin_age(source, clock)
-    # age() is parallel restricted and costs more than the other checks together: counted only when a raw xmin
-    # can alias at all (source.xmins_may_alias), so the lean scan may run in parallel.
-    aliasing = (sql.SQL("count(*) FILTER (WHERE {} IS NOT NULL)").format(xmin_age) if xmins_may_alias(clock)
-                else sql.SQL("0"))
-    # The largest label only matters when num_classes is inferred from it (max_label is None otherwise).
-    infer = source.target_format == "label" and not num_classes
-    keys = (sql.SQL("string_agg(int8send(CAST({} AS bigint)), ''::bytea) FILTER (WHERE {})").format(source.key, split)
-            if split is not None else sql.SQL("NULL::bytea"))
-    total, bad, max_label, aliased, validation_keys = conn.execute(sql.SQL(
-        """SELECT count(*), count(*) FILTER (WHERE {any_bad}), {max_label}, {aliasing}, {keys}
-           FROM {rel} {where}""").format(
-        any_bad=bad_row(source, dim, num_classes, output_dim, values=values), rel=source.relation, where=restrict,
-        aliasing=aliasing, max_label=sql.SQL("max({})").format(source.label) if infer else sql.SQL("NULL"),
-        keys=keys), binary=split is not None  # the keys as bytes, not as hex text twice their size
-    ).fetchone()
-    if split is not None:
-        validation_keys = bytes(validation_keys or b"")
-    if not bad and not aliased:
-        return RowCheck(total, 0, max_label, {}, [], validation_keys=validation_keys)
-    checks = row_checks(source, dim, num_classes, output_dim)
-    flags = [sql.Identifier(f"is_{kind}") for kind in checks]
-    any_bad = sql.SQL(" OR ").join(flags)
-    per_kind = sql.SQL(", ").join(
-        sql.SQL("count(*) FILTER (WHERE {f}), pgtrain.example_keys(key::text) FILTER (WHERE {f})").format(f=f)
-        for f in flags)
-    feature_flags = [sql.Identifier(f"is_{kind}") for kind in COLUMN_KINDS if kind in checks]
-    column_values = sql.SQL("")
-    columns = sql.SQL("NULL::text")
-    if source.feature_format == COLUMNS and feature_flags:
-        # One bit per column, set when the column is bad in some row: computed for bad rows only.
-        names = [sql.Identifier(f"_pgtrain_c{i}") for i in range(len(source.feature_columns))]
-        column_values = sql.SQL(", ").join(sql.SQL("{} AS {}").format(sql.Identifier(c.name), name)
-                                    for c, name in zip(source.feature_columns, names, strict=True)) + sql.SQL(", ")
-        bits = sql.SQL(" || ").join(
-            sql.SQL("CASE WHEN coalesce({}, true) THEN B'1' ELSE B'0' END").format(
-                sql.SQL(" OR ").join(column_checks(column, name)))
-            for column, name in zip(source.feature_columns, names, strict=True))
-        columns = sql.SQL("bit_or(CASE WHEN {} THEN {} END)::text").format(sql.SQL(" OR ").join(feature_flags),
-                                                                          bits)
-    max_label = sql.SQL("max(label)") if source.target_format == "label" else sql.SQL("max(NULL::bigint)")
-    query = sql.SQL(
-        """SELECT count(*), count(*) FILTER (WHERE {any_bad}), {max_label} FILTER (WHERE NOT ({any_bad})),
-                  array_agg(DISTINCT xmin_age) FILTER (WHERE xmin_age IS NOT NULL), {columns}, {per_kind}
-           FROM (SELECT {values}{key} AS key, {label} AS label, {xmin_age} AS xmin_age, {checks}
-                 FROM {rel} {where} OFFSET 0) checked"""  # OFFSET 0: compute each check once per row
-    ).format(any_bad=any_bad, per_kind=per_kind, key=source.key, label=source.label, rel=source.relation,
-             max_label=max_label, columns=columns, values=column_values, xmin_age=xmin_age, where=restrict,
-             checks=sql.SQL(", ").join(sql.SQL("{} AS {}").format(c, f) for c, f in zip(checks.values(), flags,
-                                                                                        strict=True)))
-    total, bad, max_label, ages, column_bits, *found = conn.execute(query).fetchone()
-    kinds = {kind: BadRows(count, list(examples))
-             for kind, count, examples in zip(checks, found[::2], found[1::2], strict=True) if count}
-    bad_columns = tuple(c.name for c, bit in zip(source.feature_columns, column_bits or "", strict=False)
-                        if bit == "1")
-    return RowCheck(total, bad, max_label, kinds, ages or [], bad_columns, validation_keys)
-
-
 def cut_shards(conn: psycopg.Connection, source: Source, rows: int, world_size: int, validation_fraction: float,
                seed: int, batch_rows: int, exclude: sql.Composable | None, *, validation_keys: bytes | None = None
                ) -> tuple[list[Shard], list[tuple[list[str], list[str]]]]:
@@ -349,21 +247,6 @@ def validation_query(source: Source, validation_fraction: float, seed: int, edge
         exclude=sql.SQL(" AND NOT {}").format(exclude) if exclude is not None else sql.SQL(""))
 
 
-def load_refusal(conn: psycopg.Connection, source: Source, rank: int, found: int) -> SourceError:
-    """The error of a rank that found ``found`` rows with NaN, infinite or too large features in its shard:
-    the bad-row report compute_shards would have given, from one more scan (of the planned rows), naming every
-    kind with counts and example keys. compute_shards leaves these per-value checks to the loader (LOAD_KINDS)."""
-    plan = source.plan
-    with snapshot_transaction(conn):
-        clock = read_xid_clock(conn)
-        check = check_rows(conn, source, plan.input_dim, plan.num_classes, clock, plan.output_dim,
-                           where=planned_rows(source, clock))
-    report = (_bad_rows_message(source, check, plan.input_dim, plan.num_classes, outputs=plan.output_dim)
-              if check.bad else f"{source.qualified_name} holds them (no longer as planned: re-run compute_shards)")
-    return SourceError(f"rank {rank} found {found} rows with NaN, infinite or out-of-range features in its shard "
-                       f"(checked as the rows load, not by compute_shards): {report}")
-
-
 def read_plan(conn: psycopg.Connection, run_id: str) -> PlannedRows | None:
     row = conn.execute(
         """SELECT p.snapshot::text, pg_snapshot_xmin(p.snapshot)::text::bigint,
@@ -433,7 +316,7 @@ def _target_width(conn: psycopg.Connection, source: Source) -> int | None:
         raise SourceError(
             f"the first {LENGTH_SAMPLE} rows of {source.qualified_name} (in key order) have no usable target array "
             f"in {source.label_column!r} (NULL, empty or not a flat array); fix them")
-    raise _empty(source)
+    raise empty_source(source)
 
 
 def _check_training_rows(source: Source, shards: list[Shard], config: TrainingConfig) -> None:
@@ -456,16 +339,16 @@ def _inferred_length(conn: psycopg.Connection, source: Source) -> int:
             "vector (NULL, empty, or not a flat vector of float32 values); fix them, or set input_dim to the "
             "feature length"
         )
-    raise _empty(source)
+    raise empty_source(source)
 
 
 def _usable_rows(source: Source, check: RowCheck, dim: int, config: TrainingConfig, length_given: bool,
                  outputs: int | None = None) -> int:
     """The rows the manifest will hold; raises SourceError when they cannot be trained on as configured."""
     if check.total == 0:
-        raise _empty(source)
+        raise empty_source(source)
     if check.kinds and config.bad_rows != "exclude":
-        raise SourceError(_bad_rows_message(source, check, dim, config.num_classes, outputs=outputs))
+        raise SourceError(bad_rows_message(source, check, dim, config.num_classes, outputs=outputs))
     wrong_length = check.kinds.get("wrong_length")
     if wrong_length and not length_given and 2 * wrong_length.count > check.total:
         raise SourceError(
@@ -475,7 +358,7 @@ def _usable_rows(source: Source, check: RowCheck, dim: int, config: TrainingConf
     rows = check.total - check.bad
     if rows == 0:
         raise SourceError(f"all {check.total} rows of {source.qualified_name} are bad, nothing is left to train "
-                          "on:\n" + _bad_rows_message(source, check, dim, config.num_classes, details=True,
+                          "on:\n" + bad_rows_message(source, check, dim, config.num_classes, details=True,
                                                        outputs=outputs))
     if config.world_size > rows:
         left = f" left after excluding {check.bad} bad rows" if check.bad else ""
@@ -498,26 +381,3 @@ def _inferred_classes(source: Source, check: RowCheck) -> int:
     return check.max_label + 1
 
 
-def _empty(source: Source) -> SourceError:
-    return SourceError(
-        f"source table {source.qualified_name} is empty: load training rows first "
-        "(for the example data: make load-digits)"
-    )
-
-
-def _bad_rows_message(source: Source, check: RowCheck, dim: int, num_classes: int | None,
-                      details: bool = False, outputs: int | None = None) -> str:
-    """The bad-row report: a headline (unless only ``details``), then one line per kind with example keys, and
-    the scalar feature columns that hold the bad values."""
-    classes = num_classes if num_classes else "max label + 1"
-    lines = [] if details else [f"{source.qualified_name} has {check.bad} bad rows of {check.total}; fix or "
-                                "delete them, or set bad_rows='exclude' to train without them:"]
-    meanings = BAD_ROW_KINDS | (COLUMN_KINDS if source.feature_format == COLUMNS else {})
-    for kind, bad in check.kinds.items():
-        meaning = meanings[kind].format(dim=dim, num_classes=classes, outputs=outputs)
-        lines.append(f"  {kind}: {bad.count} rows ({meaning}), e.g. keys " + ", ".join(
-            "NULL" if k is None else k for k in bad.example_keys[:EXAMPLE_KEYS]))
-    if check.bad_columns:
-        lines.append("  feature columns with NULL, NaN, infinite or out-of-range values: "
-                     + ", ".join(map(repr, check.bad_columns)))
-    return "\n".join(lines)
