@@ -1,0 +1,148 @@
+"""Where a rank's weights start: a checkpoint of this run (its momentum and metrics too), a committed version
+(``init_from``: warm start), or scratch. Rank 0 decides and every rank learns the outcome; rank 0 writes the
+checkpoints a retried train task resumes from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import horovod.torch as hvd
+import numpy as np
+import psycopg
+import torch
+
+from pgtrain.core.errors import ConfigError, PgtrainError
+from pgtrain.runs import record
+from pgtrain.store import model_store, tensors
+from trainer.model import PgtrainModel, layout_problems
+
+# Checkpoint tensor names: the model's state dict and SGD's momentum buffers, one array each.
+MODEL_PREFIX = "model."
+MOMENTUM_PREFIX = "momentum."
+CHECKPOINT_FORMAT = 1
+
+
+@dataclass
+class Start:
+    epoch: int = 0  # the last epoch already trained (from a checkpoint)
+    init_version: int | None = None
+    from_state: bool = False  # the model's buffers come from a checkpoint or version: no new statistics
+    momentum: dict[str, np.ndarray] = field(default_factory=dict)  # rank 0 only
+    history: list[dict[str, Any]] = field(default_factory=list)  # metrics of the epochs already trained
+    note: str | None = None
+    error: str | None = None
+
+
+def plan_fingerprint(shards: list[record.Shard]) -> str:
+    """Identifies the manifest a checkpoint was trained on: a re-planned run must not resume from it."""
+    text = "|".join(f"{s.rank}:{s.key_lo}:{s.key_hi}:{s.row_count}:{s.train_count}" for s in shards)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def resolve_start(conn: psycopg.Connection, run: record.Run, model: PgtrainModel, fingerprint: str) -> Start:
+    """Rank 0: load the weights the run starts from into ``model``; PgtrainError when they do not fit."""
+    found = tensors.read_checkpoint(conn, run.run_id)
+    if found is not None:
+        epoch, arrays, meta = found
+        if meta.get("plan") == fingerprint and meta.get("format") == CHECKPOINT_FORMAT:
+            state = {k.removeprefix(MODEL_PREFIX): v for k, v in arrays.items() if k.startswith(MODEL_PREFIX)}
+            problems = layout_problems(model, state)
+            if problems:
+                raise PgtrainError(f"the checkpoint of run {run.run_id} at epoch {epoch} does not fit the run's "
+                                   f"model: {'; '.join(problems)}; delete it (tensors.delete_checkpoints) to "
+                                   "train from scratch")
+            load_arrays(model, state)
+            return Start(epoch, meta.get("init_version"), True,
+                         {k.removeprefix(MOMENTUM_PREFIX): v for k, v in arrays.items()
+                          if k.startswith(MOMENTUM_PREFIX)},
+                         list(meta.get("metrics", [])), f"resuming from the checkpoint of epoch {epoch}")
+        note = f"ignoring the checkpoint of epoch {epoch}: it was trained on another shard plan"
+    else:
+        note = None
+    version = init_version(conn, run)
+    if version is None:
+        return Start(note=note)
+    try:
+        _, arrays = model_store.load_tensors(conn, run.model_name, version)
+    except PgtrainError as error:
+        raise ConfigError(f"init_from={run.config.init_from!r}: {error}") from error
+    problems = layout_problems(model, arrays)
+    if problems:
+        raise ConfigError(
+            f"init_from={run.config.init_from!r}: version {version} of model {run.model_name!r} does not fit this "
+            f"run's model {run.config.model!r} (input_dim {run.input_dim}, output_dim {model.output_dim}): "
+            f"{'; '.join(problems)}; use the same model and options as that version, or init_from=scratch")
+    # The warm model keeps its parent's normalizer and target scale (no new statistics): it starts out
+    # computing exactly the parent's function, and fine-tuning moves it from there. Statistics of the new
+    # rows would silently change what every parent weight means.
+    load_arrays(model, arrays)
+    return Start(init_version=version, from_state=True,
+                 note=f"warm start from version {version} of model {run.model_name!r} (init_from="
+                      f"{run.config.init_from!r})")
+
+
+def init_version(conn: psycopg.Connection, run: record.Run) -> int | None:
+    """The committed version ``init_from`` names now ("head" with no head yet: None, i.e. scratch)."""
+    init_from = run.config.init_from
+    if init_from == "scratch":
+        return None
+    if init_from == "head":
+        head = model_store.head_version(conn, run.model_name)
+        if head is None:
+            print(f"init_from=head: model {run.model_name!r} has no head yet; training from scratch", flush=True)
+        return head
+    return int(init_from)
+
+
+def load_arrays(model: torch.nn.Module, arrays: dict[str, np.ndarray]) -> None:
+    # Stored arrays are read-only little-endian views; torch wants writable native-order memory.
+    model.load_state_dict({name: torch.from_numpy(np.array(a, dtype=a.dtype.newbyteorder("=")))
+                           for name, a in arrays.items()}, strict=True)
+
+
+def agree_on_start(conn: psycopg.Connection, run: record.Run, model: PgtrainModel, rank: int,
+                   fingerprint: str) -> Start:
+    """Rank 0 decides; every rank learns the outcome, so a refusal stops all ranks with the same line."""
+    start = Start()
+    if rank == 0:
+        try:
+            start = resolve_start(conn, run, model, fingerprint)
+        except PgtrainError as error:
+            start = Start(error=str(error))
+    shared = hvd.broadcast_object({"epoch": start.epoch, "init_version": start.init_version,
+                                   "from_state": start.from_state, "error": start.error}, 0, name="start")
+    if shared["error"] is not None:
+        raise ConfigError(shared["error"])
+    if rank != 0:
+        start = Start(shared["epoch"], shared["init_version"], shared["from_state"])
+    elif start.note:
+        print(start.note, flush=True)
+    return start
+
+
+def set_momentum(optimizer: torch.optim.Optimizer, model: PgtrainModel, momentum: dict[str, np.ndarray]) -> None:
+    """Rank 0 of a resumed run: SGD's momentum buffers from the checkpoint (zero where it had none, which
+    SGD treats the same as no buffer yet), so that every trainable parameter has state to broadcast."""
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        saved = momentum.get(name)
+        buffer = torch.zeros_like(param) if saved is None else torch.from_numpy(
+            np.array(saved, dtype=saved.dtype.newbyteorder("="))).to(param.device)
+        optimizer.state[param]["momentum_buffer"] = buffer
+
+
+def write_checkpoint(conn: psycopg.Connection, run: record.Run, epoch: int, model: PgtrainModel,
+                     optimizer: torch.optim.Optimizer, start: Start, history: list[dict[str, Any]],
+                     fingerprint: str) -> None:
+    arrays = {MODEL_PREFIX + name: t.detach().cpu().numpy() for name, t in model.state_dict().items()}
+    for name, param in model.named_parameters():
+        buffer = optimizer.state.get(param, {}).get("momentum_buffer")
+        if buffer is not None:
+            arrays[MOMENTUM_PREFIX + name] = buffer.detach().cpu().numpy()
+    meta = {"format": CHECKPOINT_FORMAT, "epoch": epoch, "init_version": start.init_version, "plan": fingerprint,
+            "metrics": [record.json_safe(m) for m in history]}
+    tensors.write_checkpoint(conn, run.run_id, epoch, arrays, meta)
