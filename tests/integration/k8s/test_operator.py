@@ -19,7 +19,8 @@ import pytest
 from airflow.sdk import RetryAction
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
-from pgtrain.airflow.kubernetes.operator import MPIJobInputRefused, MPIJobOperator, MPIJobStartupTimeout
+from pgtrain.airflow.kubernetes.errors import MPIJobInputRefused, MPIJobStartupTimeout
+from pgtrain.airflow.kubernetes.operator import MPIJobOperator
 from pgtrain.airflow.kubernetes.train import MPIJobTrainOperator
 from pgtrain.airflow.local.operator import LocalTrainOperator
 from tests.k8s_sim.airflow_context import FakeTaskStateStore, task_context

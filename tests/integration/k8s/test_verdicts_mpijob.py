@@ -14,7 +14,7 @@ DAG_ID = "pgtrain_test"  # tests.support.planned_run plans runs of this DAG
 
 @pytest.mark.horovod
 def test_the_mpijob_path_reads_the_refusal_from_the_run(k8s, namespace, autocommit, password_sentinel):
-    from pgtrain.airflow.kubernetes.operator import MPIJobInputRefused
+    from pgtrain.airflow.kubernetes.errors import MPIJobInputRefused
     from pgtrain.airflow.kubernetes.train import MPIJobTrainOperator
 
     seed_samples(autocommit, rows=240, dim=8, classes=3)

@@ -135,3 +135,11 @@ class AsyncMPIJobClient:
                 return False
             raise
         return True
+
+
+def container_started(pod: V1Pod) -> bool:
+    """The pod's container has run (it is running, or has ended)."""
+    for status in (pod.status.container_statuses or []) if pod.status else []:
+        if status.state and (status.state.running or status.state.terminated):
+            return True
+    return False

@@ -40,10 +40,10 @@ from kubernetes.client import V1Pod
 from kubernetes.client.exceptions import ApiException
 
 from pgtrain.airflow.dag import train_run
-from pgtrain.airflow.dag.connection import DEFAULT_CONN_ID
-from pgtrain.airflow.kubernetes.client import MPIJobClient
+from pgtrain.airflow.kubernetes import errors
+from pgtrain.airflow.kubernetes.client import MPIJobClient, container_started
 from pgtrain.airflow.kubernetes.trigger import MPIJobTrigger
-from pgtrain.core.errors import ConfigError, TrainingFailed, TrainingInputError
+from pgtrain.core.errors import ConfigError, TrainingFailed
 from pgtrain.launch.mpijob import api, cli, spec, watch
 
 if TYPE_CHECKING:
@@ -51,18 +51,6 @@ if TYPE_CHECKING:
 
 STATE_STORE_KEY = "pgtrain_mpijob"
 CHECKED_LABEL = KubernetesPodOperator.POD_CHECKED_KEY
-
-
-class MPIJobStartupTimeout(TrainingFailed):
-    """The MPIJob did not start in time (typically: not enough free GPUs); it has been deleted."""
-
-
-class MPIJobFailed(TrainingFailed):
-    """The MPIJob ended with its Failed condition."""
-
-
-class MPIJobInputRefused(MPIJobFailed, TrainingInputError):
-    """The MPIJob failed because a rank refused its planned input: retrying cannot help."""
 
 
 class MPIJobOperator(KubernetesPodOperator):
@@ -327,7 +315,7 @@ class MPIJobOperator(KubernetesPodOperator):
         while True:
             job = self.read_mpijob()
             launcher = self.jobs.launcher_pod(self.job_name)
-            if launcher is not None and _container_started(launcher):
+            if launcher is not None and container_started(launcher):
                 started = True
                 if self.get_logs and launcher.metadata.name not in followed:
                     followed.add(launcher.metadata.name)
@@ -348,23 +336,11 @@ class MPIJobOperator(KubernetesPodOperator):
         if verdict.outcome in ("cannot_start", "timeout"):
             self.delete_mpijob("it did not start")
             if verdict.outcome == "cannot_start":
-                raise MPIJobStartupTimeout(
-                    f"MPIJob {self.job_namespace}/{self.job_name} cannot start: {verdict.message}. Create the "
-                    f"Secret {self.database_secret!r} (key {self.database_secret_key!r}) in namespace "
-                    f"{self.job_namespace} or fix the image; see docs/kubernetes.md. The MPIJob was deleted.")
-            raise MPIJobStartupTimeout(self._timeout_message(verdict.message))
+                raise errors.cannot_start(self.job_namespace, self.job_name, verdict.message,
+                                            self.database_secret, self.database_secret_key)
+            raise errors.not_started(self.job_namespace, self.job_name, self.startup_timeout_seconds,
+                                       verdict.message)
         self._raise_if_failed(verdict, context)
-
-    def _timeout_message(self, stuck: str) -> str:
-        if stuck:
-            waiting = f"waiting: {stuck}. Free GPUs, request fewer (world_size, gpus_per_worker)"
-        else:
-            waiting = (f"no pods were created: is the MPI Operator {api.MPI_OPERATOR_VERSION} running and "
-                       f"watching this namespace? (kubectl describe mpijob -n {self.job_namespace} "
-                       f"{self.job_name} shows its events)")
-        return (f"MPIJob {self.job_namespace}/{self.job_name} was not running after "
-                f"{self.startup_timeout_seconds}s (startup_timeout_seconds); {waiting}, or raise the timeout. "
-                "The MPIJob was deleted.")
 
     def _stream_launcher_log(self, pod: V1Pod, *, follow: bool) -> None:
         try:
@@ -396,13 +372,8 @@ class MPIJobOperator(KubernetesPodOperator):
             terminated = status.state.terminated if status.state else None
             if terminated is not None:
                 exit_status = f"\nlauncher container exited with code {terminated.exit_code} ({terminated.reason})"
-        tail = "\n".join(self._tail) or "(no launcher output; set get_logs=True to capture it)"
-        recorded = self.trainer_verdict(context)
-        refused = recorded is not None and recorded[0] == "refused"
-        said = f"\ntrainer verdict: {recorded[0]}: {recorded[1]}" if recorded else ""
-        raise (MPIJobInputRefused if refused else MPIJobFailed)(
-            f"MPIJob {self.job_namespace}/{self.job_name} failed: {verdict.reason.rstrip('/') or 'Failed'}: "
-            f"{verdict.message}{said}{exit_status}\nlast {len(self._tail)} launcher log lines:\n{tail}")
+        raise errors.job_failed(self.job_namespace, self.job_name, verdict, self.trainer_verdict(context),
+                                  exit_status, list(self._tail))
 
     def _cleanup(self, verdict: watch.WatchVerdict | None) -> None:
         if self._killed or self._deleted or not self.job_name:
@@ -469,41 +440,8 @@ class MPIJobOperator(KubernetesPodOperator):
                         return
                     self.read_mpijob()  # raises: the failed job is gone
                 launcher = self.jobs.launcher_pod(self.job_name)
-                if self.get_logs and launcher is not None and _container_started(launcher):
+                if self.get_logs and launcher is not None and container_started(launcher):
                     self._stream_launcher_log(launcher, follow=False)
             self._finish(verdict, context)
         finally:
             self._cleanup(verdict)
-
-
-def _container_started(pod: V1Pod) -> bool:
-    for status in (pod.status.container_statuses or []) if pod.status else []:
-        if status.state and (status.state.running or status.state.terminated):
-            return True
-    return False
-
-
-class TrainingRunMPIJobOperator(MPIJobOperator):
-    """An MPIJobOperator whose jobs are a pgtrain run's train attempts: each new job begins the run's next attempt
-    (the trainer is told its number), and a failed job is explained with the trainer's recorded verdict.
-    ``MPIJobTrainOperator`` builds one when the train task runs.
-
-    :param conn_id: Airflow connection of the training database (starting an attempt, reading the trainer's
-        verdict); the pods read the database URL from the Kubernetes Secret instead.
-    """
-
-    template_fields: Sequence[str] = (*MPIJobOperator.template_fields, "conn_id")
-
-    def __init__(self, *, conn_id: str = DEFAULT_CONN_ID, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.conn_id = conn_id
-
-    def before_submit(self, context: Context) -> None:
-        """A new job is a new attempt (the earlier one's writes are refused from now on) and trains from
-        scratch: the earlier attempt's metrics and staged parameters are forgotten."""
-        run_id = self._training_run_id(context)
-        self.attempt = train_run.start_attempt(self.conn_id, run_id)
-        self.log.info("training run %s: attempt %d", run_id, self.attempt)
-
-    def trainer_verdict(self, context: Context) -> tuple[str, str] | None:
-        return train_run.trainer_verdict(self.conn_id, self._training_run_id(context), self.attempt)

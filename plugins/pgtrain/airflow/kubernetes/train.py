@@ -24,7 +24,7 @@ from pgtrain.core.errors import ConfigError
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from pgtrain.airflow.kubernetes.operator import TrainingRunMPIJobOperator
+    from pgtrain.airflow.kubernetes.training_job import TrainingRunMPIJobOperator
 
 # BaseOperator's own arguments (task_id, retries, execution_timeout, ...); every other keyword is the job's.
 _TASK_ARGUMENTS = frozenset(inspect.signature(BaseOperator.__init__).parameters) - {"self", "kwargs"}
@@ -61,7 +61,7 @@ class MPIJobTrainOperator(BaseOperator):
         """The operator that submits and watches this task's MPIJob (its templates rendered with ``context``)."""
         from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
 
-        from pgtrain.airflow.kubernetes.operator import TrainingRunMPIJobOperator
+        from pgtrain.airflow.kubernetes.training_job import TrainingRunMPIJobOperator
 
         # training_run_id is plan_run's XComArg until the task's templates are rendered: unresolved, it is no id
         run_id = self.training_run_id if isinstance(self.training_run_id, str) else None

@@ -1,0 +1,40 @@
+"""TrainingRunMPIJobOperator: the MPIJobOperator ``MPIJobTrainOperator`` builds and runs when a pgtrain train
+task runs on Kubernetes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from pgtrain.airflow.dag import train_run
+from pgtrain.airflow.dag.connection import DEFAULT_CONN_ID
+from pgtrain.airflow.kubernetes.operator import MPIJobOperator
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+class TrainingRunMPIJobOperator(MPIJobOperator):
+    """An MPIJobOperator whose jobs are a pgtrain run's train attempts: each new job begins the run's next attempt
+    (the trainer is told its number), and a failed job is explained with the trainer's recorded verdict.
+    ``MPIJobTrainOperator`` builds one when the train task runs.
+
+    :param conn_id: Airflow connection of the training database (starting an attempt, reading the trainer's
+        verdict); the pods read the database URL from the Kubernetes Secret instead.
+    """
+
+    template_fields: Sequence[str] = (*MPIJobOperator.template_fields, "conn_id")
+
+    def __init__(self, *, conn_id: str = DEFAULT_CONN_ID, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.conn_id = conn_id
+
+    def before_submit(self, context: Context) -> None:
+        """A new job is a new attempt (the earlier one's writes are refused from now on) and trains from
+        scratch: the earlier attempt's metrics and staged parameters are forgotten."""
+        run_id = self._training_run_id(context)
+        self.attempt = train_run.start_attempt(self.conn_id, run_id)
+        self.log.info("training run %s: attempt %d", run_id, self.attempt)
+
+    def trainer_verdict(self, context: Context) -> tuple[str, str] | None:
+        return train_run.trainer_verdict(self.conn_id, self._training_run_id(context), self.attempt)
