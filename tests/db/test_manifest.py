@@ -371,17 +371,17 @@ def test_a_mixed_case_name_given_unquoted_gets_a_quoting_hint(ac):
 
 
 @pytest.mark.parametrize(("params", "message"), [
-    ({"feature_columns": ["mean radius"]}, r"both features_column \('features'\) and feature_columns .* set "
-                                           r"features_column to null"),
-    ({"features_column": None}, r"no features: set feature_columns .* or features_column"),
+    ({"features_column": "features", "feature_columns": ["mean radius"]},
+     r"both features_column \('features'\) and feature_columns .* leave features_column empty"),
+    ({"features_column": None}, r"features_column 'features' is not a column of Clinic\.Biopsies"),
     ({"features_column": None, "feature_columns": ["mean radius", "Mean Texture"]},
      r"feature_columns 'Mean Texture' is not a column of Clinic\.Biopsies; its columns are: .*'mean texture'.*"
      r"did you mean 'mean texture'\?"),
     ({"features_column": None, "feature_columns": ["mean radius", "mean radius"]}, r"'mean radius' more than once"),
     ({"features_column": None, "feature_columns": ["mean radius", "diagnosis"]}, r"also in feature_columns"),
-    ({"features_column": None, "feature_columns": ["mean radius"], "input_dim": 3}, r"input_dim is 3 but"),
+    ({"features_column": None, "feature_columns": ["mean radius"], "input_dim": 3}, r"input_dim is 3, but"),
     ({"features_column": None, "feature_columns": ["mean radius"], "label_column": "mean area"},
-     r"classification needs an integer class label \(for a numeric target, set task='regression'\)"),
+     r"a class label is an integer, text, .* \(for a numeric target, set task='regression'\)"),
 ])
 def test_source_params_that_do_not_fit_the_source_are_clear_errors(ac, params, message):
     examples.load_breast_cancer(ac)

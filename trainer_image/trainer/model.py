@@ -2,7 +2,9 @@
 
 ``build_model(model_ref, input_dim, output_dim, options, seed)`` returns a :class:`PgtrainModel`:
 
-- ``normalizer``: (x - mean) / std with the training rows' statistics (buffers),
+- ``normalizer``: (x - mean) / std with the training rows' statistics (buffers); for input rows with
+  categorical codes (``pgtrain.data.encoding``) an :class:`Encode`, which standardizes the numeric inputs and
+  one-hot encodes each category, so that the network (a user's too) receives float columns only,
 - ``net``: the built-in MLP (``model_ref="mlp"``, options ``{"hidden_sizes": [...]}``) or the module a
   user's factory returns (``model_ref="package.module:factory"``, called as
   ``factory(input_dim=..., output_dim=..., **options)``),
@@ -23,6 +25,7 @@ from torch import nn
 
 from pgtrain.core.errors import ConfigError
 from pgtrain.core.memory import available_bytes
+from pgtrain.data.encoding import Layout, layout_of
 from pgtrain.store.model_spec import BUILTIN_MLP
 
 
@@ -42,6 +45,29 @@ class Standardize(_Scale):
         return (x - self.mean) / self.std
 
 
+class Encode(_Scale):
+    """An input row of ``numeric`` values then one code per category (``sizes`` codes each) -> the standardized
+    values, then each category one-hot. One-hot rather than a learned embedding: the first Linear layer over a
+    one-hot block *is* an embedding (its weight column for a code is that code's vector), with max_categories
+    bounding the width."""
+
+    def __init__(self, numeric: int, sizes: Sequence[int]) -> None:
+        super().__init__(numeric)
+        self.numeric, self.sizes = numeric, tuple(sizes)
+        starts = torch.tensor([0, *sizes[:-1]], dtype=torch.long).cumsum(0)
+        self.register_buffer("starts", starts, persistent=False)  # derived from the layout: not in the state dict
+
+    @property
+    def width(self) -> int:
+        return self.numeric + sum(self.sizes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        values = (x[:, :self.numeric] - self.mean) / self.std
+        codes = x[:, self.numeric:].long() + self.starts
+        one_hot = x.new_zeros(len(x), sum(self.sizes)).scatter_(1, codes, 1.0)
+        return torch.cat([values, one_hot], 1)
+
+
 class Unstandardize(_Scale):
     """z * std + mean: from the network's standardized output back to the target's units."""
 
@@ -54,11 +80,13 @@ class Unstandardize(_Scale):
 
 
 class PgtrainModel(nn.Module):
-    def __init__(self, net: nn.Module, input_dim: int, output_dim: int) -> None:
+    def __init__(self, net: nn.Module, input_dim: int, output_dim: int, layout: Layout | None = None) -> None:
         super().__init__()
         self.input_dim = input_dim
         self.output_dim = output_dim
-        self.normalizer = Standardize(input_dim)
+        categories = layout is not None and bool(layout.sizes)
+        self.normalizer = Encode(layout.numeric, layout.sizes) if categories else Standardize(input_dim)
+        self.standardized_columns = layout.numeric if categories else input_dim
         self.net = net
         self.target = Unstandardize(output_dim)
 
@@ -102,8 +130,11 @@ def resolve_factory(model_ref: str) -> Callable[..., nn.Module]:
 
 
 def build_model(model_ref: str, input_dim: int, output_dim: int, options: Mapping[str, Any] | None,
-                seed: int) -> PgtrainModel:
+                seed: int, encoding: Mapping[str, Any] | None = None) -> PgtrainModel:
     """The model of a run or version, initialized from ``seed``; ConfigError if the factory does not deliver.
+
+    ``encoding`` (``pgtrain.data.encoding``): input rows with categorical codes are one-hot encoded before the
+    network, which is built for (and the factory called with) the encoded width.
 
     The factory's module is probed with a forward pass on a batch of 2 zero rows: it must return
     ``(2, output_dim)``.
@@ -111,22 +142,26 @@ def build_model(model_ref: str, input_dim: int, output_dim: int, options: Mappin
     container over its limit is killed, not told): a refusal, which no retry would cure.
     """
     factory = resolve_factory(model_ref)
-    size = planned_size(factory, input_dim, output_dim, options)
+    layout = layout_of(encoding)
+    if layout is not None and layout.width != input_dim:
+        raise ConfigError(f"the encoding has input rows of {layout.width} columns, the model {input_dim}")
+    net_input = layout.encoded_width if layout is not None else input_dim
+    size = planned_size(factory, net_input, output_dim, options)
     available = available_bytes()
     if size is not None and available is not None and size[1] > available:
         raise ConfigError(_too_large(model_ref, size, f"this trainer has {_gib(available)} of memory available"))
     torch.manual_seed(seed)
     try:
-        net = factory(input_dim=input_dim, output_dim=output_dim, **dict(options or {}))
+        net = factory(input_dim=net_input, output_dim=output_dim, **dict(options or {}))
     except Exception as error:
         if _out_of_memory(error):
             raise ConfigError(_too_large(model_ref, size, f"allocating it failed ({type(error).__name__})")) from error
         raise ConfigError(f"model {model_ref!r}: the factory raised {type(error).__name__}: {error} "
-                          f"(called with input_dim={input_dim}, output_dim={output_dim}, options "
+                          f"(called with input_dim={net_input}, output_dim={output_dim}, options "
                           f"{dict(options or {})})") from error
     if not isinstance(net, nn.Module):
         raise ConfigError(f"model {model_ref!r}: the factory returned {type(net).__name__}, not a torch.nn.Module")
-    model = PgtrainModel(net, input_dim, output_dim)
+    model = PgtrainModel(net, input_dim, output_dim, layout)
     _probe(model, model_ref)
     return model
 

@@ -25,6 +25,7 @@ from pgtrain.config.params import TrainingConfig
 from pgtrain.core.db import connect
 from pgtrain.core.errors import PgtrainError
 from pgtrain.data import loader, manifest
+from pgtrain.data.encoding import UNSEEN_CLASS
 from pgtrain.launch.lifetime import die_with_parent
 from pgtrain.runs import record
 from pgtrain.store import tensors
@@ -72,12 +73,14 @@ def epoch_batches(train_rows: np.ndarray, steps: int, seed: int, epoch: int, ran
     return [order[lo:hi] for lo, hi in zip(bounds, bounds[1:], strict=False)]
 
 
-def global_statistics(values: torch.Tensor, rows: torch.Tensor, name: str,
+def global_statistics(values: torch.Tensor, rows: torch.Tensor, name: str, columns: int | None = None,
                       chunk_rows: int = 65536) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean and std per column of ``values[rows]`` over all ranks (float64 sums; constant columns get std 1)."""
-    sums = torch.zeros(2, values.shape[1], dtype=torch.float64)
+    """Mean and std per column of ``values[rows]`` (its first ``columns`` columns) over all ranks (float64 sums;
+    constant columns get std 1)."""
+    columns = values.shape[1] if columns is None else columns
+    sums = torch.zeros(2, columns, dtype=torch.float64)
     for start in range(0, len(rows), chunk_rows):
-        x = values[rows[start:start + chunk_rows]].double()
+        x = values[rows[start:start + chunk_rows], :columns].double()
         sums[0] += x.sum(0)
         sums[1] += (x * x).sum(0)
     sums = hvd.allreduce(sums, op=hvd.Sum, name=f"{name}_sums")
@@ -86,6 +89,19 @@ def global_statistics(values: torch.Tensor, rows: torch.Tensor, name: str,
     std = (sums[1] / count - mean * mean).clamp(min=0).sqrt()
     std[std < 1e-6] = 1.0
     return mean.float(), std.float()
+
+
+def check_encoding_parent(run: record.Run, init_version: int | None) -> None:
+    """A warm start loads weights made for its version's encoding: the one compute_shards planned with."""
+    if not run.encoding or init_version is None:
+        return
+    planned = run.encoding.get("parent_version")
+    if planned != init_version:
+        raise PgtrainError(
+            f"run {run.run_id} was planned with the input encoding of "
+            f"{'version ' + str(planned) if planned else 'its own rows'} but warm-starts from version {init_version} "
+            f"(init_from={run.config.init_from!r}: the head moved since planning); re-run the DAG run from "
+            "compute_shards")
 
 
 def threads_per_rank(environ: Mapping[str, str], local_size: int) -> int:
@@ -146,7 +162,8 @@ class Task:
             out = model.standardized(x[start:start + chunk_rows])
             target = y_scaled[start:start + chunk_rows]
             if not self.regression:
-                sums[0] += F.cross_entropy(out, target, reduction="sum").double()
+                # A class only validation rows have (UNSEEN_CLASS) adds no loss and is never predicted: wrong.
+                sums[0] += F.cross_entropy(out, target, reduction="sum", ignore_index=UNSEEN_CLASS).double()
                 sums[1] += (out.argmax(1) == target).sum()
                 continue
             sums[0] += F.mse_loss(out, target, reduction="sum").double() / d
@@ -260,9 +277,11 @@ def train(args: argparse.Namespace) -> int:
 
     # The model and its starting weights are settled before any data is read: a bad model reference,
     # factory or init_from costs no data load.
-    model = build_model(config.model, run.input_dim, output_dim, config.model_options_for_build, config.seed)
+    model = build_model(config.model, run.input_dim, output_dim, config.model_options_for_build, config.seed,
+                        run.encoding)
     fingerprint = plan_fingerprint(shards)
     start = agree_on_start(conn, run, model, rank, fingerprint)
+    check_encoding_parent(run, start.init_version)
     if rank == 0:
         record.set_model_layout(conn, run.run_id, state_layout(model))
         record.set_init_version(conn, run.run_id, start.init_version)
@@ -286,7 +305,7 @@ def train(args: argparse.Namespace) -> int:
     train_rows = torch.from_numpy(np.flatnonzero(~data.is_validation))
     val_rows = torch.from_numpy(np.flatnonzero(data.is_validation))
     if not start.from_state:
-        mean, std = global_statistics(features, train_rows, "feature")
+        mean, std = global_statistics(features, train_rows, "feature", model.standardized_columns)
         model.normalizer.mean.copy_(mean)
         model.normalizer.std.copy_(std)
         if regression and config.standardize_target:

@@ -32,8 +32,11 @@ from pgtrain.core.errors import ConfigError
 MODELS_ENV = "PGTRAIN_MODELS"
 MODELS_FILE_NAME = "models.yaml"  # next to the DAG files, which pass its path
 # What the author fixes per model: a triggerer of the model's DAG can change none of these.
-FIXED_PARAMS = ("model_name", "source_table", "key_column", "features_column", "feature_columns", "label_column",
-                "launcher")
+FIXED_PARAMS = ("model_name", "source_table", "key_column", "features_column", "feature_columns", "exclude_columns",
+                "categorical_columns", "label_column", "launcher")
+# The entry's source keys that are params of the same name (``table`` is source_table).
+SOURCE_PARAMS = ("key_column", "features_column", "feature_columns", "exclude_columns", "categorical_columns",
+                 "label_column")
 # A scheduled model's gate unless its entry says otherwise: no worse than the head it would replace.
 DEFAULT_QUALITY_GATE: dict[str, float | None] = {"max_accuracy_drop": 0.0, "max_rmse_rise": 0.0}
 DEFAULT_POLL_SECONDS = 60
@@ -50,10 +53,7 @@ _ENTRY_SCHEMA: dict[str, Any] = {
             "type": "object", "additionalProperties": False, "required": ["table", "label_column"],
             "properties": {
                 "table": rule(PARAMETERS["source_table"]),
-                "key_column": rule(PARAMETERS["key_column"]),
-                "features_column": rule(PARAMETERS["features_column"]),
-                "feature_columns": rule(PARAMETERS["feature_columns"]),
-                "label_column": rule(PARAMETERS["label_column"]),
+                **{name: rule(PARAMETERS[name]) for name in SOURCE_PARAMS},
             },
         },
         "schedule": {
@@ -169,10 +169,7 @@ def parse_entry(raw: Any) -> ModelEntry:
     problems += [f"params.{name}: fixed by the entry (name, source, launcher), not a training param"
                  for name in sorted(set(params) & set(FIXED_PARAMS))]
     fixed = {"model_name": raw.get("name"), "source_table": source.get("table"),
-             "key_column": source.get("key_column", PARAMETERS["key_column"]["default"]),
-             "features_column": source.get("features_column", None if "feature_columns" in source
-                                           else PARAMETERS["features_column"]["default"]),
-             "feature_columns": source.get("feature_columns"), "label_column": source.get("label_column")}
+             **{name: source.get(name, PARAMETERS[name]["default"]) for name in SOURCE_PARAMS}}
     table = source.get("table")
     if isinstance(table, str) and "." not in table:  # the settings would read an unqualified name as a schema
         problems.append(f"source.table: {table!r} must be schema-qualified (e.g. public.{table}): the model's DAG "

@@ -34,6 +34,13 @@ _DATA, _MODEL, _TRAINING, _CLUSTER = "Data", "Model", "Training", "Cluster"
 AUTO_MIN_BATCH, AUTO_MAX_BATCH, AUTO_STEPS_PER_EPOCH = 32, 2048, 50
 BASE_LEARNING_RATE, BASE_GLOBAL_BATCH, MAX_AUTO_LEARNING_RATE = 0.05, 64, 0.8
 _OPTIONAL_NUMBER = {"type": ["number", "null"]}
+# The features when neither features_column nor feature_columns is given (the example data's array column).
+DEFAULT_FEATURES_COLUMN = "features"
+ALL_COLUMNS = "*"  # feature_columns: every column but the key, the target and exclude_columns
+MISSING_VALUES = ("impute", "bad_row")
+MAX_CLASSES = 100_000  # the most classes a classification run may have (num_classes' maximum)
+# Params whose JSON lists are tuples in TrainingConfig.
+LIST_PARAMS = ("hidden_sizes", "feature_columns", "exclude_columns", "categorical_columns")
 
 @dataclass(frozen=True)
 class TrainingConfig:
@@ -41,10 +48,15 @@ class TrainingConfig:
 
     source_table: str = "public.samples"
     key_column: str = "id"
-    features_column: str | None = "features"
-    feature_columns: tuple[str, ...] | None = None
+    features_column: str | None = None
+    feature_columns: tuple[str, ...] | str | None = None
+    exclude_columns: tuple[str, ...] = ()
+    categorical_columns: tuple[str, ...] = ()
     label_column: str = "label"
     task: str = "classification"
+    missing_values: str = "impute"
+    max_categories: int = 100
+    min_category_count: int = 5
     input_dim: int | None = None
     num_classes: int | None = None
     validation_fraction: float = 0.1
@@ -75,8 +87,8 @@ class TrainingConfig:
         """Build from params; a key that is not a param is an error naming the closest param."""
         validate_params(values)
         kwargs = dict(values)
-        for name in ("hidden_sizes", "feature_columns"):
-            if kwargs.get(name) is not None:
+        for name in LIST_PARAMS:
+            if isinstance(kwargs.get(name), list | tuple):
                 kwargs[name] = tuple(kwargs[name])
         if isinstance(kwargs.get("init_from"), str) and kwargs["init_from"].isdigit():
             kwargs["init_from"] = int(kwargs["init_from"])
@@ -86,10 +98,18 @@ class TrainingConfig:
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
-        for name in ("hidden_sizes", "feature_columns"):
-            if data[name] is not None:
+        for name in LIST_PARAMS:
+            if isinstance(data[name], tuple):
                 data[name] = list(data[name])
         return data
+
+    @property
+    def array_features_column(self) -> str | None:
+        """The array (or bytea) features column: ``features_column``, or DEFAULT_FEATURES_COLUMN when neither it
+        nor ``feature_columns`` is given; None when the features are scalar columns."""
+        if self.features_column is None and self.feature_columns is None:
+            return DEFAULT_FEATURES_COLUMN
+        return self.features_column
 
     @property
     def model_options_for_build(self) -> dict[str, Any]:
@@ -139,25 +159,48 @@ PARAMETERS: dict[str, dict[str, Any]] = _with_defaults({
                    "description": "unique, orderable key column used for keyset sharding"},
     "features_column": {"type": ["string", "null"], "minLength": 1, "section": _DATA,
                         "title": "Features column (array)",
-                        "description": "one real[], double precision[] or bytea (packed float32) column; "
-                                       "empty when feature_columns is used"},
-    "feature_columns": {"type": ["array", "null"], "minItems": 1,
+                        "description": "one real[], double precision[] or bytea (packed float32) column; empty = "
+                                       f"{DEFAULT_FEATURES_COLUMN!r} unless feature_columns is given"},
+    "feature_columns": {"type": ["array", "string", "null"], "minItems": 1, "pattern": r"^\*$",
                         "items": {"type": "string", "minLength": 1}, "section": _DATA,
-                        "title": "Feature columns (scalars)",
-                        "description": "scalar numeric columns, in input order; set features_column empty "
-                                       "to use these"},
+                        "title": "Feature columns",
+                        "description": "\"*\" (every column but the key, the target and exclude_columns) or a "
+                                       "list of columns in input order: numbers, booleans, dates and timestamps, "
+                                       "text, varchar, char and enum columns (categories)"},
+    "exclude_columns": {"type": "array", "items": {"type": "string", "minLength": 1}, "uniqueItems": True,
+                        "section": _DATA, "title": "Exclude columns",
+                        "description": "columns feature_columns \"*\" leaves out (ids, free text, json, ...)"},
+    "categorical_columns": {"type": "array", "items": {"type": "string", "minLength": 1}, "uniqueItems": True,
+                            "section": _DATA, "title": "Categorical columns",
+                            "description": "feature columns to treat as categories whatever their type (an "
+                                           "integer zip or product code, a boolean); text and enum columns are "
+                                           "categories anyway"},
     "label_column": {"type": "string", "minLength": 1, "section": _DATA,
                      "title": "Target column",
-                     "description": "classification: an integer label in [0, num_classes); regression: a "
-                                    "numeric column or numeric array"},
+                     "description": "classification: the class (integer, text, varchar, char, boolean or enum; "
+                                    "the classes are its values in the training rows); regression: a numeric "
+                                    "column or numeric array"},
     "task": {"type": "string", "enum": list(TASKS), "section": _DATA,
              "title": "Task", "description": "classification (cross-entropy) or regression (mean squared error)"},
+    "missing_values": {"type": "string", "enum": list(MISSING_VALUES), "section": _DATA,
+                       "title": "Missing values",
+                       "description": "NULL in a feature column: impute (the training mean, plus a 0/1 'was "
+                                      "missing' input for each column that had NULLs; a NULL category is a level "
+                                      "of its own) or bad_row (the row is bad: see bad_rows)"},
+    "max_categories": {"type": "integer", "minimum": 1, "maximum": 10000, "section": _DATA,
+                       "title": "Max categories",
+                       "description": "the most frequent levels a categorical column keeps; the rest share one "
+                                      "'other' level"},
+    "min_category_count": {"type": "integer", "minimum": 1, "section": _DATA,
+                           "title": "Min category count",
+                           "description": "training rows a level needs to be kept; rarer levels are 'other'"},
     "input_dim": {"type": ["integer", "null"], "minimum": 1, "section": _DATA,
                   "title": "Feature length",
                   "description": "array features only; empty = the most common length among the rows"},
-    "num_classes": {"type": ["integer", "null"], "minimum": 2, "maximum": 100000,
+    "num_classes": {"type": ["integer", "null"], "minimum": 2, "maximum": MAX_CLASSES,
                     "section": _DATA, "title": "Classes",
-                    "description": "classification only; empty = max(label) + 1"},
+                    "description": "classification with labels 0..num_classes-1 only; empty = the classes are "
+                                   "the label's values (non-negative integers: 0..max(label))"},
     "validation_fraction": {"type": "number", "minimum": 0, "maximum": 0.5, "section": _DATA,
                             "title": "Validation fraction",
                             "description": "share of rows held out for validation, chosen by a hash of the key"},
@@ -273,7 +316,8 @@ def _pattern_tails(values: dict[str, Any]) -> list[str]:
         patterns = [s["pattern"] for s in [schema, *schema.get("anyOf", [])] if "pattern" in s]
         if not patterns or not isinstance(value, str):
             continue
-        if not any(re.fullmatch(p.removeprefix("^").removesuffix("$"), value) for p in patterns):
+        searched = any(re.search(p, value) for p in patterns)  # what jsonschema checked (and reported)
+        if searched and not any(re.fullmatch(p.removeprefix("^").removesuffix("$"), value) for p in patterns):
             if "anyOf" not in schema or not any(value in s.get("enum", ()) for s in schema["anyOf"]):
                 problems.append(f"{name}: {value!r} does not match {' or '.join(patterns)}")
     return problems

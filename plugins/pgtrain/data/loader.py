@@ -26,6 +26,7 @@ from psycopg import sql
 from pgtrain.core.db import connect_like
 from pgtrain.core.errors import PgtrainError, SourceError
 from pgtrain.data import copy_binary
+from pgtrain.data.encoding import class_codes
 from pgtrain.data.prefault import prefault_in_background
 from pgtrain.data.row_check import load_refusal
 from pgtrain.data.source.resolve import Source
@@ -37,7 +38,7 @@ from pgtrain.data.source.snapshot import (
     read_xid_clock,
     snapshot_transaction,
 )
-from pgtrain.data.wire import feature_groups_of, fill_features, record_dtype
+from pgtrain.data.wire import Group, feature_groups_of, fill_features, record_dtype
 from pgtrain.runs.record import Shard
 
 if TYPE_CHECKING:
@@ -151,12 +152,12 @@ def load_shard(conn: psycopg.Connection, source: Source, shard: Shard, dim: int,
                            f"{plan.input_dim}; pass run.input_dim")
     if streams not in (1, 2):
         raise PgtrainError(f"a rank loads on 1 or 2 connections, not {streams}")
-    targets = None if source.target_format == "label" else plan.output_dim
+    targets = None if source.target_format in ("label", "class") else plan.output_dim
     out = _allocate(shard.row_count, dim, _cuda_available() if pin_memory is None else pin_memory, targets)
     # Fresh arrays' pages are mapped (and zeroed by the kernel) on first write: in a thread, while the COPY
     # streams, rather than one page fault at a time in the loop below.
     prefault = None if out.pinned else prefault_in_background([out.features, out.labels, out.is_validation])
-    fill = _Fill(out, shard, record_dtype(source, dim, plan.output_dim), feature_groups_of(source, dim))
+    fill = _Fill(out, shard, record_dtype(source, dim, plan.output_dim), feature_groups_of(source, dim), source)
 
     def read(on: psycopg.Connection, span: BatchSpan) -> None:
         with shard_copy(on, source, shard, validation_fraction, seed, span) as copy, np.errstate(over="ignore"):
@@ -201,9 +202,8 @@ class _Fill:
     """Where each batch of a load goes. The front stream fills from the first row up, the back stream (reading
     its batches last first) from the last row down; planned rows meet exactly, and neither may pass the other."""
 
-    def __init__(self, out: ShardData, shard: Shard, layout: np.dtype,
-                 groups: list[tuple[str, slice | list[int]]]) -> None:
-        self.out, self.shard, self.layout, self.groups = out, shard, layout, groups
+    def __init__(self, out: ShardData, shard: Shard, layout: np.dtype, groups: list[Group], source: Source) -> None:
+        self.out, self.shard, self.layout, self.groups, self.source = out, shard, layout, groups, source
         self.front, self.back, self.non_finite = 0, shard.row_count, 0
         self.failed = False
         self._lock = threading.Lock()
@@ -344,7 +344,7 @@ def _store(block: memoryview, fill: _Fill, from_back: bool) -> None:
     records = np.frombuffer(block, layout, count, _BATCH_HEADER.size)
     if "ndim" in layout.names:
         _check_arrays(records, "", out.features.shape[1], shard, "feature")
-    for name, positions in fill.groups:  # scalar feature columns: one array per wire type
+    for name, positions, _ in fill.groups:  # scalar feature columns: one array per wire type
         width = out.features.shape[1] if isinstance(positions, slice) else len(positions)
         _check_arrays(records, name.removesuffix("x"), width, shard, "feature")
     span = fill.place(count, from_back)
@@ -353,6 +353,8 @@ def _store(block: memoryview, fill: _Fill, from_back: bool) -> None:
         fill.add_non_finite(found)
     if "label" in layout.names:
         out.labels[span] = records["label"]
+    elif "label_hash" in layout.names:
+        out.labels[span] = class_codes(fill.source, records["label_hash"])
     elif "y" in layout.names:
         out.labels[span, 0] = records["y"]
     else:

@@ -16,6 +16,7 @@ The snapshot, the bad-row report and each rank's batch boundaries are stored wit
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -23,6 +24,7 @@ from psycopg.types.json import Jsonb
 
 from pgtrain.config.params import TrainingConfig
 from pgtrain.core.errors import SourceError
+from pgtrain.data import encoding, statistics
 from pgtrain.data.row_check import BadRows, RowCheck, bad_rows_message, bad_rows_report, check_rows, empty_source
 from pgtrain.data.source.resolve import COLUMNS, Source, source_from_config
 from pgtrain.data.source.rows import (
@@ -61,17 +63,24 @@ class Plan:
     snapshot: str = ""
     output_dim: int | None = None  # classes, or the regression target's width
     bad_columns: tuple[str, ...] = ()  # scalar feature columns holding NULL, NaN, infinite or too large values
+    warnings: tuple[str, ...] = ()  # what planning capped or noticed (rare levels, classes only in validation)
+    feature_columns: tuple[str, ...] = ()  # the scalar feature columns, in input order
+    classes: tuple[str, ...] | None = None  # a class list's classes (text forms), in class order
 
     def summary(self) -> dict[str, object]:
         """JSON-ready figures for the DAG's report."""
         return {"rows_per_rank": [s.row_count for s in self.shards], "input_dim": self.input_dim,
                 "num_classes": self.num_classes, "output_dim": self.output_dim, "total_rows": self.total_rows,
-                "excluded_rows": self.excluded_rows, "bad_rows": bad_rows_report(self.bad_rows)}
+                "excluded_rows": self.excluded_rows, "bad_rows": bad_rows_report(self.bad_rows),
+                "feature_columns": list(self.feature_columns), "warnings": list(self.warnings),
+                **({"classes": list(self.classes)} if self.classes is not None else {})}
 
 
 def source_for(conn: psycopg.Connection, run: record.Run) -> Source:
-    """The run's source table; once compute_shards has run, with what it planned (the loader needs it)."""
-    return replace(source_from_config(conn, run.config), plan=read_plan(conn, run.run_id))
+    """The run's source table; once compute_shards has run, with what it planned (the loader needs it): its rows
+    and its encoding."""
+    return encoding.apply(replace(source_from_config(conn, run.config), plan=read_plan(conn, run.run_id)),
+                          record.get_run(conn, run.run_id).encoding)
 
 
 def plan_shards(conn: psycopg.Connection, run: record.Run, *, input_dim: int | None = None) -> Plan:
@@ -91,9 +100,17 @@ def plan_shards(conn: psycopg.Connection, run: record.Run, *, input_dim: int | N
         outputs = _target_width(conn, source)
         split = folded_split(conn, source, config.validation_fraction, config.seed)
         check = check_rows(conn, source, dim, config.num_classes, clock, outputs,
-                           values=config.bad_rows == "exclude", split=split)
+                           values=config.bad_rows == "exclude", split=split,
+                           extra=statistics.lean_aggregates(source, config.num_classes))
         rows = _usable_rows(source, check, dim, config, length_given=bool(given_dim), outputs=outputs)
-        num_classes = (config.num_classes or _inferred_classes(source, check)) if outputs is None else None
+        parent = parent_encoding(conn, config)
+        encoded = statistics.encode(
+            conn, source, config, check.total, check.max_label, check.extra,
+            bad_row(source, dim, config.num_classes, outputs) if check.bad else None, parent)
+        source = encoded.source
+        if source.feature_format == COLUMNS:
+            dim = encoding.layout(source.feature_columns).width
+        num_classes = encoded.num_classes if outputs is None else None
         output_dim = outputs or num_classes
         # as the loader will apply it
         exclude = bad_row(source, dim, num_classes, output_dim) if check.bad else None
@@ -102,11 +119,30 @@ def plan_shards(conn: psycopg.Connection, run: record.Run, *, input_dim: int | N
                                      config.seed, batch_rows, exclude,
                                      validation_keys=None if check.bad else check.validation_keys)
         _check_training_rows(source, shards, config)
-        record.write_manifest(conn, run.run_id, shards, dim, num_classes, output_dim)
+        planned = None
+        if source.feature_format == COLUMNS or source.classes is not None:
+            planned = {**encoding.to_dict(source), "parent_version": parent["version"] if parent else None}
+        record.write_manifest(conn, run.run_id, shards, dim, num_classes, output_dim, planned)
         seen, horizon = seen_xmins(check.alias_xmin_ages, clock)
         _write_plan(conn, run, clock, seen, horizon, check, batch_rows, batches)
     return Plan(shards, dim, num_classes, rows, check.bad, check.kinds, clock.snapshot, output_dim,
-                check.bad_columns)
+                check.bad_columns, encoded.warnings, source.column_names, source.classes)
+
+
+def parent_encoding(conn: psycopg.Connection, config: TrainingConfig) -> dict[str, Any] | None:
+    """The encoding of the version a warm start (``init_from``) begins from, with its number as "version"; None
+    for scratch, no such version yet, or a version from before encodings."""
+    if config.init_from == "scratch":
+        return None
+    row = conn.execute(
+        """SELECT v.version, v.spec -> 'encoding' FROM pgtrain.model_versions v
+           WHERE v.model_name = %(model)s
+             AND v.version = coalesce(%(version)s,
+                                      (SELECT version FROM pgtrain.model_heads WHERE model_name = %(model)s))""",
+        {"model": config.model_name, "version": config.init_version}).fetchone()
+    if row is None or not row[1]:
+        return None
+    return {**row[1], "version": row[0]}
 
 
 # Key types whose keys the check scan can hand over as int8s (their order is the integers' order).
@@ -296,9 +332,9 @@ def text_array(values: list[str]) -> str:
 def _feature_width(conn: psycopg.Connection, source: Source, given: int | None) -> int:
     if source.feature_format != COLUMNS:
         return given or _inferred_length(conn, source)
-    if given and given != len(source.feature_columns):
-        raise SourceError(f"input_dim is {given} but feature_columns names {len(source.feature_columns)} columns; "
-                          "leave input_dim empty with feature_columns (it is their number)")
+    if given:
+        raise SourceError(f"input_dim is {given}, but with feature_columns the input's width follows from the "
+                          "columns and their encoding; leave input_dim empty")
     return len(source.feature_columns)
 
 
@@ -367,17 +403,3 @@ def _usable_rows(source: Source, check: RowCheck, dim: int, config: TrainingConf
             f"every rank needs at least one row; use world_size <= {rows} or load more rows"
         )
     return rows
-
-
-def _inferred_classes(source: Source, check: RowCheck) -> int:
-    if check.max_label is None or check.max_label < 1:
-        raise SourceError(
-            f"the labels of {source.qualified_name} do not name at least two classes (largest usable label: "
-            f"{check.max_label}); labels are class numbers 0..num_classes-1, or set num_classes"
-        )
-    if check.max_label >= 2**31 - 1:
-        raise SourceError(f"the largest label of {source.qualified_name} is {check.max_label}; labels are class "
-                          "numbers 0..num_classes-1 (set num_classes to have larger labels reported as bad rows)")
-    return check.max_label + 1
-
-

@@ -6,13 +6,15 @@ the same report (``load_refusal``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 from psycopg import sql
 
 from pgtrain.core.errors import SourceError
-from pgtrain.data.source.resolve import COLUMNS, Source
+from pgtrain.data.source.resolve import CATEGORY, COLUMNS, Column, Source
 from pgtrain.data.source.rows import BAD_ROW_KINDS, COLUMN_KINDS, bad_row, column_checks, row_checks
 from pgtrain.data.source.snapshot import (
     XidClock,
@@ -42,6 +44,7 @@ class RowCheck:
     bad_columns: tuple[str, ...] = ()
     # the validation rows' keys as big-endian int8s, when asked (split): up to FOLDED_KEYS_MAX_BYTES, kept out of reprs
     validation_keys: bytes | None = field(default=None, repr=False)
+    extra: tuple[Any, ...] = ()  # the values of check_rows' ``extra`` aggregates, over every row checked
 
 
 def bad_rows_report(kinds: dict[str, BadRows]) -> dict[str, dict[str, object]]:
@@ -51,12 +54,14 @@ def bad_rows_report(kinds: dict[str, BadRows]) -> dict[str, dict[str, object]]:
 
 def check_rows(conn: psycopg.Connection, source: Source, dim: int, num_classes: int | None,
                clock: XidClock, output_dim: int | None = None, *, values: bool = True,
-               where: sql.Composable | None = None, split: sql.Composable | None = None) -> RowCheck:
+               where: sql.Composable | None = None, split: sql.Composable | None = None,
+               extra: Sequence[sql.Composable] = ()) -> RowCheck:
     """Row count, largest good label (classification without num_classes), each bad-row kind's count and example
     keys, and (scalar feature columns) which columns hold bad values; ``values=False`` leaves the kinds of
     LOAD_KINDS to the loader; ``where`` (SQL) restricts the rows checked. ``split`` (SQL, ``is_validation``; integer
     keys only): the lean scan also collects the keys of the rows it holds (``validation_keys``), so that
-    ``cut_shards`` needs no pass of its own to count each shard's validation rows.
+    ``cut_shards`` needs no pass of its own to count each shard's validation rows. ``extra``: more aggregates the
+    lean scan computes on the way (``pgtrain.data.statistics``: the numeric columns' training means).
 
     One lean scan counts the rows and the bad ones (``source.bad_row``: the kinds' checks in fewer calls); only
     when it finds some (or rows whose xmin needs noting) does a second scan break them down by kind with example
@@ -72,17 +77,18 @@ def check_rows(conn: psycopg.Connection, source: Source, dim: int, num_classes: 
     infer = source.target_format == "label" and not num_classes
     keys = (sql.SQL("string_agg(int8send(CAST({} AS bigint)), ''::bytea) FILTER (WHERE {})").format(source.key, split)
             if split is not None else sql.SQL("NULL::bytea"))
-    total, bad, max_label, aliased, validation_keys = conn.execute(sql.SQL(
-        """SELECT count(*), count(*) FILTER (WHERE {any_bad}), {max_label}, {aliasing}, {keys}
+    total, bad, max_label, aliased, validation_keys, *extras = conn.execute(sql.SQL(
+        """SELECT count(*), count(*) FILTER (WHERE {any_bad}), {max_label}, {aliasing}, {keys}{extra}
            FROM {rel} {where}""").format(
         any_bad=bad_row(source, dim, num_classes, output_dim, values=values), rel=source.relation, where=restrict,
         aliasing=aliasing, max_label=sql.SQL("max({})").format(source.label) if infer else sql.SQL("NULL"),
-        keys=keys), binary=split is not None  # the keys as bytes, not as hex text twice their size
+        keys=keys, extra=sql.SQL("").join(sql.SQL(", {}").format(e) for e in extra)),
+        binary=split is not None  # the keys as bytes, not as hex text twice their size
     ).fetchone()
     if split is not None:
         validation_keys = bytes(validation_keys or b"")
     if not bad and not aliased:
-        return RowCheck(total, 0, max_label, {}, [], validation_keys=validation_keys)
+        return RowCheck(total, 0, max_label, {}, [], validation_keys=validation_keys, extra=tuple(extras))
     checks = row_checks(source, dim, num_classes, output_dim)
     flags = [sql.Identifier(f"is_{kind}") for kind in checks]
     any_bad = sql.SQL(" OR ").join(flags)
@@ -92,18 +98,18 @@ def check_rows(conn: psycopg.Connection, source: Source, dim: int, num_classes: 
     feature_flags = [sql.Identifier(f"is_{kind}") for kind in COLUMN_KINDS if kind in checks]
     column_values = sql.SQL("")
     columns = sql.SQL("NULL::text")
-    if source.feature_format == COLUMNS and feature_flags:
+    nulls = source.missing_values == "bad_row"
+    checked = [c for c in source.feature_columns if c.kind != CATEGORY]
+    if source.feature_format == COLUMNS and feature_flags and checked:
         # One bit per column, set when the column is bad in some row: computed for bad rows only.
-        names = [sql.Identifier(f"_pgtrain_c{i}") for i in range(len(source.feature_columns))]
+        names = [sql.Identifier(f"_pgtrain_c{i}") for i in range(len(checked))]
         column_values = sql.SQL(", ").join(sql.SQL("{} AS {}").format(sql.Identifier(c.name), name)
-                                    for c, name in zip(source.feature_columns, names, strict=True)) + sql.SQL(", ")
-        bits = sql.SQL(" || ").join(
-            sql.SQL("CASE WHEN coalesce({}, true) THEN B'1' ELSE B'0' END").format(
-                sql.SQL(" OR ").join(column_checks(column, name)))
-            for column, name in zip(source.feature_columns, names, strict=True))
+                                           for c, name in zip(checked, names, strict=True)) + sql.SQL(", ")
+        bits = sql.SQL(" || ").join(_column_bit(column, name, nulls) for column, name in zip(checked, names,
+                                                                                            strict=True))
         columns = sql.SQL("bit_or(CASE WHEN {} THEN {} END)::text").format(sql.SQL(" OR ").join(feature_flags),
                                                                           bits)
-    max_label = sql.SQL("max(label)") if source.target_format == "label" else sql.SQL("max(NULL::bigint)")
+    max_label = sql.SQL("max(label)") if infer else sql.SQL("max(NULL::bigint)")
     query = sql.SQL(
         """SELECT count(*), count(*) FILTER (WHERE {any_bad}), {max_label} FILTER (WHERE NOT ({any_bad})),
                   array_agg(DISTINCT xmin_age) FILTER (WHERE xmin_age IS NOT NULL), {columns}, {per_kind}
@@ -116,9 +122,17 @@ def check_rows(conn: psycopg.Connection, source: Source, dim: int, num_classes: 
     total, bad, max_label, ages, column_bits, *found = conn.execute(query).fetchone()
     kinds = {kind: BadRows(count, list(examples))
              for kind, count, examples in zip(checks, found[::2], found[1::2], strict=True) if count}
-    bad_columns = tuple(c.name for c, bit in zip(source.feature_columns, column_bits or "", strict=False)
-                        if bit == "1")
-    return RowCheck(total, bad, max_label, kinds, ages or [], bad_columns, validation_keys)
+    bad_columns = tuple(c.name for c, bit in zip(checked, column_bits or "", strict=False) if bit == "1")
+    return RowCheck(total, bad, max_label, kinds, ages or [], bad_columns, validation_keys, tuple(extras))
+
+
+def _column_bit(column: Column, value: sql.Composable, nulls: bool) -> sql.Composable:
+    """SQL bit(1): the column's value is bad (a NULL only when ``nulls``)."""
+    checks = column_checks(column, value, nulls=False)
+    if not checks:
+        return sql.SQL("CASE WHEN {} IS NULL THEN B'1' ELSE B'0' END" if nulls else "B'0'").format(value)
+    return sql.SQL("CASE WHEN coalesce({}, {}) THEN B'1' ELSE B'0' END").format(
+        sql.SQL(" OR ").join(checks), sql.Literal(nulls))
 
 
 def load_refusal(conn: psycopg.Connection, source: Source, rank: int, found: int) -> SourceError:

@@ -12,10 +12,12 @@ from typing import Any
 
 import numpy as np
 
+from pgtrain.data.encoding import Coder
 from pgtrain.data.source.resolve import COLUMNS, SCALAR_TYPES, WIRE_ARRAYS, Source
 from pgtrain.data.source.rows import feature_groups
 
-ELEMENT_TYPES = {"float4_array": (700, ">f4"), "float8_array": (701, ">f8")}  # array format: (type oid, dtype)
+# array format: (type oid, dtype)
+ELEMENT_TYPES = {"float4_array": (700, ">f4"), "float8_array": (701, ">f8"), "int8_array": (20, ">i8")}
 SCALAR_DTYPES = {"f4": ">f4", "f8": ">f8"}  # float4send, float8send
 
 
@@ -41,6 +43,8 @@ def target_fields(source: Source, output_dim: int | None) -> list[tuple[Any, ...
     """numpy fields of a row's target as ``source.target_payload`` sends it."""
     if source.target_format == "label":
         return [("label", ">i4")]
+    if source.target_format == "class":
+        return [("label_hash", ">i8")]
     if source.target_format == "scalar":
         return [("y", SCALAR_DTYPES[SCALAR_TYPES[source.label_type]])]
     return feature_fields(source.target_format, output_dim, prefix="t_")
@@ -51,23 +55,29 @@ def record_dtype(source: Source, dim: int, output_dim: int | None = None) -> np.
     return np.dtype([*source_feature_fields(source, dim), *target_fields(source, output_dim), ("val", "u1")])
 
 
-def fill_features(records: np.ndarray, target: np.ndarray, groups: list[tuple[str, slice | list[int]]]) -> None:
+Group = tuple[str, slice | list[int], Coder | None]
+
+
+def fill_features(records: np.ndarray, target: np.ndarray, groups: list[Group]) -> None:
     """Copy the features of ``records`` (rows of ``source_feature_fields``) into ``target``, float32 (rows, dim).
 
-    ``groups``: for scalar feature columns, (record field, positions in the features row) per wire type.
+    ``groups``: for scalar feature columns, (record field, positions in the input row, the Coder that maps a
+    category group's hashes to codes) per wire type.
     """
     if groups:
-        for name, positions in groups:
-            target[:, positions] = records[name]["v"]
+        for name, positions, coder in groups:
+            values = records[name]["v"]
+            target[:, positions] = coder(values) if coder is not None else values
     elif "ndim" in records.dtype.names:
         target[:] = records["x"]["v"]
     else:
         target[:] = records["x"]
 
 
-def feature_groups_of(source: Source, dim: int) -> list[tuple[str, slice | list[int]]]:
+def feature_groups_of(source: Source, dim: int) -> list[Group]:
     """``fill_features``'s groups for ``source`` (empty unless its features are scalar columns)."""
-    return [(f"{wire}_x", _positions(positions, dim)) for wire, positions in feature_groups(source).items()]
+    return [(f"{wire}_x", _positions(positions, dim), Coder(source.feature_columns) if wire == "h8" else None)
+            for wire, positions in feature_groups(source).items()]
 
 
 def _positions(positions: list[int], dim: int) -> slice | list[int]:

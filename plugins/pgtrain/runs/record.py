@@ -31,6 +31,7 @@ class Run:
     status: str
     status_reason: str | None = None
     attempt: int = 0  # the latest train attempt (begin_attempt); the trainer's writes are fenced by it
+    encoding: dict[str, Any] | None = None  # how raw columns become input (pgtrain.data.encoding); None: as they are
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ def get_run(conn: psycopg.Connection, run_id: str) -> Run:
     with conn.cursor(row_factory=dict_row) as cur:
         row = cur.execute(
             """SELECT run_id, dag_id, dag_run_id, model_name, config, base_version, input_dim, num_classes, output_dim,
-                      status, status_reason, attempt
+                      status, status_reason, attempt, encoding
                FROM pgtrain.training_runs WHERE run_id = %s""",
             (run_id,),
         ).fetchone()
@@ -147,8 +148,10 @@ def save_summary(conn: psycopg.Connection, run_id: str, summary: dict[str, Any])
 
 
 def write_manifest(conn: psycopg.Connection, run_id: str, shards: list[Shard], input_dim: int,
-                   num_classes: int | None, output_dim: int | None = None) -> None:
-    """Replace the run's manifest (same transaction as the caller's snapshot, if any)."""
+                   num_classes: int | None, output_dim: int | None = None,
+                   encoding: dict[str, Any] | None = None) -> None:
+    """Replace the run's manifest and its input encoding (``pgtrain.data.encoding``; same transaction as the
+    caller's snapshot, if any)."""
     conn.execute("DELETE FROM pgtrain.shard_manifest WHERE run_id = %s", (run_id,))
     with conn.cursor() as cur:
         cur.executemany(
@@ -158,8 +161,9 @@ def write_manifest(conn: psycopg.Connection, run_id: str, shards: list[Shard], i
             [(run_id, s.rank, s.world_size, s.key_lo, s.key_hi, s.row_count, s.train_count, s.val_count)
              for s in shards],
         )
-    conn.execute("UPDATE pgtrain.training_runs SET input_dim = %s, num_classes = %s, output_dim = %s "
-                 "WHERE run_id = %s", (input_dim, num_classes, output_dim or num_classes, run_id))
+    conn.execute("UPDATE pgtrain.training_runs SET input_dim = %s, num_classes = %s, output_dim = %s, encoding = %s "
+                 "WHERE run_id = %s", (input_dim, num_classes, output_dim or num_classes,
+                                       Jsonb(encoding) if encoding is not None else None, run_id))
     set_status(conn, run_id, "sharded")
 
 

@@ -77,7 +77,8 @@ def version_spec(conn: psycopg.Connection, run: Run, record: Mapping[str, Any]) 
         "model_options": config.model_options_for_build,
         "input_dim": run.input_dim,
         "output_dim": record.get("output_dim") or run.num_classes,
-        "feature_columns": list(config.feature_columns or [config.features_column]),
+        "feature_columns": _feature_columns(config, record.get("encoding")),
+        "encoding": record.get("encoding"),
         "target_column": config.label_column,
         "task": config.task,
         "standardize_target": config.standardize_target,
@@ -86,6 +87,16 @@ def version_spec(conn: psycopg.Connection, run: Run, record: Mapping[str, Any]) 
         "key_column": config.key_column,
         "watermark": {"snapshot": plan[0] if plan else None, "max_key": last[0] if last else None},
     }
+
+
+def _feature_columns(config: TrainingConfig, encoding: Mapping[str, Any] | None) -> list[str]:
+    """The columns the run's input was made of, in order: as planned (its encoding), else as configured."""
+    columns = [c["name"] for c in (encoding or {}).get("columns") or ()]
+    if columns:
+        return columns
+    if isinstance(config.feature_columns, tuple):
+        return list(config.feature_columns)
+    return [config.array_features_column]
 
 
 def architecture_change(spec: Mapping[str, Any], head: Mapping[str, Any] | None) -> str | None:

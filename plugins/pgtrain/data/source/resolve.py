@@ -15,23 +15,30 @@ from typing import TYPE_CHECKING
 import psycopg
 from psycopg import sql
 
-from pgtrain.config.params import TASKS, TrainingConfig
+from pgtrain.config.params import ALL_COLUMNS, TASKS, TrainingConfig
 from pgtrain.core.errors import PgtrainError, SourceError
 
 if TYPE_CHECKING:
     from pgtrain.data.source.snapshot import PlannedRows
 
 FEATURE_FORMATS = {"real[]": "float4_array", "double precision[]": "float8_array", "bytea": "bytea"}
-ARRAY_ELEMENTS = {"float4_array": "real", "float8_array": "double precision"}
+ARRAY_ELEMENTS = {"float4_array": "real", "float8_array": "double precision", "int8_array": "bigint"}
 COLUMNS = "columns"  # the feature_format of scalar feature columns
-LABEL_TYPES = {"smallint", "integer", "bigint"}
+LABEL_TYPES = {"smallint", "integer", "bigint"}  # class numbers 0..num_classes-1 as they are (no class list)
 # Scalar column types, and how each travels to the loader: as float4 or as float8 (cast to float32 there).
 # Measured with 100 columns: float8send(c) beats a guarded float4send(c::real) for double precision (the cast
 # to real must dodge PostgreSQL's underflow error), and float4send(c) is the fastest for real.
 SCALAR_TYPES = {"real": "f4", "smallint": "f4", "integer": "f4", "boolean": "f4",
                 "double precision": "f8", "bigint": "f8", "numeric": "f8"}
-# Scalar feature columns travel to the loader as one array per wire type (feature_payload).
-WIRE_ARRAYS = {"f4": "float4_array", "f8": "float8_array"}
+# Dates and times: days since 1970-01-01 (UTC for timestamps without time zone), as float8.
+DATE_TYPES = ("date", "timestamp without time zone", "timestamp with time zone")
+# Categorical by type: their values are levels (an enum type is one too, found by its kind in the catalog).
+CATEGORY_TYPES = ("text", "character varying", "character")
+CLASS_TYPES = (*LABEL_TYPES, "boolean", *CATEGORY_TYPES)  # class labels of any of these (and enums)
+NUMBER, DATE, CATEGORY = "number", "date", "category"  # a feature column's kind
+# Scalar feature columns travel to the loader as one array per wire type (feature_payload): float4, float8, and
+# the 64-bit hashes of categorical values.
+WIRE_ARRAYS = {"f4": "float4_array", "f8": "float8_array", "h8": "int8_array"}
 TARGET_ARRAY_TYPES = {"real[]": "float4_array", "double precision[]": "float8_array"}
 _RELKINDS = {"r": "table", "p": "partitioned table", "m": "materialized view", "v": "view", "f": "foreign table",
              "i": "index", "I": "partitioned index", "S": "sequence", "c": "composite type", "t": "TOAST table"}
@@ -39,15 +46,23 @@ _RELKINDS = {"r": "table", "p": "partitioned table", "m": "materialized view", "
 
 @dataclass(frozen=True)
 class Column:
-    """A scalar feature column: its name and its type (format_type without modifiers)."""
+    """A scalar feature column: its name, its type (format_type without modifiers) and its kind (NUMBER, DATE or
+    CATEGORY); once planned, how it is encoded (``pgtrain.data.encoding``)."""
 
     name: str
     type: str
+    kind: str = NUMBER
+    mean: float | None = None  # NUMBER, DATE: the training mean a NULL is imputed with (None: NULL is a bad row)
+    missing: bool = False  # NUMBER, DATE: a 0/1 "was missing" input follows (the column had NULLs in training)
+    levels: tuple[str, ...] = ()  # CATEGORY: the kept levels as text, codes 2.. (0: other, 1: NULL)
+    hashes: tuple[int, ...] = ()  # CATEGORY: hashtextextended(level, 0) of each level
 
     @property
     def wire(self) -> str:
-        """How its values travel to the loader: 'f4' or 'f8' (big-endian)."""
-        return SCALAR_TYPES[self.type]
+        """How its values travel to the loader: 'f4' or 'f8' (big-endian), or 'h8' (a category's hash)."""
+        if self.kind == CATEGORY:
+            return "h8"
+        return "f8" if self.kind == DATE else SCALAR_TYPES[self.type]
 
 
 @dataclass(frozen=True)
@@ -63,6 +78,12 @@ class Source:
     feature_columns: tuple[Column, ...] = ()
     task: str = "classification"
     label_type: str = "integer"
+    # Classification whose classes are a list of values (any label type): their text forms in class order and
+    # their hashes; None: integer labels are the class numbers themselves.
+    classes: tuple[str, ...] | None = None
+    class_hashes: tuple[int, ...] = ()
+    missing_values: str = "impute"
+    label_sql_type: str = ""  # the label's type with its modifiers (character(1), an enum's name): predictions' type
 
     @property
     def relation(self) -> sql.Identifier:
@@ -92,18 +113,20 @@ class Source:
 
     @property
     def target_format(self) -> str:
-        """'label' (classification), 'scalar', or the array format of a regression target."""
+        """'label' (classification by class number), 'class' (by a list of classes), 'scalar', or the array format
+        of a regression target."""
         if self.task == "classification":
-            return "label"
+            return "label" if self.classes is None else "class"
         return TARGET_ARRAY_TYPES.get(self.label_type, "scalar")
 
 
 def source_from_config(conn: psycopg.Connection, config: TrainingConfig) -> Source:
     """resolve_source with the source params of a TrainingConfig."""
     columns = config.feature_columns
-    return resolve_source(conn, config.source_table, config.key_column, config.features_column,
-                          config.label_column, feature_columns=tuple(columns) if columns is not None else None,
-                          task=config.task)
+    return resolve_source(conn, config.source_table, config.key_column, config.array_features_column,
+                          config.label_column, feature_columns=columns,
+                          task=config.task, exclude_columns=config.exclude_columns,
+                          categorical_columns=config.categorical_columns, missing_values=config.missing_values)
 
 
 class MissingColumnError(SourceError):
@@ -115,11 +138,15 @@ class MissingColumnError(SourceError):
 
 
 def resolve_source(conn: psycopg.Connection, table: str, key: str, features: str | None, label: str | None, *,
-                   feature_columns: tuple[str, ...] | None = None, task: str = "classification") -> Source:
+                   feature_columns: tuple[str, ...] | str | None = None, task: str = "classification",
+                   exclude_columns: tuple[str, ...] = (), categorical_columns: tuple[str, ...] = (),
+                   missing_values: str = "impute") -> Source:
     """Look the table and columns up in the catalog; raise SourceError saying what is missing and what to do.
 
-    ``label=None``: a source to score (``pgtrain.store.inference.predict``), without a target; then one array or bytea
-    column given as ``feature_columns`` is taken as the features column (a version records either as a list).
+    ``feature_columns``: scalar columns in input order, or ALL_COLUMNS (every column but the key, the label and
+    ``exclude_columns``); each gets its kind from its type (or CATEGORY when in ``categorical_columns``).
+    ``label=None``: a source to score (``pgtrain.store.inference.predict``), without a target; then one array or
+    bytea column given as ``feature_columns`` is taken as the features column (a version records either as a list).
     """
     _check_feature_params(features, feature_columns)
     if task not in TASKS:
@@ -128,12 +155,23 @@ def resolve_source(conn: psycopg.Connection, table: str, key: str, features: str
     name = sql.Identifier(schema, relname).as_string(conn)
     if relkind not in ("r", "p", "m"):
         raise SourceError(_not_a_table(name, relkind, key))
-    columns = {attname: (base, full) for attname, base, full in conn.execute(
-        """SELECT attname, format_type(atttypid, NULL), format_type(atttypid, atttypmod) FROM pg_attribute
-           WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped""",
+    catalog = conn.execute(
+        """SELECT attname, format_type(atttypid, NULL), format_type(atttypid, atttypmod), t.typtype::text
+           FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+           WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum""",
         (oid,),
-    ).fetchall()}
+    ).fetchall()
+    columns = {attname: (base, full) for attname, base, full, _ in catalog}
+    enums = {attname for attname, _, _, typtype in catalog if typtype == "e"}
     roles = [("key_column", key)] + ([("label_column", label)] if label is not None else [])
+    roles += [("exclude_columns", column) for column in exclude_columns]
+    roles += [("categorical_columns", column) for column in categorical_columns]
+    if feature_columns == ALL_COLUMNS:
+        left_out = {key, label, *exclude_columns}
+        feature_columns = tuple(c for c in columns if c not in left_out)
+        if not feature_columns:
+            raise SourceError(f"feature_columns {ALL_COLUMNS!r}: {name} has no column besides the key, the target "
+                              "and exclude_columns")
     roles += [("features_column", features)] if features is not None else [
         ("feature_columns", column) for column in feature_columns]
     for role, column in roles:
@@ -147,20 +185,48 @@ def resolve_source(conn: psycopg.Connection, table: str, key: str, features: str
     if features is not None and types[features] not in FEATURE_FORMATS:
         raise SourceError(f"features_column {features!r} has type {types[features]}; use one of "
                           + ", ".join(FEATURE_FORMATS) + ", or scalar columns in feature_columns")
-    for column in feature_columns or ():
-        if types[column] not in SCALAR_TYPES:
-            raise SourceError(f"feature column {column!r} has type {types[column]}; feature columns must be one "
-                              "of " + ", ".join(SCALAR_TYPES) + " (cast it in a view materialized into a table)")
+    stray = [c for c in categorical_columns if c not in (feature_columns or ())]
+    if stray:
+        raise SourceError(f"categorical_columns {', '.join(map(repr, stray))} "
+                          f"{'is not a feature column' if len(stray) == 1 else 'are not feature columns'}; list "
+                          "only columns of feature_columns")
+    scalars = tuple(_feature_column(c, types[c], c in enums, c in categorical_columns) for c in feature_columns or ())
     if label is not None and label in (feature_columns or ()):
         raise SourceError(f"label_column {label!r} is also in feature_columns: the model would see its own target; "
                           "remove it from feature_columns")
+    if key in (feature_columns or ()):
+        raise SourceError(f"key_column {key!r} is also in feature_columns: a key identifies rows, it does not "
+                          "describe them; remove it from feature_columns")
     if label is not None:
-        _check_label_type(label, types[label], task)
+        _check_label_type(label, types[label], task, label in enums)
     _require_unique_key(conn, oid, name, relkind, key)
     feature_format = COLUMNS if features is None else FEATURE_FORMATS[types[features]]
     return Source(schema, relname, key, features, label, columns[key][1], feature_format,
-                  feature_columns=tuple(Column(c, types[c]) for c in feature_columns or ()), task=task,
-                  label_type=types[label] if label is not None else "")
+                  feature_columns=scalars, task=task,
+                  label_type=types[label] if label is not None else "",
+                  label_sql_type=columns[label][1] if label is not None else "", missing_values=missing_values)
+
+
+def _feature_column(name: str, type_: str, enum: bool, categorical: bool) -> Column:
+    """A feature column of kind NUMBER, DATE or CATEGORY; SourceError naming it, its type and what to do when it
+    can be none of them."""
+    if categorical or enum or type_ in CATEGORY_TYPES:
+        if type_.endswith("[]") or type_ in ("json", "jsonb", "bytea"):
+            raise SourceError(f"feature column {name!r} has type {type_}, which cannot be a category; exclude it")
+        return Column(name, type_, CATEGORY)
+    if type_ in SCALAR_TYPES:
+        return Column(name, type_, NUMBER)
+    if type_ in DATE_TYPES:
+        return Column(name, type_, DATE)
+    kinds = ", ".join([*SCALAR_TYPES, *DATE_TYPES, *CATEGORY_TYPES, "enum types"])
+    return _refuse_column(name, type_, kinds)
+
+
+def _refuse_column(name: str, type_: str, kinds: str) -> Column:
+    raise SourceError(
+        f"feature column {name!r} has type {type_}, which pgtrain cannot use as a feature (it takes {kinds}); "
+        f"leave it out with exclude_columns: [{name!r}], or cast it in a view materialized into a table (e.g. "
+        "a json field as text or a number)")
 
 
 def keyed_relation(conn: psycopg.Connection, table: str, key: str) -> tuple[int, str, str, str]:
@@ -192,28 +258,32 @@ def _require_unique_key(conn: psycopg.Connection, oid: int, name: str, relkind: 
         raise SourceError(_no_unique_index(conn, name, relkind, key))
 
 
-def _check_feature_params(features: str | None, feature_columns: tuple[str, ...] | None) -> None:
+def _check_feature_params(features: str | None, feature_columns: tuple[str, ...] | str | None) -> None:
     if features is not None and feature_columns is not None:
         raise SourceError(
-            f"both features_column ({features!r}) and feature_columns ({list(feature_columns)}) are set, but the "
-            "features come from one or the other: set features_column to null to train on the scalar columns, or "
-            "feature_columns to null to train on the array column")
+            f"both features_column ({features!r}) and feature_columns ({feature_columns!r}) are set, but the "
+            "features come from one or the other: leave features_column empty to train on the columns, or "
+            "feature_columns empty to train on the array column")
     if features is None and not feature_columns:
         raise SourceError(
-            "no features: set feature_columns to the scalar feature columns (in input order), or features_column "
-            "to one real[], double precision[] or bytea column (and feature_columns to null)")
+            f"no features: set feature_columns to {ALL_COLUMNS!r} or to the feature columns (in input order), or "
+            "features_column to one real[], double precision[] or bytea column")
+    if isinstance(feature_columns, str) and feature_columns != ALL_COLUMNS:
+        raise SourceError(f"feature_columns {feature_columns!r}: give {ALL_COLUMNS!r} or a list of columns")
+    if isinstance(feature_columns, str):
+        return
     duplicates = sorted({c for c in feature_columns or () if feature_columns.count(c) > 1})
     if duplicates:
         raise SourceError(f"feature_columns names {', '.join(map(repr, duplicates))} more than once; "
                           "list each column once")
 
 
-def _check_label_type(label: str, label_type: str, task: str) -> None:
-    if task == "classification" and label_type not in LABEL_TYPES:
+def _check_label_type(label: str, label_type: str, task: str, enum: bool = False) -> None:
+    if task == "classification" and label_type not in CLASS_TYPES and not enum:
         hint = " (for a numeric target, set task='regression')" if label_type in {
             *SCALAR_TYPES, *TARGET_ARRAY_TYPES} - {"boolean"} else ""
-        raise SourceError(f"label_column {label!r} has type {label_type}; classification needs an integer class "
-                          f"label{hint}")
+        raise SourceError(f"label_column {label!r} has type {label_type}; a class label is an integer, text, "
+                          f"varchar, char, boolean or enum column{hint}")
     if task == "regression" and label_type not in ({*SCALAR_TYPES, *TARGET_ARRAY_TYPES} - {"boolean"}):
         raise SourceError(
             f"label_column {label!r} has type {label_type}; a regression target is one of "

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from psycopg import sql
 
+from pgtrain.data.encoding import NULL_HASH, inputs
 from pgtrain.data.source.resolve import (
     ARRAY_ELEMENTS,
+    CATEGORY,
     COLUMNS,
+    DATE_TYPES,
     SCALAR_TYPES,
     WIRE_ARRAYS,
     Column,
@@ -53,7 +56,8 @@ BAD_ROW_KINDS: dict[str, str] = {
 # must be left out of the manifest, so compute_shards checks them too.
 LOAD_KINDS = ("non_finite", "out_of_range")
 # What a kind means when the features are scalar columns.
-COLUMN_KINDS = {"null_features": "a feature column is NULL", "non_finite": "a feature column is NaN or infinite",
+COLUMN_KINDS = {"null_features": "a feature column is NULL (missing_values='bad_row')",
+                "non_finite": "a feature column is NaN or infinite",
                 "out_of_range": "a feature column is beyond float32's range (|x| > 3.4028235e38)"}
 
 
@@ -99,6 +103,8 @@ def key_range(source: Source, lo: str | sql.Composable, hi: str | sql.Composable
 # --- values: checks and binary form ---------------------------------------------------------------------------
 
 def _scalar_non_finite(value: sql.Composable, type_: str) -> sql.Composable | None:
+    if type_ in DATE_TYPES:
+        return sql.SQL("(NOT isfinite({}))").format(value)
     if type_ not in _FLOATING:
         return None
     # NaN sorts above +Infinity in PostgreSQL (numeric too), so one comparison finds both.
@@ -139,11 +145,15 @@ def _any_of(parts: list[sql.Composable]) -> sql.Composable | None:
     return sql.SQL("coalesce({}, false)").format(sql.SQL(" OR ").join(parts))
 
 
-def column_checks(column: Column, value: sql.Composable | None = None) -> list[sql.Composable]:
+def column_checks(column: Column, value: sql.Composable | None = None, *, nulls: bool = True
+                  ) -> list[sql.Composable]:
     """SQL booleans (NULL when the value is NULL) of what makes one scalar feature value bad; ``value``: SQL for
-    the column's value (default: the column)."""
+    the column's value (default: the column). ``nulls``: a NULL is bad (missing_values='bad_row'). A category is
+    never bad: NULL is a level of its own."""
+    if column.kind == CATEGORY:
+        return []
     value = value if value is not None else sql.Identifier(column.name)
-    return [sql.SQL("{} IS NULL").format(value)] + [c for c in (
+    return ([sql.SQL("{} IS NULL").format(value)] if nulls else []) + [c for c in (
         _scalar_non_finite(value, column.type), _scalar_out_of_range(value, column.type)) if c is not None]
 
 
@@ -151,7 +161,7 @@ def row_checks(source: Source, dim: int, num_classes: int | None,
                output_dim: int | None = None, *, values: bool = True) -> dict[str, sql.Composable]:
     """SQL booleans (never NULL), one per bad-row kind of BAD_ROW_KINDS that applies to this source.
 
-    ``num_classes=None`` (inferred as max(label) + 1) only rules out negative labels. ``output_dim``: the width
+    ``num_classes``: labels are class numbers 0..num_classes-1 (None: any value is a class). ``output_dim``: the width
     of an array regression target. ``values=False`` leaves out the feature kinds of LOAD_KINDS (the loader checks
     every feature value it stores instead).
     """
@@ -159,9 +169,11 @@ def row_checks(source: Source, dim: int, num_classes: int | None,
     checks = feature_checks(source, dim, values=values)
     checks["null_label"] = sql.SQL("({} IS NULL)").format(label)
     target = source.target_format
-    if target == "label":
-        upper = sql.SQL(" OR {} >= {}").format(label, sql.Literal(num_classes)) if num_classes else sql.SQL("")
-        checks["label_out_of_range"] = sql.SQL("coalesce({} < 0{}, false)").format(label, upper)
+    if target == "label" and num_classes:
+        checks["label_out_of_range"] = sql.SQL("coalesce({l} < 0 OR {l} >= {n}, false)").format(
+            l=label, n=sql.Literal(num_classes))
+    elif target in ("label", "class"):
+        pass  # any value is a class; a NULL one is null_label
     elif target == "scalar":
         for kind, check in (("target_non_finite", _scalar_non_finite),
                             ("target_out_of_range", _scalar_out_of_range)):
@@ -181,11 +193,13 @@ def feature_checks(source: Source, dim: int, *, values: bool = True) -> dict[str
     without the per-value kinds of LOAD_KINDS unless ``values``."""
     checks = {"null_key": sql.SQL("({} IS NULL)").format(source.key)}
     if source.feature_format == COLUMNS:
-        columns = [(sql.Identifier(c.name), c.type) for c in source.feature_columns]
-        checks["null_features"] = sql.SQL("({})").format(sql.SQL(" OR ").join(
-            sql.SQL("{} IS NULL").format(v) for v, _ in columns))
+        nulls = source.missing_values == "bad_row"
+        valued = [(sql.Identifier(c.name), c.type) for c in source.feature_columns if c.kind != CATEGORY]
+        if nulls and valued:
+            checks["null_features"] = sql.SQL("({})").format(sql.SQL(" OR ").join(
+                sql.SQL("{} IS NULL").format(v) for v, _ in valued))
         for kind, check in (("non_finite", _scalar_non_finite), ("out_of_range", _scalar_out_of_range)):
-            found = _any_of([c for c in (check(v, t) for v, t in columns) if c is not None])
+            found = _any_of([c for c in (check(v, t) for v, t in valued) if c is not None])
             if found is not None:
                 checks[kind] = found
     else:
@@ -225,17 +239,21 @@ def bad_row(source: Source, dim: int, num_classes: int | None, output_dim: int |
         covered = {"null_features", "wrong_length"}
     else:
         covered = set()
-    if source.target_format == "label":
-        upper = sql.SQL(" AND {} < {}").format(source.label, sql.Literal(num_classes)) if num_classes else sql.SQL("")
-        merged["null_label"] = sql.SQL("(({} >= 0{}) IS NOT TRUE)").format(source.label, upper)
+    if source.target_format == "label" and num_classes:
+        merged["null_label"] = sql.SQL("(({l} >= 0 AND {l} < {n}) IS NOT TRUE)").format(
+            l=source.label, n=sql.Literal(num_classes))
         covered |= {"null_label", "label_out_of_range"}
     parts = [merged.get(kind, check) for kind, check in checks.items() if kind not in covered or kind in merged]
     return sql.SQL("({})").format(sql.SQL(" OR ").join(parts))
 
 
 def _scalar_value(value: sql.Composable, type_: str) -> sql.Composable:
-    """SQL: one scalar as real or double precision (SCALAR_TYPES says which), never raising for a value the
-    checks let through."""
+    """SQL: one scalar as real or double precision (SCALAR_TYPES says which; dates: days since 1970-01-01 as
+    double precision), never raising for a value the checks let through."""
+    if type_ in DATE_TYPES:
+        if type_ == "date":
+            value = sql.SQL("CAST({} AS timestamp)").format(value)
+        return sql.SQL("(date_part('epoch', {}) / 86400)").format(value)
     if type_ in ("real", "double precision"):
         return value
     if type_ == "numeric":
@@ -254,13 +272,39 @@ def _scalar_send(value: sql.Composable, type_: str) -> sql.Composable:
     return sql.SQL("float{}send({})").format(sql.SQL(SCALAR_TYPES[type_][1]), _scalar_value(value, type_))
 
 
+def text_hash(value: sql.Composable) -> sql.Composable:
+    """SQL bigint: the 64-bit hash a categorical value or class travels as (NULL for NULL): of its text form, byte
+    for byte (collation "C"), so that PostgreSQL and the recorded levels agree whatever the column's collation."""
+    return sql.SQL('hashtextextended(CAST({} AS text) COLLATE "C", 0)').format(value)
+
+
+def input_value(part: str, column: Column, null_hash: int) -> sql.Composable:
+    """SQL for one column of the input row (``pgtrain.data.encoding.inputs``): a value (a NULL imputed with the
+    column's mean when it has one), a 0/1 "was missing", or a category's hash (``null_hash`` for NULL)."""
+    name = sql.Identifier(column.name)
+    if part == "missing":
+        return sql.SQL("CAST(CAST({} IS NULL AS integer) AS real)").format(name)
+    if part == "code":
+        return sql.SQL("coalesce({}, {})").format(text_hash(name), sql.Literal(null_hash))
+    value = _scalar_value(name, column.type)
+    if column.mean is None:
+        return value
+    return sql.SQL("coalesce({}, CAST({} AS {}))").format(
+        value, sql.Literal(repr(float(column.mean))), sql.SQL("real" if column.wire == "f4" else "double precision"))
+
+
 def feature_groups(source: Source) -> dict[str, list[int]]:
-    """Scalar feature columns: wire ('f4', 'f8') -> positions in feature order; the payload holds the f4
-    group first, then the f8 group, each in feature order, each one real[] or double precision[] (array_send)."""
-    groups: dict[str, list[int]] = {"f4": [], "f8": []}
-    for i, column in enumerate(source.feature_columns):
-        groups[column.wire].append(i)
+    """Scalar feature columns: wire ('f4', 'f8', 'h8') -> positions in the input row
+    (``pgtrain.data.encoding.inputs``); the payload holds the groups in that order, each in input order, each one
+    real[], double precision[] or bigint[] (array_send)."""
+    groups: dict[str, list[int]] = {"f4": [], "f8": [], "h8": []}
+    for i, (part, column) in enumerate(_inputs(source)):
+        groups["f4" if part == "missing" else column.wire].append(i)
     return {wire: positions for wire, positions in groups.items() if positions}
+
+
+def _inputs(source: Source) -> list[tuple[str, Column]]:
+    return inputs(source.feature_columns)
 
 
 def feature_payload(source: Source) -> sql.Composable:
@@ -269,21 +313,24 @@ def feature_payload(source: Source) -> sql.Composable:
         return source.features
     if source.feature_format != COLUMNS:
         return sql.SQL("array_send({})").format(source.features)
+    planned = _inputs(source)
     # One array per group, built in one allocation and sent by array_send: measured faster than concatenating
     # one float4send per column (each || copies the row so far) and than the plain COPY's 100 fields.
     return sql.SQL(" || ").join(
         sql.SQL("array_send(CAST(ARRAY[{}] AS {}))").format(
-            sql.SQL(", ").join(_scalar_value(sql.Identifier(source.feature_columns[i].name),
-                                             source.feature_columns[i].type) for i in positions),
+            sql.SQL(", ").join(input_value(*planned[i], NULL_HASH) for i in positions),
             sql.SQL(ARRAY_ELEMENTS[WIRE_ARRAYS[wire]] + "[]"))
         for wire, positions in feature_groups(source).items())
 
 
 def target_payload(source: Source) -> sql.Composable:
-    """SQL bytea: a row's label (int4) or regression target (scalar or array) as the loader reads it."""
+    """SQL bytea: a row's label (int4; a class list's: its hash, int8) or regression target (scalar or array) as
+    the loader reads it."""
     target = source.target_format
     if target == "label":
         return sql.SQL("int4send(CAST({} AS integer))").format(source.label)
+    if target == "class":
+        return sql.SQL("int8send({})").format(text_hash(source.label))
     if target == "scalar":
         return _scalar_send(source.label, source.label_type)
     return sql.SQL("array_send({})").format(source.label)
