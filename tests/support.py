@@ -132,3 +132,52 @@ class ProcessWatch:
                     self.passfiles.add(variables[b"PGPASSFILE"].decode())
                 if b"PGPASSWORD" in variables:
                     self.leaks.append(f"PGPASSWORD in the environment of rank process {proc.name}")
+
+
+# A table kept the way people keep one: text, varchar, char(1), enum and boolean columns, a date, NULLs in numeric
+# and text columns, a free-text note and a text class label (species follows from island, colour, body mass).
+MIXED_TABLE = """
+CREATE TYPE public.cut AS ENUM ('Fair', 'Good', 'Very Good', 'Premium', 'Ideal');
+CREATE TABLE public.penguins (
+    id integer PRIMARY KEY, island text, sex varchar(8), colour char(1), cut public.cut NOT NULL,
+    flagged boolean NOT NULL, body_mass double precision, bill real NOT NULL, seen date NOT NULL,
+    species text)"""
+ISLANDS, COLOURS, SPECIES = ["Biscoe", "Dream", "Torgersen"], ["a", "b", "c", "d"], ["Adelie", "Chinstrap", "Gentoo"]
+
+
+def mixed_rows(rows: int, seed: int = 0, first_id: int = 1) -> list[tuple[Any, ...]]:
+    """Rows of ``MIXED_TABLE``: about 10% NULL body masses, 5% NULL islands, 3% NULL sexes."""
+    import datetime
+
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    island = rng.integers(0, 3, rows)
+    colour = rng.integers(0, 4, rows)
+    mass = rng.normal(4000.0, 600.0, rows)
+    species = (island + (mass > 4200) + (colour == 3)) % 3
+    out = []
+    for i in range(rows):
+        out.append((
+            first_id + i, None if rng.random() < 0.05 else ISLANDS[island[i]],
+            None if rng.random() < 0.03 else ("male", "female")[i % 2], COLOURS[colour[i]],
+            ("Fair", "Good", "Very Good", "Premium", "Ideal")[i % 5], bool(i % 3 == 0),
+            None if rng.random() < 0.1 else float(mass[i]), float(rng.normal(40.0, 5.0)),
+            datetime.date(2020, 1, 1) + datetime.timedelta(days=int(i % 700)), SPECIES[species[i]]))
+    return out
+
+
+def make_mixed_table(conn: psycopg.Connection, rows: int, seed: int = 0) -> None:
+    conn.execute(MIXED_TABLE)
+    insert_mixed_rows(conn, mixed_rows(rows, seed))
+
+
+def insert_mixed_rows(conn: psycopg.Connection, rows: list[tuple[Any, ...]]) -> None:
+    with conn.cursor() as cur:
+        cur.executemany("INSERT INTO public.penguins VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)", rows)
+
+
+def mixed_params(**params: Any) -> dict[str, Any]:
+    """Train on every column of public.penguins, predicting the text species."""
+    return {"source_table": "public.penguins", "key_column": "id", "feature_columns": "*",
+            "label_column": "species", "model_name": "penguins", "min_category_count": 1, **params}

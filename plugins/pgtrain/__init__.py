@@ -8,8 +8,8 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    # load_model and predict need torch: import it only when they are used, not with pgtrain.
-    if name in {"load_model", "predict"}:
+    # load_model, load_predictor and predict need torch: import it only when they are used, not with pgtrain.
+    if name in {"load_model", "load_predictor", "predict"}:
         from pgtrain.store import inference
 
         return getattr(inference, name)

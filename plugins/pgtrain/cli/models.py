@@ -6,7 +6,8 @@
     pgtrain-models rollback MODEL [VERSION]      same; default: the newest version older than the head
     pgtrain-models export MODEL [VERSION] -o F   torch.save state dict (loads into the version's model)
     pgtrain-models predict --model M [--version N] --source T --key-column K [--feature-columns C ...] --into T
-                           [--skip-bad-rows]     score a table's rows, write (key, prediction) into a table
+                           [--skip-bad-rows] [--probabilities]
+                                                 score a table's rows, write (key, prediction) into a table
     pgtrain-models gc MODEL --keep N [--force]   delete old versions (never the head; --force: also earlier heads)
     pgtrain-models history MODEL                 every move of the head
     pgtrain-models locks                         lock holders, tokens, leases
@@ -96,7 +97,8 @@ def cmd_predict(conn, args) -> int:
     from pgtrain.store.inference import predict  # torch only for this command
 
     done = predict(conn, args.model, args.version, args.source, args.key_column, args.into,
-                   feature_columns=args.feature_columns, batch_rows=args.batch_rows, skip_bad_rows=args.skip_bad_rows)
+                   feature_columns=args.feature_columns, batch_rows=args.batch_rows, skip_bad_rows=args.skip_bad_rows,
+                   probabilities=args.probabilities)
     skipped = f" (skipped {done.skipped} bad rows)" if done.skipped else ""
     print(f"wrote {done.rows} predictions of {done.model_name} version {done.version} into {done.into}{skipped}")
     return 0
@@ -202,6 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-rows", type=int, default=10_000, help="rows read and scored at a time")
     p.add_argument("--skip-bad-rows", action="store_true",
                    help="score the other rows when some have a NULL key or NULL/non-finite features (default: refuse)")
+    p.add_argument("--probabilities", action="store_true",
+                   help="classification: also write each class's probability (double precision[], in class order)")
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("gc", help="delete old versions and their tensors")

@@ -43,8 +43,9 @@ class Encoded:
 
 def lean_aggregates(source: Source, num_classes: int | None) -> list[sql.Composable]:
     """The aggregates ``encode`` reads from the row check's lean scan (``check_rows(extra=...)``), over the rows it
-    checks: per numeric or date column its mean over the values within float32's range and its non-NULL count; for integer labels
-    without num_classes, their minimum and a bit mask of the labels 0..LABEL_MASK_BITS-1 present."""
+    checks: per numeric or date column its mean over the values within float32's range and its non-NULL count;
+    for integer labels without num_classes, their minimum and a bit mask of the labels 0..LABEL_MASK_BITS-1
+    present."""
     aggregates = []
     for column in _valued(source):
         value = sql.SQL("CAST({} AS double precision)").format(_scalar_value(sql.Identifier(column.name), column.type))

@@ -10,9 +10,9 @@ key, NULL, non-finite or out-of-range features, wrong length) stop it with a rep
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,8 +22,15 @@ from psycopg.pq import TransactionStatus
 
 from pgtrain.core import db
 from pgtrain.core.errors import PgtrainError, SourceError
-from pgtrain.data import copy_binary
-from pgtrain.data.source.resolve import COLUMNS, MissingColumnError, Source, find_relation, resolve_source
+from pgtrain.data import copy_binary, encoding
+from pgtrain.data.source.resolve import (
+    CATEGORY,
+    COLUMNS,
+    MissingColumnError,
+    Source,
+    find_relation,
+    resolve_source,
+)
 from pgtrain.data.source.rows import BAD_ROW_KINDS, COLUMN_KINDS, feature_checks, feature_payload
 from pgtrain.data.source.snapshot import prefer_index_order, snapshot_transaction
 from pgtrain.data.wire import feature_groups_of, fill_features, source_feature_fields
@@ -34,6 +41,7 @@ if TYPE_CHECKING:
 
 DEFAULT_BATCH_ROWS = 10_000
 PREDICTION_COLUMN = "prediction"
+PROBABILITIES_COLUMN = "probabilities"
 EXAMPLE_KEYS = 10  # as many as pgtrain.example_keys keeps
 _FLOAT8_OID = 701
 _I64 = np.dtype(">i8")
@@ -62,7 +70,7 @@ def load_model(conn_or_url: psycopg.Connection | str, name: str, version: int | 
 
 def predict(conn: psycopg.Connection, name: str, version: int | str | None, source: str, key_column: str, into: str,
             feature_columns: Sequence[str] | None = None, batch_rows: int = DEFAULT_BATCH_ROWS, *,
-            skip_bad_rows: bool = False) -> Prediction:
+            skip_bad_rows: bool = False, probabilities: bool = False) -> Prediction:
     """Score every row of ``source`` with the version and write (key, prediction) into ``into``.
 
     ``source`` needs a unique index on ``key_column``, as a training source does. Feature columns default to
@@ -83,8 +91,13 @@ def predict(conn: psycopg.Connection, name: str, version: int | str | None, sour
         scored = _scoring_source(conn, name, number, spec, source, key_column, feature_columns)
         classify = spec.get("task", "classification") == "classification"
         output_dim = int(spec["output_dim"])
-        target = _target_table(conn, into, scored, "integer" if classify else
-                               "double precision" if output_dim == 1 else "double precision[]")
+        if probabilities and not classify:
+            raise PgtrainError(f"model {name!r} version {number} is a regression: it has no class probabilities")
+        classes = (spec.get("encoding") or {}).get("classes") if classify else None
+        prediction_type = (spec["encoding"]["label_sql_type"] if classes is not None else "integer" if classify
+                           else "double precision" if output_dim == 1 else "double precision[]")
+        target = _target_table(conn, into, scored, prediction_type, probabilities)
+        fields = _class_fields(conn, classes, prediction_type) if classes is not None else None
         skipped = _null_keys(conn, scored)
         if skipped and not skip_bad_rows:
             raise SourceError(_bad_rows_message(conn, scored, input_dim))
@@ -94,8 +107,69 @@ def predict(conn: psycopg.Connection, name: str, version: int | str | None, sour
                 raise SourceError(_bad_rows_message(conn, scored, input_dim))
             skipped += bad
             if keys:
-                rows += _write_page(conn, target, scored, keys, _forward(model, x), classify, output_dim)
+                rows += _write_page(conn, target, scored, keys, _forward(model, x), classify, output_dim, fields,
+                                    probabilities)
     return Prediction(name, number, into, rows, skipped)
+
+
+class Predictor:
+    """A committed version that scores rows given as mappings of column name -> Python value (what psycopg
+    returns), encoded exactly as training encoded its rows; labels come back in the target column's type."""
+
+    def __init__(self, name: str, version: int, spec: dict[str, Any], model: torch.nn.Module) -> None:
+        self.name, self.version, self.spec, self.model = name, version, spec, model
+        self.columns = encoding.columns_of(spec.get("encoding") or {})
+        self.feature_columns: tuple[str, ...] = tuple(spec.get("feature_columns") or ())
+        self.task = spec.get("task", "classification")
+        recorded = spec.get("encoding") or {}
+        self.classes = recorded.get("classes") if self.task == "classification" else None
+        self.label_type = recorded.get("label_type", "integer")
+
+    def inputs(self, rows: Iterable[Mapping[str, Any]]) -> np.ndarray:
+        """The rows as the model's input rows (float32)."""
+        rows = list(rows)
+        if self.columns:
+            return encoding.input_rows(self.columns, rows)
+        width = int(self.spec["input_dim"])
+        if len(self.feature_columns) == 1 and width > 1:  # one array (or packed float32 bytea) column
+            (column,) = self.feature_columns
+            out = np.empty((len(rows), width), np.float32)
+            for i, row in enumerate(rows):
+                value = row[column]
+                out[i] = np.frombuffer(value, "<f4") if isinstance(value, bytes | memoryview) else value
+            return out
+        return np.array([[float(row[c]) for c in self.feature_columns] for row in rows], np.float32).reshape(
+            len(rows), width)
+
+    def outputs(self, rows: Iterable[Mapping[str, Any]]) -> np.ndarray:
+        return _forward(self.model, self.inputs(rows))
+
+    def predict_proba(self, rows: Iterable[Mapping[str, Any]]) -> np.ndarray:
+        """Classification: each row's class probabilities (rows x classes), in ``classes`` order."""
+        import torch
+
+        if self.task != "classification":
+            raise PgtrainError(f"model {self.name!r} version {self.version} is a regression: no probabilities")
+        return torch.softmax(torch.from_numpy(self.outputs(rows)), 1).numpy()
+
+    def predict(self, rows: Iterable[Mapping[str, Any]]) -> list[Any]:
+        """Each row's prediction: its class in the label's type (text, bool, int, ...), or the regression target
+        (a float, or a list of floats)."""
+        out = self.outputs(rows)
+        if self.task != "classification":
+            return out[:, 0].tolist() if out.shape[1] == 1 else out.tolist()
+        best = out.argmax(axis=1).tolist()
+        if self.classes is None:
+            return best
+        return [encoding.from_text(self.classes[i], self.label_type) for i in best]
+
+
+def load_predictor(conn_or_url: psycopg.Connection | str, name: str, version: int | str = "head") -> Predictor:
+    """The version (``"head"`` or a number) as a :class:`Predictor`: ``predict(rows)``, ``predict_proba(rows)``."""
+    with _connection(conn_or_url) as conn:
+        number, spec, _ = model_store.version_layout(conn, name, _version_number(version))
+        _, arrays = model_store.load_tensors(conn, name, number)
+    return Predictor(name, number, spec, _build(name, number, spec, arrays))
 
 
 # -- the model --------------------------------------------------------------------------------------------
@@ -108,7 +182,7 @@ def _build(name: str, version: int, spec: dict[str, Any], arrays: dict[str, np.n
         raise PgtrainError(f"model {name!r} version {version} records no model spec to rebuild it from; "
                            "export its state dict instead (pgtrain-models export)")
     model = build_model(spec["model"], int(spec["input_dim"]), int(spec["output_dim"]),
-                        spec.get("model_options") or {}, seed=0)
+                        spec.get("model_options") or {}, seed=0, encoding=spec.get("encoding"))
     # assign: the module's tensors become the arrays just read, instead of a second copy of the weights
     model.load_state_dict({n: torch.from_numpy(a) for n, a in arrays.items()}, strict=True, assign=True)
     return model.eval()
@@ -171,10 +245,29 @@ def _scoring_source(conn: psycopg.Connection, name: str, version: int, spec: dic
             "--feature-columns (feature_columns=) naming this table's columns in that order",
             error.role, error.columns) from None
     input_dim = int(spec["input_dim"])
+    if spec.get("encoding") and source.feature_format == COLUMNS:
+        return _encoded_source(source, spec["encoding"], name, version)
     if source.feature_format == COLUMNS and len(columns) != input_dim:
         raise SourceError(f"model {name!r} version {version} takes {input_dim} features but {len(columns)} columns "
                           f"were given ({', '.join(map(repr, columns))})")
     return source
+
+
+def _encoded_source(source: Source, recorded: dict[str, Any], name: str, version: int) -> Source:
+    """The table's columns encoded as the version's were: each recorded column (by position) with its kind,
+    levels and mean; SourceError when the table's column cannot be read as that kind."""
+    planned = encoding.columns_of(recorded)
+    if len(planned) != len(source.feature_columns):
+        raise SourceError(f"model {name!r} version {version} takes the {len(planned)} columns "
+                          f"{', '.join(repr(c.name) for c in planned)}; {len(source.feature_columns)} were given")
+    columns = []
+    for found, want in zip(source.feature_columns, planned, strict=True):
+        if want.kind != CATEGORY and found.kind != want.kind:
+            raise SourceError(f"column {found.name!r} of {source.qualified_name} has type {found.type}, but model "
+                              f"{name!r} version {version} was trained on a {want.kind} column of type {want.type} "
+                              f"there ({want.name!r})")
+        columns.append(replace(want, name=found.name, type=found.type))
+    return replace(encoding.apply(source, recorded), feature_columns=tuple(columns))
 
 
 def _null_keys(conn: psycopg.Connection, source: Source) -> int:
@@ -253,7 +346,8 @@ def _bad_rows_message(conn: psycopg.Connection, source: Source, dim: int) -> str
 
 
 # -- the target -------------------------------------------------------------------------------------------
-def _target_table(conn: psycopg.Connection, into: str, source: Source, prediction_type: str) -> sql.Identifier:
+def _target_table(conn: psycopg.Connection, into: str, source: Source, prediction_type: str,
+                  probabilities: bool = False) -> sql.Identifier:
     try:
         with conn.transaction():
             parts = conn.execute("SELECT parse_ident(%s)", (into,)).fetchone()[0]
@@ -263,12 +357,15 @@ def _target_table(conn: psycopg.Connection, into: str, source: Source, predictio
         raise PgtrainError(f"--into {into!r}: give a table or schema.table")
     target = sql.Identifier(*parts)
     key_type = sql.SQL(source.key_type)  # format_type() of the source's key, from the catalog
-    conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({} {} PRIMARY KEY, {} {} NOT NULL)").format(
-        target, source.key, key_type, sql.Identifier(PREDICTION_COLUMN), sql.SQL(prediction_type)))
+    extra = sql.SQL(", {} double precision[] NOT NULL").format(sql.Identifier(PROBABILITIES_COLUMN)) if (
+        probabilities) else sql.SQL("")
+    conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({} {} PRIMARY KEY, {} {} NOT NULL{})").format(
+        target, source.key, key_type, sql.Identifier(PREDICTION_COLUMN), sql.SQL(prediction_type), extra))
     oid = find_relation(conn, target.as_string(conn), role="--into")[0]
     have = dict(conn.execute("""SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute
                                 WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped""", (oid,)).fetchall())
-    wanted = {source.key_column: source.key_type, PREDICTION_COLUMN: prediction_type}
+    wanted = {source.key_column: source.key_type, PREDICTION_COLUMN: prediction_type,
+              **({PROBABILITIES_COLUMN: "double precision[]"} if probabilities else {})}
     wrong = [f"{c} {t}" for c, t in wanted.items() if have.get(c) != t]
     if wrong:
         raise PgtrainError(f"table {into!r} exists without the columns predict writes ({', '.join(wrong)}); "
@@ -276,25 +373,56 @@ def _target_table(conn: psycopg.Connection, into: str, source: Source, predictio
     return target
 
 
+def _class_fields(conn: psycopg.Connection, classes: Sequence[str], sql_type: str) -> list[bytes]:
+    """Each class as a binary COPY field of the label's type (length word, then the type's send form)."""
+    # format_type() of the label column, from the catalog (never user text), as for the key's type
+    (send,) = conn.execute("SELECT typsend::regproc::text FROM pg_type WHERE oid = %s::regtype", (sql_type,)).fetchone()
+    values = conn.execute(sql.SQL("SELECT {}(CAST(c AS {})) FROM unnest(CAST(%s AS text[])) WITH ORDINALITY AS u(c, i) "
+                                  "ORDER BY i").format(sql.Identifier("pg_catalog", send.split(".")[-1]),
+                                                       sql.SQL(sql_type)),
+                          (list(classes),), binary=True).fetchall()
+    return [copy_binary.I32.pack(len(v)) + bytes(v) for (v,) in values]
+
+
+def _float8_arrays(values: np.ndarray) -> np.ndarray:
+    """Rows of ``values`` as binary COPY fields of double precision[] (numpy records, one per row)."""
+    width = values.shape[1]
+    cell = np.dtype([("len", ">i4"), ("v", ">f8")])
+    fields = np.empty(len(values), dtype=[("len", ">i4"), ("head", ">i4", 5), ("cells", cell, (width,))])
+    fields["len"], fields["head"] = 20 + cell.itemsize * width, (1, 0, _FLOAT8_OID, width, 1)
+    fields["cells"]["len"], fields["cells"]["v"] = 8, values
+    return fields
+
+
 def _write_page(conn: psycopg.Connection, target: sql.Identifier, source: Source, keys: list[memoryview],
-                out: np.ndarray, classify: bool, output_dim: int) -> int:
+                out: np.ndarray, classify: bool, output_dim: int, class_fields: list[bytes] | None = None,
+                probabilities: bool = False) -> int:
     # Each prediction as a binary COPY field (length word, then the value), built for the whole page at once.
-    if classify:
+    if class_fields is not None:
+        by_class = out.argmax(axis=1)
+        cells = [class_fields[c] for c in by_class.tolist()]
+    elif classify:
         fields = np.empty(len(out), dtype=[("len", ">i4"), ("v", ">i4")])
         fields["len"], fields["v"] = 4, out.argmax(axis=1)
     elif output_dim == 1:
         fields = np.empty(len(out), dtype=[("len", ">i4"), ("v", ">f8")])
         fields["len"], fields["v"] = 8, out[:, 0]
     else:  # a 1-D double precision[]: ndim, hasnull, element type, length, lower bound, then the elements
-        cell = np.dtype([("len", ">i4"), ("v", ">f8")])
-        fields = np.empty(len(out), dtype=[("len", ">i4"), ("head", ">i4", 5), ("cells", cell, (output_dim,))])
-        fields["len"], fields["head"] = 20 + cell.itemsize * output_dim, (1, 0, _FLOAT8_OID, output_dim, 1)
-        fields["cells"]["len"], fields["cells"]["v"] = 8, out
-    raw, size = fields.tobytes(), fields.dtype.itemsize
-    field_count = copy_binary.I16.pack(2)
-    rows = b"".join(field_count + k + raw[i * size:(i + 1) * size] for i, k in enumerate(keys))
-    statement = sql.SQL("COPY {} ({}, {}) FROM STDIN (FORMAT BINARY)").format(
-        target, source.key, sql.Identifier(PREDICTION_COLUMN))
+        fields = _float8_arrays(out)
+    if class_fields is None:
+        raw, size = fields.tobytes(), fields.dtype.itemsize
+        cells = [raw[i * size:(i + 1) * size] for i in range(len(keys))]
+    columns = [source.key, sql.Identifier(PREDICTION_COLUMN)]
+    if probabilities:
+        import torch
+
+        p = _float8_arrays(torch.softmax(torch.from_numpy(out), 1).double().numpy())
+        raw, size = p.tobytes(), p.dtype.itemsize
+        cells = [c + raw[i * size:(i + 1) * size] for i, c in enumerate(cells)]
+        columns.append(sql.Identifier(PROBABILITIES_COLUMN))
+    field_count = copy_binary.I16.pack(len(columns))
+    rows = b"".join(field_count + k + c for k, c in zip(keys, cells, strict=True))
+    statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(target, sql.SQL(", ").join(columns))
     try:
         with conn.transaction(), conn.cursor() as cur, cur.copy(statement) as copy:
             copy.write(copy_binary.HEADER)
