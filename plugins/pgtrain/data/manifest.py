@@ -341,7 +341,7 @@ def _feature_width(conn: psycopg.Connection, source: Source, given: int | None) 
 def _target_width(conn: psycopg.Connection, source: Source) -> int | None:
     """Regression: the target's width (1 for a scalar column, else the most common array length among the first
     rows); None for classification."""
-    if source.target_format == "label":
+    if source.task == "classification":
         return None
     if source.target_format == "scalar":
         return 1

@@ -116,7 +116,7 @@ class Source:
         """'label' (classification by class number), 'class' (by a list of classes), 'scalar', or the array format
         of a regression target."""
         if self.task == "classification":
-            return "label" if self.classes is None else "class"
+            return "label" if self.classes is None and self.label_type in LABEL_TYPES else "class"
         return TARGET_ARRAY_TYPES.get(self.label_type, "scalar")
 
 
