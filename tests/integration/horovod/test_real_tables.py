@@ -16,6 +16,7 @@ from dev import examples
 from pgtrain.data import manifest
 from pgtrain.runs import record
 from tests.conftest import REPO
+from tests.support import make_mixed_table
 
 pytestmark = [pytest.mark.airflow, pytest.mark.horovod]
 
@@ -102,3 +103,26 @@ def test_diabetes_regression_matches_ridge(airflow_env, db_url, settings_file):
     assert ridge_r2 > 0.3
     assert metrics["val_r2"] == pytest.approx(ridge_r2, abs=0.05), (metrics, ridge_r2)
     assert metrics["val_rmse"] > 0 and "val_accuracy" not in metrics
+
+
+def test_a_table_with_categories_nulls_and_a_text_label_trains_through_the_dag_on_one_and_two_ranks(
+        airflow_env, db_url, settings_file):
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        make_mixed_table(conn, 900)
+    for ranks in (1, 2):
+        dags_test(airflow_env, db_url, settings_file, {
+            "source_table": "public.penguins", "feature_columns": "*", "label_column": "species",
+            "model_name": f"penguins-{ranks}", "world_size": ranks, "epochs": 15, "hidden_sizes": [16]})
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        specs = dict(conn.execute("SELECT model_name, spec FROM pgtrain.model_versions WHERE model_name LIKE "
+                                  "'penguins-%' ORDER BY model_name").fetchall())
+        one, two = specs["penguins-1"], specs["penguins-2"]
+        assert one["encoding"] == two["encoding"] and one["input_dim"] == two["input_dim"] == 9  # same vocabularies
+        assert one["feature_columns"] == ["island", "sex", "colour", "cut", "flagged", "body_mass", "bill", "seen"]
+        subprocess.run([str(REPO / ".venv/bin/pgtrain-models"), "predict", "--model", "penguins-2", "--source",
+                        "public.penguins", "--key-column", "id", "--into", "public.scored"],
+                       env={**airflow_env, "PGTRAIN_DATABASE_URL": db_url}, check=True, capture_output=True)
+        accuracy, labels = conn.execute(
+            "SELECT avg((s.prediction = p.species)::int), array_agg(DISTINCT s.prediction) "
+            "FROM public.scored s JOIN public.penguins p USING (id)").fetchone()
+    assert set(labels) <= {"Adelie", "Chinstrap", "Gentoo"} and accuracy > 0.6  # text labels; chance is 1/3

@@ -18,7 +18,7 @@ from pgtrain.launch import local as launch_local
 from pgtrain.runs import record
 from pgtrain.store import tensors
 from pgtrain.store.model_spec import ModelSpec
-from tests.support import planned_run, run_job, seed_samples
+from tests.support import make_mixed_table, mixed_params, planned_run, run_job, seed_samples
 from trainer.model import build_model
 from trainer.train import MOMENTUM, batch_and_rate, epoch_batches, parse_args, steps_per_epoch
 
@@ -48,8 +48,10 @@ def reference_training(autocommit: psycopg.Connection, run: record.Run, loss_of)
     data = [loader.load_shard(autocommit, source, s, run.input_dim, config.validation_fraction, config.seed)
             for s in shards]
     train = [np.flatnonzero(~d.is_validation) for d in data]
-    model = build_model(config.model, run.input_dim, run.output_dim, config.model_options_for_build, config.seed)
+    model = build_model(config.model, run.input_dim, run.output_dim, config.model_options_for_build, config.seed,
+                        run.encoding)
     everything = torch.from_numpy(np.concatenate([d.features[t] for d, t in zip(data, train, strict=True)])).double()
+    everything = everything[:, :model.standardized_columns]  # categorical codes are one-hot encoded, not scaled
     std = everything.std(0, unbiased=False)
     model.normalizer.mean.copy_(everything.mean(0).float())
     model.normalizer.std.copy_(torch.where(std < 1e-6, torch.ones_like(std), std).float())
@@ -81,7 +83,7 @@ def assert_same_parameters(distributed: dict[str, np.ndarray], model: torch.nn.M
     # The comparison has teeth: training moved every layer far beyond the tolerance from where it started.
     config = run.config
     initial = build_model(config.model, run.input_dim, run.output_dim, config.model_options_for_build,
-                          config.seed).state_dict()
+                          config.seed, run.encoding).state_dict()
     for name in (n for n in reference if n.startswith("net.")):
         assert np.abs(distributed[name] - initial[name].numpy()).max() > 1e-3, name
 
@@ -233,3 +235,17 @@ def test_a_job_past_its_timeout_is_stopped(autocommit, db_url, monkeypatch):
         launch_local.run_local(run.run_id, 2, db_url, logging.getLogger("test.timeout"), timeout_seconds=1)
     assert time.monotonic() - started < 10
     assert "started" in str(failure.value)
+
+
+def test_two_rank_training_on_categories_and_imputed_nulls_equals_single_process(autocommit, db_url):
+    """Text, varchar, char(1), enum and boolean columns, a date, NULLs imputed, a text label: 2 ranks == 1 process."""
+    make_mixed_table(autocommit, 240)
+    run = planned_run(autocommit, world_size=2, epochs=2, batch_size=8, hidden_sizes=[6], validation_fraction=0.2,
+                      learning_rate=0.1, seed=4, **mixed_params())
+    assert run.encoding["classes"] == ["Adelie", "Chinstrap", "Gentoo"]
+    assert any(c["missing"] for c in run.encoding["columns"])  # body_mass: imputed, with its "was missing" input
+    run_job(run, db_url)
+    distributed = tensors.read_staged(autocommit, run.run_id)
+    model, _ = reference_training(autocommit, run, lambda m, x, y: F.cross_entropy(m(x), y))
+    assert_same_parameters(distributed, model, run)
+    assert distributed["net.0.weight"].shape[1] == 5 + 5 + 4 + 6 + 7  # numbers + missing, then one-hot levels
