@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.rows import dict_row
 
 torch = pytest.importorskip("torch")
@@ -116,13 +117,14 @@ def test_integer_labels_are_classes_unless_they_are_already_0_to_k(ac):
 
 
 def test_a_class_only_validation_rows_have_is_reported_and_coded_unseen(ac):
-    from pgtrain.data.source.rows import is_validation
     from pgtrain.data.source.resolve import resolve_source
+    from pgtrain.data.source.rows import is_validation
 
     ac.execute("CREATE TABLE t (id integer PRIMARY KEY, x real, label text)")
-    ac.execute("INSERT INTO t SELECT g, g, CASE WHEN g % 2 = 0 THEN 'even' ELSE 'odd' END FROM generate_series(1, 400) g")
+    ac.execute("INSERT INTO t SELECT g, g, CASE WHEN g % 2 = 0 THEN 'even' ELSE 'odd' END "
+               "FROM generate_series(1, 400) g")
     source = resolve_source(ac, "public.t", "id", None, "label", feature_columns=("x",))
-    (held,) = ac.execute(f"SELECT min(id) FROM t WHERE {is_validation(source, 0.1, 0).as_string(ac)}").fetchone()
+    (held,) = ac.execute(sql.SQL("SELECT min(id) FROM t WHERE {}").format(is_validation(source, 0.1, 0))).fetchone()
     ac.execute("UPDATE t SET label = 'unicorn' WHERE id = %s", (held,))
     run = record.plan_run(ac, "test", "r", __import__("pgtrain").config.params.TrainingConfig.from_mapping(
         {"source_table": "public.t", "feature_columns": ["x"]}))
@@ -209,7 +211,8 @@ def test_an_enum_or_boolean_label_is_predicted_in_its_own_type(ac, db_url):
         (kind,) = ac.execute("SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = "
                              "%s::regclass AND attname = 'prediction'", (f"public.{label}_scored",)).fetchone()
         assert kind == ("grade" if label == "g" else "boolean")
-        values = [v for (v,) in ac.execute(f"SELECT prediction::text FROM public.{label}_scored ORDER BY id")]
+        values = [v for (v,) in ac.execute(sql.SQL("SELECT prediction::text FROM {} ORDER BY id").format(
+            sql.Identifier("public", f"{label}_scored")))]
         predicted = load_predictor(db_url, model_name).predict(rows_of(ac, "SELECT * FROM t ORDER BY id"))
         assert values == [str(v).lower() for v in predicted]
         assert all(isinstance(v, bool if label == "ok" else str) for v in predicted)

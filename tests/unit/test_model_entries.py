@@ -48,7 +48,7 @@ def test_the_default_file_schedules_the_digits_model_of_the_demo():
     digits = find_entry("digits-mlp", SHIPPED_MODELS_FILE)
     demo = TrainingConfig()  # what `make demo` trained before it ran this entry's DAG
     config = TrainingConfig.from_mapping({**digits.params, **digits.fixed_params(digits.settings(AuthorSettings()))})
-    for name in ("model_name", "source_table", "key_column", "features_column", "label_column", "task",
+    for name in ("model_name", "source_table", "key_column", "array_features_column", "label_column", "task",
                  "hidden_sizes", "launcher"):
         assert getattr(config, name) == getattr(demo, name), name
     assert config.world_size == 2  # the demo shows the distributed path (the default is one rank)
