@@ -27,9 +27,14 @@ Ratios are per round (text table / integer-code table of the same round), report
 - ``predict.raw_vs_encoded``: predict seconds, raw text table / integer-code table (target <= 1.3).
 
 Diagnostics: ``manifest.categorical.vocabulary_seconds`` (the vocabulary scan alone, in a snapshot of its own,
-once per round) and ``loader.categorical.coder_seconds`` (``encoding.Coder`` over every row's 5 hashes, numpy
-only, once per round). Every load is checked: the two tables' loaded numeric inputs are equal, and each text
-row's codes are the recorded codes of its integer twin's levels.
+once per round), ``loader.categorical.coder_seconds`` (``encoding.Coder`` over every row's 5 hashes, numpy
+only, once per round) and ``predict.{raw,encoded}_forward_seconds_median`` (the version's module, as
+``pgtrain.load_model`` returns it, over the loaded input rows in predict's pages: the torch share of predict,
+whose one-hot block makes the categorical model's first layer 530 inputs wide instead of 25). The load
+average at the start and the end is reported: on a 2-core machine other work moves every figure.
+
+Every load is checked: the two tables' loaded numeric inputs are equal, and each text row's codes are the
+recorded codes of its integer twin's levels.
 """
 
 from __future__ import annotations
@@ -180,6 +185,20 @@ def commit_version(conn: psycopg.Connection, run: record.Run) -> None:
     assert commit_run(conn, run.run_id, owner={"task_id": "bench"}).created
 
 
+def forward_seconds(conn: psycopg.Connection, table: str, x: np.ndarray) -> float:
+    """The head version's module (``pgtrain.load_model``) over input rows ``x`` in predict's pages: what predict
+    spends in torch."""
+    import torch
+
+    from pgtrain.store.inference import DEFAULT_BATCH_ROWS, load_model
+
+    model = load_model(conn, table)
+    with stopwatch() as forwarding, torch.no_grad():
+        for start in range(0, len(x), DEFAULT_BATCH_ROWS):
+            model(torch.from_numpy(x[start:start + DEFAULT_BATCH_ROWS]))
+    return forwarding()
+
+
 def predict_seconds(conn: psycopg.Connection, table: str, into: str, rows: int) -> float:
     from pgtrain.store.inference import predict
 
@@ -201,11 +220,12 @@ def main() -> None:
 
 
 def run_benchmark(url: str, rows: int, rounds: int) -> dict[str, float | int | str]:
+    load_average = os.getloadavg()[0]
     print(f"categorical benchmark: {rows} rows x ({NUMERIC} real + {CATEGORIES} categories of {LEVELS} levels), "
-          f"world_size {WORLD_SIZE}, {rounds} rounds, {machine()}, load average {os.getloadavg()[0]:.1f}",
+          f"world_size {WORLD_SIZE}, {rounds} rounds, {machine()}, load average {load_average:.1f}",
           flush=True)
     seconds: dict[str, dict[str, list[float]]] = {
-        phase: {t: [] for t in TABLES} for phase in ("plan", "load", "predict")}
+        phase: {t: [] for t in TABLES} for phase in ("plan", "load", "forward", "predict")}
     vocabulary, coder = [], []
     with psycopg.connect(url, autocommit=True) as conn:
         with stopwatch() as generating:
@@ -227,6 +247,8 @@ def run_benchmark(url: str, rows: int, rounds: int) -> dict[str, float | int | s
                 loaded[table], took = load_all(conn, loaded_runs[table])
                 seconds["load"][table].append(took)
             check_loaded(loaded_runs[TEXT], loaded[TEXT], loaded[CODES])
+            for table in order:
+                seconds["forward"][table].append(forward_seconds(conn, table, loaded[table]))
             del loaded
             coder.append(coder_seconds(conn, loaded_runs[TEXT], rows))
             for table in order:
@@ -244,6 +266,8 @@ def run_benchmark(url: str, rows: int, rounds: int) -> dict[str, float | int | s
     load_text, load_codes = seconds["load"][TEXT], seconds["load"][CODES]
     predict_text, predict_codes = seconds["predict"][TEXT], seconds["predict"][CODES]
     return {
+        "categorical.load_average_start": round(load_average, 2), "categorical.load_average_end": round(
+            os.getloadavg()[0], 2),
         "categorical.rows": rows, "categorical.rounds": rounds, "categorical.numeric_columns": NUMERIC,
         "categorical.category_columns": CATEGORIES, "categorical.levels": LEVELS,
         "categorical.world_size": WORLD_SIZE, "categorical.generate_seconds": round(generating(), 1),
@@ -263,6 +287,9 @@ def run_benchmark(url: str, rows: int, rounds: int) -> dict[str, float | int | s
         "predict.raw_vs_encoded_min": round(min(ratios["predict"]), 3),
         "predict.raw_seconds_median": median(predict_text),
         "predict.encoded_seconds_median": median(predict_codes),
+        "predict.raw_forward_seconds_median": median(seconds["forward"][TEXT]),
+        "predict.encoded_forward_seconds_median": median(seconds["forward"][CODES]),
+        "predict.raw_forward_vs_encoded": median(ratios["forward"]),
         "predict.raw_rows_per_second": round(rows / statistics.median(predict_text)),
         "predict.encoded_rows_per_second": round(rows / statistics.median(predict_codes)),
     }

@@ -235,7 +235,9 @@ def _scoring_source(conn: psycopg.Connection, name: str, version: int, spec: dic
         raise PgtrainError(f"model {name!r} version {version} records no feature columns; pass feature_columns "
                            "(--feature-columns) in the model's input order")
     try:
-        source = resolve_source(conn, table, key_column, None, None, feature_columns=columns)
+        # A version without an encoding imputes nothing: a NULL feature is a row it cannot score.
+        source = resolve_source(conn, table, key_column, None, None, feature_columns=columns,
+                                missing_values="impute" if spec.get("encoding") else "bad_row")
     except MissingColumnError as error:
         if error.role != "feature_columns" or feature_columns:
             raise

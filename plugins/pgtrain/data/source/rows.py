@@ -56,7 +56,7 @@ BAD_ROW_KINDS: dict[str, str] = {
 # must be left out of the manifest, so compute_shards checks them too.
 LOAD_KINDS = ("non_finite", "out_of_range")
 # What a kind means when the features are scalar columns.
-COLUMN_KINDS = {"null_features": "a feature column is NULL (missing_values='bad_row')",
+COLUMN_KINDS = {"null_features": "a feature column is NULL",
                 "non_finite": "a feature column is NaN or infinite",
                 "out_of_range": "a feature column is beyond float32's range (|x| > 3.4028235e38)"}
 
