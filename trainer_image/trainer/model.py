@@ -86,9 +86,13 @@ class PgtrainModel(nn.Module):
         self.output_dim = output_dim
         categories = layout is not None and bool(layout.sizes)
         self.normalizer = Encode(layout.numeric, layout.sizes) if categories else Standardize(input_dim)
-        self.standardized_columns = layout.numeric if categories else input_dim
         self.net = net
         self.target = Unstandardize(output_dim)
+
+    @property
+    def standardized_columns(self) -> int:
+        """The input row's leading columns the normalizer standardizes (the rest are category codes)."""
+        return len(self.normalizer.mean)
 
     def standardized(self, x: torch.Tensor) -> torch.Tensor:
         """The network's output before ``target``: what the loss is computed on."""

@@ -20,7 +20,6 @@ training).
 from __future__ import annotations
 
 import datetime
-import decimal
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -29,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from pgtrain.core.errors import SourceError
-from pgtrain.data.source.resolve import CATEGORY, DATE, NUMBER, Column, Source
+from pgtrain.data.source.resolve import DATE, NUMBER, Column, Source, categories, valued
 
 FORMAT = 1  # of the recorded encoding
 OTHER, NULL_LEVEL = 0, 1  # the codes every categorical column has before its levels
@@ -60,16 +59,16 @@ class Layout:
 
 
 def layout(columns: Sequence[Column]) -> Layout:
-    values = [c for c in columns if c.kind != CATEGORY]
+    values = valued(columns)
     return Layout(len(values) + sum(c.missing for c in values),
-                  tuple(FIRST_LEVEL + len(c.levels) for c in columns if c.kind == CATEGORY))
+                  tuple(FIRST_LEVEL + len(c.levels) for c in categories(columns)))
 
 
 def inputs(columns: Sequence[Column]) -> list[tuple[str, Column]]:
     """The input row's columns in order: ("value" | "missing" | "code", the feature column)."""
-    values = [c for c in columns if c.kind != CATEGORY]
+    values = valued(columns)
     return ([("value", c) for c in values] + [("missing", c) for c in values if c.missing]
-            + [("code", c) for c in columns if c.kind == CATEGORY])
+            + [("code", c) for c in categories(columns)])
 
 
 def to_dict(source: Source) -> dict[str, Any]:
@@ -128,7 +127,7 @@ class Coder:
     """Maps the hashes of one row batch's categorical values (columns in input order) to level codes."""
 
     def __init__(self, columns: Sequence[Column]) -> None:
-        self.tables = [hash_table(c.hashes, FIRST_LEVEL) for c in columns if c.kind == CATEGORY]
+        self.tables = [hash_table(c.hashes, FIRST_LEVEL) for c in categories(columns)]
 
     def __call__(self, hashed: np.ndarray) -> np.ndarray:
         out = np.empty(hashed.shape, np.float32)
@@ -138,9 +137,15 @@ class Coder:
         return out
 
 
-def class_codes(source: Source, hashed: np.ndarray) -> np.ndarray:
-    """Class numbers of the labels' hashes (UNSEEN_CLASS for a class the training rows did not have)."""
-    return codes(hashed, hash_table(source.class_hashes, 0), UNSEEN_CLASS)
+class ClassCoder:
+    """Maps the hashes of a batch's class labels to class numbers (UNSEEN_CLASS for a class the training rows did
+    not have)."""
+
+    def __init__(self, source: Source) -> None:
+        self.table = hash_table(source.class_hashes, 0)
+
+    def __call__(self, hashed: np.ndarray) -> np.ndarray:
+        return codes(hashed, self.table, UNSEEN_CLASS)
 
 
 # -- Python values (load_predictor) -------------------------------------------------------------------------
@@ -188,7 +193,7 @@ def input_rows(columns: Sequence[Column], rows: Iterable[Mapping[str, Any]]) -> 
     planned = inputs(columns)
     out = np.empty((len(rows), len(planned)), np.float32)
     lookup = {c.name: {level: FIRST_LEVEL + i for i, level in enumerate(c.levels)}
-              for c in columns if c.kind == CATEGORY}
+              for c in categories(columns)}
     for j, (part, column) in enumerate(planned):
         values = []
         for i, row in enumerate(rows):
@@ -212,8 +217,7 @@ def _number(value: Any, column: Column, row: int) -> float:
             raise SourceError(f"row {row}: {column.name!r} is NULL, and the model was trained with "
                               "missing_values='bad_row' (it has no value to impute)")
         return column.mean
-    number = days(value) if column.kind == DATE else float(value) if not isinstance(
-        value, decimal.Decimal) else float(value)
+    number = days(value) if column.kind == DATE else float(value)
     if not math.isfinite(number) or (column.kind == NUMBER and abs(number) > 3.4028234663852886e38):
         raise SourceError(f"row {row}: {column.name!r} is {value!r}, which is not a finite float32")
     return number

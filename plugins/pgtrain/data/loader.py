@@ -26,7 +26,7 @@ from psycopg import sql
 from pgtrain.core.db import connect_like
 from pgtrain.core.errors import PgtrainError, SourceError
 from pgtrain.data import copy_binary
-from pgtrain.data.encoding import class_codes
+from pgtrain.data.encoding import ClassCoder
 from pgtrain.data.prefault import prefault_in_background
 from pgtrain.data.row_check import load_refusal
 from pgtrain.data.source.resolve import Source
@@ -157,7 +157,8 @@ def load_shard(conn: psycopg.Connection, source: Source, shard: Shard, dim: int,
     # Fresh arrays' pages are mapped (and zeroed by the kernel) on first write: in a thread, while the COPY
     # streams, rather than one page fault at a time in the loop below.
     prefault = None if out.pinned else prefault_in_background([out.features, out.labels, out.is_validation])
-    fill = _Fill(out, shard, record_dtype(source, dim, plan.output_dim), feature_groups_of(source, dim), source)
+    classes = ClassCoder(source) if source.target_format == "class" else None
+    fill = _Fill(out, shard, record_dtype(source, dim, plan.output_dim), feature_groups_of(source, dim), classes)
 
     def read(on: psycopg.Connection, span: BatchSpan) -> None:
         with shard_copy(on, source, shard, validation_fraction, seed, span) as copy, np.errstate(over="ignore"):
@@ -202,8 +203,9 @@ class _Fill:
     """Where each batch of a load goes. The front stream fills from the first row up, the back stream (reading
     its batches last first) from the last row down; planned rows meet exactly, and neither may pass the other."""
 
-    def __init__(self, out: ShardData, shard: Shard, layout: np.dtype, groups: list[Group], source: Source) -> None:
-        self.out, self.shard, self.layout, self.groups, self.source = out, shard, layout, groups, source
+    def __init__(self, out: ShardData, shard: Shard, layout: np.dtype, groups: list[Group],
+                 classes: ClassCoder | None) -> None:
+        self.out, self.shard, self.layout, self.groups, self.classes = out, shard, layout, groups, classes
         self.front, self.back, self.non_finite = 0, shard.row_count, 0
         self.failed = False
         self._lock = threading.Lock()
@@ -354,7 +356,7 @@ def _store(block: memoryview, fill: _Fill, from_back: bool) -> None:
     if "label" in layout.names:
         out.labels[span] = records["label"]
     elif "label_hash" in layout.names:
-        out.labels[span] = class_codes(fill.source, records["label_hash"])
+        out.labels[span] = fill.classes(records["label_hash"])
     elif "y" in layout.names:
         out.labels[span, 0] = records["y"]
     else:

@@ -79,8 +79,8 @@ class Plan:
 def source_for(conn: psycopg.Connection, run: record.Run) -> Source:
     """The run's source table; once compute_shards has run, with what it planned (the loader needs it): its rows
     and its encoding."""
-    return encoding.apply(replace(source_from_config(conn, run.config), plan=read_plan(conn, run.run_id)),
-                          record.get_run(conn, run.run_id).encoding)
+    plan = read_plan(conn, run.run_id)
+    return encoding.apply(replace(source_from_config(conn, run.config), plan=plan), plan and plan.encoding)
 
 
 def plan_shards(conn: psycopg.Connection, run: record.Run, *, input_dim: int | None = None) -> Plan:
@@ -103,7 +103,7 @@ def plan_shards(conn: psycopg.Connection, run: record.Run, *, input_dim: int | N
                            values=config.bad_rows == "exclude", split=split,
                            extra=statistics.lean_aggregates(source, config.num_classes))
         rows = _usable_rows(source, check, dim, config, length_given=bool(given_dim), outputs=outputs)
-        parent = parent_encoding(conn, config)
+        parent = parent_encoding(conn, run)
         encoded = statistics.encode(
             conn, source, config, check.total, check.max_label, check.extra,
             bad_row(source, dim, config.num_classes, outputs) if check.bad else None, parent)
@@ -129,20 +129,19 @@ def plan_shards(conn: psycopg.Connection, run: record.Run, *, input_dim: int | N
                 check.bad_columns, encoded.warnings, source.column_names, source.classes)
 
 
-def parent_encoding(conn: psycopg.Connection, config: TrainingConfig) -> dict[str, Any] | None:
-    """The encoding of the version a warm start (``init_from``) begins from, with its number as "version"; None
-    for scratch, no such version yet, or a version from before encodings."""
-    if config.init_from == "scratch":
+def parent_encoding(conn: psycopg.Connection, run: record.Run) -> dict[str, Any] | None:
+    """The encoding of the version a warm start (``init_from``) begins from, with its number as "version": the
+    version it names, or for "head" the run's base version (the head when plan_run recorded the run); None for
+    scratch, no such version, or a version from before encodings."""
+    config = run.config
+    version = config.init_version if config.init_from != "head" else run.base_version
+    if version is None:
         return None
-    row = conn.execute(
-        """SELECT v.version, v.spec -> 'encoding' FROM pgtrain.model_versions v
-           WHERE v.model_name = %(model)s
-             AND v.version = coalesce(%(version)s,
-                                      (SELECT version FROM pgtrain.model_heads WHERE model_name = %(model)s))""",
-        {"model": config.model_name, "version": config.init_version}).fetchone()
-    if row is None or not row[1]:
+    row = conn.execute("SELECT spec -> 'encoding' FROM pgtrain.model_versions WHERE model_name = %s AND version = %s",
+                       (run.model_name, version)).fetchone()
+    if row is None or not row[0]:
         return None
-    return {**row[1], "version": row[0]}
+    return {**row[0], "version": version}
 
 
 # Key types whose keys the check scan can hand over as int8s (their order is the integers' order).
@@ -289,15 +288,15 @@ def read_plan(conn: psycopg.Connection, run_id: str) -> PlannedRows | None:
                   pg_snapshot_xmax(p.snapshot)::text::bigint,
                   array(SELECT x::text::bigint FROM pg_snapshot_xip(p.snapshot) AS x ORDER BY 1),
                   p.seen_xmins::text[], p.xid_horizon, r.input_dim, r.num_classes, p.excluded_rows > 0, p.batch_rows,
-                  r.output_dim
+                  r.output_dim, r.encoding
            FROM pgtrain.shard_plans p JOIN pgtrain.training_runs r USING (run_id) WHERE p.run_id = %s""",
         (run_id,),
     ).fetchone()
     if row is None:
         return None
-    snapshot, xmin, xmax, in_progress, seen, horizon, dim, classes, exclude, batch_rows, outputs = row
+    snapshot, xmin, xmax, in_progress, seen, horizon, dim, classes, exclude, batch_rows, outputs, planned = row
     return PlannedRows(run_id, snapshot, xmin, xmax, tuple(x % (1 << 32) for x in in_progress),
-                       tuple(int(x) for x in seen), horizon, dim, classes, exclude, batch_rows, outputs)
+                       tuple(int(x) for x in seen), horizon, dim, classes, exclude, batch_rows, outputs, planned)
 
 
 def _write_plan(conn: psycopg.Connection, run: record.Run, clock: XidClock, seen: tuple[int, ...], horizon: int,

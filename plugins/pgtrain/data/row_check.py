@@ -14,7 +14,7 @@ import psycopg
 from psycopg import sql
 
 from pgtrain.core.errors import SourceError
-from pgtrain.data.source.resolve import CATEGORY, COLUMNS, Column, Source
+from pgtrain.data.source.resolve import COLUMNS, Column, Source, valued
 from pgtrain.data.source.rows import BAD_ROW_KINDS, COLUMN_KINDS, bad_row, column_checks, row_checks
 from pgtrain.data.source.snapshot import (
     XidClock,
@@ -99,7 +99,7 @@ def check_rows(conn: psycopg.Connection, source: Source, dim: int, num_classes: 
     column_values = sql.SQL("")
     columns = sql.SQL("NULL::text")
     nulls = source.missing_values == "bad_row"
-    checked = [c for c in source.feature_columns if c.kind != CATEGORY]
+    checked = valued(source.feature_columns)
     if source.feature_format == COLUMNS and feature_flags and checked:
         # One bit per column, set when the column is bad in some row: computed for bad rows only.
         names = [sql.Identifier(f"_pgtrain_c{i}") for i in range(len(checked))]

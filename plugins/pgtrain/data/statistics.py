@@ -24,8 +24,8 @@ from psycopg import sql
 from pgtrain.config.params import MAX_CLASSES, TrainingConfig
 from pgtrain.core.errors import SourceError
 from pgtrain.data.encoding import NULL_HASH
-from pgtrain.data.source.resolve import CATEGORY, LABEL_TYPES, Column, Source
-from pgtrain.data.source.rows import _scalar_value, is_validation
+from pgtrain.data.source.resolve import CATEGORY, LABEL_TYPES, Column, Source, categories, valued
+from pgtrain.data.source.rows import is_validation, scalar_value
 
 # A categorical column with more distinct values than max_categories and at least this share of the training rows
 # is a key or free text, not a category: refused (naming it and exclude_columns), not capped.
@@ -47,8 +47,8 @@ def lean_aggregates(source: Source, num_classes: int | None) -> list[sql.Composa
     for integer labels without num_classes, their minimum and a bit mask of the labels 0..LABEL_MASK_BITS-1
     present."""
     aggregates = []
-    for column in _valued(source):
-        value = sql.SQL("CAST({} AS double precision)").format(_scalar_value(sql.Identifier(column.name), column.type))
+    for column in valued(source.feature_columns):
+        value = sql.SQL("CAST({} AS double precision)").format(scalar_value(sql.Identifier(column.name), column.type))
         # Over the values a row may have (finite, within float32): a bad one must not make the mean NaN or overflow.
         aggregates += [sql.SQL("avg({v}) FILTER (WHERE {v} BETWEEN -3.4028234663852886e38 AND 3.4028234663852886e38)"
                                ).format(v=value),
@@ -67,9 +67,10 @@ def encode(conn: psycopg.Connection, source: Source, config: TrainingConfig, tot
     (SQL): bad rows, left out of the vocabularies. ``parent``: the encoding of the version a warm start begins
     from, whose vocabularies, means and classes are kept (levels new since then are "other")."""
     warnings: list[str] = []
-    valued = _valued(source)
-    stats = dict(zip([c.name for c in valued], zip(lean[0:2 * len(valued):2], lean[1:2 * len(valued):2],
-                                                   strict=True), strict=True))
+    numbers = len(valued(source.feature_columns))
+    means, present = lean[0:2 * numbers:2], lean[1:2 * numbers:2]
+    stats = dict(zip([c.name for c in valued(source.feature_columns)], zip(means, present, strict=True),
+                     strict=True))
     impute = source.missing_values == "impute"
     columns = []
     for column in source.feature_columns:
@@ -84,8 +85,8 @@ def encode(conn: psycopg.Connection, source: Source, config: TrainingConfig, tot
     source = replace(source, feature_columns=tuple(columns))
     num_classes = config.num_classes
     wants_classes = source.task == "classification" and source.label_type not in LABEL_TYPES or (
-        _integer_classes(source, config.num_classes) and not _complete_class_numbers(max_label, lean[2 * len(valued):]))
-    categorical = [c for c in source.feature_columns if c.kind == CATEGORY]
+        _integer_classes(source, config.num_classes) and not _complete_class_numbers(max_label, lean[2 * numbers:]))
+    categorical = categories(source.feature_columns)
     if parent is not None:
         source = _from_parent(conn, source, parent, config, exclude)
     elif categorical or wants_classes:
@@ -105,10 +106,6 @@ def encode(conn: psycopg.Connection, source: Source, config: TrainingConfig, tot
         num_classes = _class_numbers(source, max_label)
     _check_hashes(source)
     return Encoded(source, num_classes, tuple(warnings))
-
-
-def _valued(source: Source) -> list[Column]:
-    return [c for c in source.feature_columns if c.kind != CATEGORY]
 
 
 def _integer_classes(source: Source, num_classes: int | None) -> bool:

@@ -118,10 +118,10 @@ class Predictor:
 
     def __init__(self, name: str, version: int, spec: dict[str, Any], model: torch.nn.Module) -> None:
         self.name, self.version, self.spec, self.model = name, version, spec, model
-        self.columns = encoding.columns_of(spec.get("encoding") or {})
+        recorded = spec.get("encoding") or {}
+        self.columns = encoding.columns_of(recorded)
         self.feature_columns: tuple[str, ...] = tuple(spec.get("feature_columns") or ())
         self.task = spec.get("task", "classification")
-        recorded = spec.get("encoding") or {}
         self.classes = recorded.get("classes") if self.task == "classification" else None
         self.label_type = recorded.get("label_type", "integer")
 
@@ -146,11 +146,9 @@ class Predictor:
 
     def predict_proba(self, rows: Iterable[Mapping[str, Any]]) -> np.ndarray:
         """Classification: each row's class probabilities (rows x classes), in ``classes`` order."""
-        import torch
-
         if self.task != "classification":
             raise PgtrainError(f"model {self.name!r} version {self.version} is a regression: no probabilities")
-        return torch.softmax(torch.from_numpy(self.outputs(rows)), 1).numpy()
+        return _probabilities(self.outputs(rows))
 
     def predict(self, rows: Iterable[Mapping[str, Any]]) -> list[Any]:
         """Each row's prediction: its class in the label's type (text, bool, int, ...), or the regression target
@@ -193,6 +191,13 @@ def _forward(model: torch.nn.Module, x: np.ndarray) -> np.ndarray:
 
     with torch.no_grad():
         return model(torch.from_numpy(x)).numpy()
+
+
+def _probabilities(out: np.ndarray) -> np.ndarray:
+    """Class probabilities of a batch's logits (rows x classes): the softmax."""
+    import torch
+
+    return torch.softmax(torch.from_numpy(out), 1).numpy()
 
 
 def _version_number(version: int | str | None) -> int | None:
@@ -416,9 +421,7 @@ def _write_page(conn: psycopg.Connection, target: sql.Identifier, source: Source
         cells = [raw[i * size:(i + 1) * size] for i in range(len(keys))]
     columns = [source.key, sql.Identifier(PREDICTION_COLUMN)]
     if probabilities:
-        import torch
-
-        p = _float8_arrays(torch.softmax(torch.from_numpy(out), 1).double().numpy())
+        p = _float8_arrays(_probabilities(out).astype(np.float64))
         raw, size = p.tobytes(), p.dtype.itemsize
         cells = [c + raw[i * size:(i + 1) * size] for i, c in enumerate(cells)]
         columns.append(sql.Identifier(PROBABILITIES_COLUMN))

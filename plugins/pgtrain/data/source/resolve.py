@@ -9,6 +9,7 @@ is ``pgtrain.data.source.rows``; rows as of a planning snapshot, ``pgtrain.data.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -63,6 +64,16 @@ class Column:
         if self.kind == CATEGORY:
             return "h8"
         return "f8" if self.kind == DATE else SCALAR_TYPES[self.type]
+
+
+def valued(columns: Sequence[Column]) -> list[Column]:
+    """The NUMBER and DATE columns (those with a value, imputed or checked), in order."""
+    return [c for c in columns if c.kind != CATEGORY]
+
+
+def categories(columns: Sequence[Column]) -> list[Column]:
+    """The CATEGORY columns, in order."""
+    return [c for c in columns if c.kind == CATEGORY]
 
 
 @dataclass(frozen=True)
@@ -219,10 +230,6 @@ def _feature_column(name: str, type_: str, enum: bool, categorical: bool) -> Col
     if type_ in DATE_TYPES:
         return Column(name, type_, DATE)
     kinds = ", ".join([*SCALAR_TYPES, *DATE_TYPES, *CATEGORY_TYPES, "enum types"])
-    return _refuse_column(name, type_, kinds)
-
-
-def _refuse_column(name: str, type_: str, kinds: str) -> Column:
     raise SourceError(
         f"feature column {name!r} has type {type_}, which pgtrain cannot use as a feature (it takes {kinds}); "
         f"leave it out with exclude_columns: [{name!r}], or cast it in a view materialized into a table (e.g. "

@@ -21,6 +21,7 @@ from pgtrain.data.source.resolve import (
     WIRE_ARRAYS,
     Column,
     Source,
+    valued,
 )
 
 _FLOATING = {"real", "double precision", "numeric"}  # may hold NaN and infinities
@@ -194,12 +195,12 @@ def feature_checks(source: Source, dim: int, *, values: bool = True) -> dict[str
     checks = {"null_key": sql.SQL("({} IS NULL)").format(source.key)}
     if source.feature_format == COLUMNS:
         nulls = source.missing_values == "bad_row"
-        valued = [(sql.Identifier(c.name), c.type) for c in source.feature_columns if c.kind != CATEGORY]
-        if nulls and valued:
+        scalars = [(sql.Identifier(c.name), c.type) for c in valued(source.feature_columns)]
+        if nulls and scalars:
             checks["null_features"] = sql.SQL("({})").format(sql.SQL(" OR ").join(
-                sql.SQL("{} IS NULL").format(v) for v, _ in valued))
+                sql.SQL("{} IS NULL").format(v) for v, _ in scalars))
         for kind, check in (("non_finite", _scalar_non_finite), ("out_of_range", _scalar_out_of_range)):
-            found = _any_of([c for c in (check(v, t) for v, t in valued) if c is not None])
+            found = _any_of([c for c in (check(v, t) for v, t in scalars) if c is not None])
             if found is not None:
                 checks[kind] = found
     else:
@@ -247,7 +248,7 @@ def bad_row(source: Source, dim: int, num_classes: int | None, output_dim: int |
     return sql.SQL("({})").format(sql.SQL(" OR ").join(parts))
 
 
-def _scalar_value(value: sql.Composable, type_: str) -> sql.Composable:
+def scalar_value(value: sql.Composable, type_: str) -> sql.Composable:
     """SQL: one scalar as real or double precision (SCALAR_TYPES says which; dates: days since 1970-01-01 as
     double precision), never raising for a value the checks let through."""
     if type_ in DATE_TYPES:
@@ -269,7 +270,7 @@ def _scalar_value(value: sql.Composable, type_: str) -> sql.Composable:
 
 def _scalar_send(value: sql.Composable, type_: str) -> sql.Composable:
     """SQL bytea: one scalar as float4send or float8send (SCALAR_TYPES says which)."""
-    return sql.SQL("float{}send({})").format(sql.SQL(SCALAR_TYPES[type_][1]), _scalar_value(value, type_))
+    return sql.SQL("float{}send({})").format(sql.SQL(SCALAR_TYPES[type_][1]), scalar_value(value, type_))
 
 
 def text_hash(value: sql.Composable) -> sql.Composable:
@@ -286,7 +287,7 @@ def input_value(part: str, column: Column, null_hash: int) -> sql.Composable:
         return sql.SQL("CAST(CAST({} IS NULL AS integer) AS real)").format(name)
     if part == "code":
         return sql.SQL("coalesce({}, {})").format(text_hash(name), sql.Literal(null_hash))
-    value = _scalar_value(name, column.type)
+    value = scalar_value(name, column.type)
     if column.mean is None:
         return value
     return sql.SQL("coalesce({}, CAST({} AS {}))").format(

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -45,6 +46,7 @@ class PlannedRows:
     exclude_bad_rows: bool
     batch_rows: int
     output_dim: int | None = None  # classes, or the regression target's width
+    encoding: dict[str, Any] | None = None  # how the rows become input (pgtrain.data.encoding); None: as they are
 
 
 @contextmanager
