@@ -16,6 +16,7 @@ from psycopg import sql
 
 from dev import examples
 from pgtrain.data import loader, manifest
+from pgtrain.data.source import snapshot
 from pgtrain.data.source.snapshot import planned_rows, prefer_index_order, read_xid_clock, snapshot_transaction
 from pgtrain.runs import record
 from tests import support
@@ -188,8 +189,8 @@ def second_connections(monkeypatch):
                        second.execute("SELECT current_setting('application_name')").fetchone()[0]))
         return second
 
-    real = loader.connect_like
-    monkeypatch.setattr(loader, "connect_like", connect_like)
+    real = snapshot.connect_like
+    monkeypatch.setattr(snapshot, "connect_like", connect_like)
     return opened
 
 
@@ -221,7 +222,7 @@ def test_a_second_stream_that_would_wait_behind_a_queued_lock_gives_its_half_bac
     ddl = psycopg.connect(db_url)
     ddl.execute("SET lock_timeout = '120s'")  # a broken fix would still end, and fail below
     queued = threading.Thread(target=ddl.execute, args=("LOCK TABLE pgtrain.shard_batches IN ACCESS EXCLUSIVE MODE",))
-    real = loader.connect_like
+    real = snapshot.connect_like
 
     def connect_like(conn, application_name):
         queued.start()
@@ -232,7 +233,7 @@ def test_a_second_stream_that_would_wait_behind_a_queued_lock_gives_its_half_bac
             time.sleep(0.01)
         return real(conn, application_name)
 
-    monkeypatch.setattr(loader, "connect_like", connect_like)
+    monkeypatch.setattr(snapshot, "connect_like", connect_like)
     try:
         with caplog.at_level(logging.WARNING):
             (data,) = load_all(ac, run, streams=2)
@@ -256,14 +257,14 @@ def test_any_other_failure_of_the_second_stream_fails_the_load_and_leaves_the_fi
     run, _ = plan(ac, "public.t", world_size=1)
     ac.execute(sql.SQL("CREATE ROLE {r}; GRANT USAGE ON SCHEMA pgtrain TO {r}; GRANT SELECT ON pgtrain.shard_batches "
                        "TO {r}").format(r=sql.Identifier(role)))
-    opened, real = [], loader.connect_like
+    opened, real = [], snapshot.connect_like
 
     def connect_like(conn, application_name):
         opened.append(real(conn, application_name))
         opened[-1].execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
         return opened[-1]
 
-    monkeypatch.setattr(loader, "connect_like", connect_like)
+    monkeypatch.setattr(snapshot, "connect_like", connect_like)
     try:
         with caplog.at_level(logging.WARNING), pytest.raises(psycopg.errors.InsufficientPrivilege,
                                                              match="permission denied for table t"):

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 
 import numpy as np  # noqa: E402
 
-from pgtrain.core.errors import SourceError  # noqa: E402
+from pgtrain.core.errors import PgtrainError, SourceError  # noqa: E402
 from pgtrain.data import encoding, loader, manifest  # noqa: E402
 from pgtrain.runs import record  # noqa: E402
 from pgtrain.store.inference import load_predictor, predict  # noqa: E402
@@ -230,3 +230,44 @@ def test_a_warm_start_keeps_its_versions_vocabularies_and_refuses_new_classes(ac
     ac.execute("UPDATE public.penguins SET species = 'Emperor' WHERE id > 2000")
     with pytest.raises(SourceError, match=r"init_from: the training rows have classes .* \('Emperor'\)"):
         planned_run(ac, "third", init_from="head", **mixed_params())
+
+
+def test_the_vocabulary_scan_runs_beside_the_check_and_gives_the_same_encoding_on_one_connection(
+        ac, db_url, caplog):
+    import logging
+    import uuid
+
+    make_mixed_table(ac, 300)
+    beside = planned_run(ac, "beside", **mixed_params())
+    role = f"pgtrain_one_connection_{uuid.uuid4().hex[:8]}"
+    ac.execute(sql.SQL("CREATE ROLE {} LOGIN CONNECTION LIMIT 1").format(sql.Identifier(role)))
+    try:
+        ac.execute(sql.SQL("GRANT USAGE, CREATE ON SCHEMA pgtrain TO {r}; GRANT SELECT ON public.penguins TO {r}; "
+                           "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA pgtrain TO {r}"
+                           ).format(r=sql.Identifier(role)))
+        with psycopg.connect(db_url, user=role, autocommit=True) as limited, caplog.at_level(logging.WARNING):
+            alone = planned_run(limited, "alone", **mixed_params())
+        assert "planning on one connection: a second one could not be opened" in caplog.text
+    finally:
+        ac.execute(sql.SQL("DROP OWNED BY {r}; DROP ROLE {r}").format(r=sql.Identifier(role)))
+    assert alone.encoding == beside.encoding
+
+
+def test_with_bad_rows_excluded_the_vocabularies_leave_them_out(ac):
+    make_mixed_table(ac, 300)
+    ac.execute("UPDATE public.penguins SET island = 'Atlantis', bill = 'NaN' WHERE id <= 40")
+    run = planned_run(ac, bad_rows="exclude", **mixed_params())
+    (island,) = [c for c in run.encoding["columns"] if c["name"] == "island"]
+    assert "Atlantis" not in island["levels"] and len(island["levels"]) == 3  # counted once, without bad rows
+
+
+@pytest.mark.parametrize("recorded", ["text); DROP TABLE public.penguins; --", "nosuchtype", "text(1) x"])
+def test_a_label_type_that_is_no_type_of_the_database_never_reaches_sql(ac, recorded):
+    make_mixed_table(ac, 60)
+    commit_untrained(ac, planned_run(ac, **mixed_params()))
+    ac.execute("UPDATE pgtrain.model_versions SET spec = jsonb_set(spec, '{encoding,label_sql_type}', "
+               "to_jsonb(%s::text))", (recorded,))
+    with pytest.raises(PgtrainError, match="is not a type of this database"):
+        predict(ac, "penguins", "head", "public.penguins", "id", "public.scored")
+    assert ac.execute("SELECT to_regclass('public.scored'), to_regclass('public.penguins') IS NOT NULL").fetchone() == (
+        None, True)

@@ -148,3 +148,32 @@ def test_the_epoch_line_says_progress_metric_speed_and_eta():
                               "samples_per_second": 1234.4, "seconds": 2.0}, steps=7, regression=True)
     assert line == ("epoch 3/10: train loss 0.5000, val rmse 1.2500 mae 1.0000 r2 0.8000, 7 steps, "
                     "1234 samples/s, 2.00s, ETA 14s")
+
+
+def test_the_sparse_first_layer_equals_one_hot_then_linear_in_output_and_gradients():
+    """With categories, the built-in mlp's first layer sums weight columns (embedding_bag) instead of multiplying
+    a one-hot block: the same function of the same parameters."""
+    import torch
+
+    from trainer.model import build_model
+
+    encoding = {"columns": [
+        {"name": "x", "type": "real", "kind": "number", "mean": 0.0, "missing": True},
+        {"name": "city", "type": "text", "kind": "category", "levels": ["a", "b", "c"], "hashes": [1, 2, 3]},
+        {"name": "day", "type": "date", "kind": "date", "mean": 5.0, "missing": False},
+        {"name": "size", "type": "text", "kind": "category", "levels": ["s"], "hashes": [4]}]}
+    model = build_model("mlp", 5, 3, {"hidden_sizes": [7]}, seed=1, encoding=encoding)
+    with torch.no_grad():
+        model.normalizer.mean.copy_(torch.tensor([1.0, 0.5, 3.0]))
+        model.normalizer.std.copy_(torch.tensor([2.0, 0.5, 4.0]))
+    x = torch.tensor([[1.5, 0.0, 2.0, 4.0, 0.0], [-2.0, 1.0, 9.0, 1.0, 2.0], [0.0, 0.0, 3.0, 0.0, 1.0]])
+    sparse = model.standardized(x)
+    sparse.square().sum().backward()
+    sparse_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    dense = model.net(model.normalizer(x))  # one-hot block, then the Linear
+    dense.square().sum().backward()
+    assert model.normalizer(x).shape == (3, 3 + 5 + 3)
+    torch.testing.assert_close(sparse, dense)
+    for got, want in zip(sparse_grads, [p.grad for p in model.parameters()], strict=True):
+        torch.testing.assert_close(got, want)

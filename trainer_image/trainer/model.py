@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from pgtrain.core.errors import ConfigError
@@ -96,7 +97,24 @@ class PgtrainModel(nn.Module):
 
     def standardized(self, x: torch.Tensor) -> torch.Tensor:
         """The network's output before ``target``: what the loss is computed on."""
+        if isinstance(self.normalizer, Encode) and isinstance(self.net, nn.Sequential) and isinstance(
+                self.net[0], nn.Linear):
+            return self._sparse_first_layer(x)
         return self.net(self.normalizer(x))
+
+    def _sparse_first_layer(self, x: torch.Tensor) -> torch.Tensor:
+        """``net(normalizer(x))`` without building the one-hot block: a Linear over one-hot codes is the sum of
+        the weight columns of the codes present, one ``embedding_bag`` (the same parameters, the same result up
+        to the order of a sum; a tenth of the time with 5 categories of 100 levels)."""
+        encode, first = self.normalizer, self.net[0]
+        n = encode.numeric
+        values = (x[:, :n] - encode.mean) / encode.std
+        codes = x[:, n:].long() + encode.starts
+        h = F.linear(values, first.weight[:, :n], first.bias) + F.embedding_bag(
+            codes, first.weight[:, n:].t(), mode="sum")
+        for layer in list(self.net)[1:]:
+            h = layer(h)
+        return h
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.target(self.standardized(x))

@@ -23,7 +23,6 @@ import numpy as np
 import psycopg
 from psycopg import sql
 
-from pgtrain.core.db import connect_like
 from pgtrain.core.errors import PgtrainError, SourceError
 from pgtrain.data import copy_binary
 from pgtrain.data.encoding import ClassCoder
@@ -33,9 +32,11 @@ from pgtrain.data.source.resolve import Source
 from pgtrain.data.source.rows import bad_row, feature_payload, is_validation, key_range, target_payload
 from pgtrain.data.source.snapshot import (
     PlannedRows,
+    in_snapshot_of,
     planned_rows,
     prefer_index_order,
     read_xid_clock,
+    second_connection,
     snapshot_transaction,
 )
 from pgtrain.data.wire import Group, feature_groups_of, fill_features, record_dtype
@@ -142,7 +143,7 @@ def load_shard(conn: psycopg.Connection, source: Source, shard: Shard, dim: int,
     ``pin_memory``: allocate the arrays in CUDA pinned memory (needs torch); None = when CUDA is available.
     ``streams``: 2 reads the second half of the batches on a second connection (same user, same snapshot), in a
     thread, filling the arrays from the end (``streams_for``). Where that connection cannot be opened, cannot
-    import the snapshot, or would wait for a lock (BACK_STREAM_LOCK_TIMEOUT) before its first batch, this
+    import the snapshot, or would wait for a lock (SECOND_CONNECTION_LOCK_TIMEOUT) before its first batch, this
     connection reads that half too.
     ``conn`` must be an autocommit connection outside a transaction (the load runs in its own snapshot).
     """
@@ -175,7 +176,7 @@ def load_shard(conn: psycopg.Connection, source: Source, shard: Shard, dim: int,
             half = (batches + 1) // 2 if streams == 2 and batches > 1 else batches
             front, back = BatchSpan(1, half), BatchSpan(half + 1, batches, descending=True)
             snapshot = conn.execute("SELECT pg_export_snapshot()").fetchone()[0] if half < batches else None
-            second = _second_connection(conn) if snapshot else None
+            second = second_connection(conn, "pgtrain-load", "loading") if snapshot else None
             if second is None:
                 read(conn, BatchSpan(1, batches))
             else:
@@ -243,12 +244,6 @@ class _Fill:
             )
 
 
-# How long the second connection waits for a lock. The first connection holds its locks until the load ends, so
-# a lock the second waits for may be queued behind a DDL that waits for the first: a wait PostgreSQL cannot see
-# as a deadlock. Past this the second gives its half back to the first.
-BACK_STREAM_LOCK_TIMEOUT = "1s"
-
-
 class _BackStream:
     """The back half of a two-connection load, read in a thread on ``conn`` in the exported ``snapshot``."""
 
@@ -287,10 +282,8 @@ class _BackStream:
 
     def _run(self) -> None:
         try:
-            with snapshot_transaction(self.conn, self.snapshot):
+            with in_snapshot_of(self.conn, self.snapshot):
                 self._imported = True
-                self.conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(
-                    sql.Literal(BACK_STREAM_LOCK_TIMEOUT)))
                 self.read(self.conn)
         except _Stopped:
             pass
@@ -308,14 +301,6 @@ class _BackStream:
         fits = isinstance(error, psycopg.errors.LockNotAvailable) or (
             isinstance(error, psycopg.Error) and not self._imported)
         return fits and not self.fill.failed and not self.fill.back_started()
-
-
-def _second_connection(conn: psycopg.Connection) -> psycopg.Connection | None:
-    try:
-        return connect_like(conn, "pgtrain-load")
-    except psycopg.OperationalError as error:  # e.g. the role's or the server's connection limit
-        log.warning("loading on one connection: a second one could not be opened (%s)", str(error).strip())
-        return None
 
 
 def non_finite_rows(features: np.ndarray) -> int:

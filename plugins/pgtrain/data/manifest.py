@@ -99,14 +99,20 @@ def plan_shards(conn: psycopg.Connection, run: record.Run, *, input_dim: int | N
         dim = _feature_width(conn, source, given_dim)
         outputs = _target_width(conn, source)
         split = folded_split(conn, source, config.validation_fraction, config.seed)
-        check = check_rows(conn, source, dim, config.num_classes, clock, outputs,
-                           values=config.bad_rows == "exclude", split=split,
-                           extra=statistics.lean_aggregates(source, config.num_classes))
-        rows = _usable_rows(source, check, dim, config, length_given=bool(given_dim), outputs=outputs)
         parent = parent_encoding(conn, run)
+        beside = statistics.vocabularies_beside(conn, source, config) if parent is None else None
+        try:
+            check = check_rows(conn, source, dim, config.num_classes, clock, outputs,
+                               values=config.bad_rows == "exclude", split=split,
+                               extra=statistics.lean_aggregates(source, config.num_classes))
+            counted = beside.result() if beside is not None and not check.bad else None
+        finally:
+            if beside is not None:
+                beside.cancel()  # ended already, unless the check failed or found bad rows
+        rows = _usable_rows(source, check, dim, config, length_given=bool(given_dim), outputs=outputs)
         encoded = statistics.encode(
             conn, source, config, check.total, check.max_label, check.extra,
-            bad_row(source, dim, config.num_classes, outputs) if check.bad else None, parent)
+            bad_row(source, dim, config.num_classes, outputs) if check.bad else None, parent, counted)
         source = encoded.source
         if source.feature_format == COLUMNS:
             dim = encoding.layout(source.feature_columns).width

@@ -26,6 +26,7 @@ from pgtrain.core.errors import SourceError
 from pgtrain.data.encoding import NULL_HASH
 from pgtrain.data.source.resolve import CATEGORY, LABEL_TYPES, Column, Source, categories, valued
 from pgtrain.data.source.rows import is_validation, scalar_value
+from pgtrain.data.source.snapshot import Beside
 
 # A categorical column with more distinct values than max_categories and at least this share of the training rows
 # is a key or free text, not a category: refused (naming it and exclude_columns), not capped.
@@ -60,12 +61,27 @@ def lean_aggregates(source: Source, num_classes: int | None) -> list[sql.Composa
     return aggregates
 
 
+def vocabularies_beside(conn: psycopg.Connection, source: Source, config: TrainingConfig) -> Beside | None:
+    """The vocabulary scan started on a second connection in the planning snapshot, so that it runs while the row
+    check scans (``encode(counted=...)`` takes its result); None when the source has no categorical column (a
+    class list alone is one cheap HashAggregate, not needed at all for labels 0..K-1). It counts every row: when
+    the check finds bad rows, ``encode`` scans again without them."""
+    categorical = categories(source.feature_columns)
+    if not categorical:
+        return None
+    classes = source.task == "classification" and (source.label_type not in LABEL_TYPES or not config.num_classes)
+    return Beside(conn, lambda other: vocabularies(other, source, categorical, classes, config, None),
+                  "pgtrain-plan", "planning")
+
+
 def encode(conn: psycopg.Connection, source: Source, config: TrainingConfig, total: int, max_label: int | None,
-           lean: Sequence[Any], exclude: sql.Composable | None, parent: Mapping[str, Any] | None = None) -> Encoded:
+           lean: Sequence[Any], exclude: sql.Composable | None, parent: Mapping[str, Any] | None = None,
+           counted: Mapping[str | None, Mapping[str, Any]] | None = None) -> Encoded:
     """The planned source: its columns' encodings and its classes, from the lean scan's ``lean`` values (over
     ``total`` rows, with the largest label ``max_label``), and the vocabulary scan when one is needed. ``exclude``
     (SQL): bad rows, left out of the vocabularies. ``parent``: the encoding of the version a warm start begins
-    from, whose vocabularies, means and classes are kept (levels new since then are "other")."""
+    from, whose vocabularies, means and classes are kept (levels new since then are "other"). ``counted``: the
+    vocabularies of every row, already counted (``vocabularies_beside``), when no row is bad."""
     warnings: list[str] = []
     numbers = len(valued(source.feature_columns))
     means, present = lean[0:2 * numbers:2], lean[1:2 * numbers:2]
@@ -90,7 +106,8 @@ def encode(conn: psycopg.Connection, source: Source, config: TrainingConfig, tot
     if parent is not None:
         source = _from_parent(conn, source, parent, config, exclude)
     elif categorical or wants_classes:
-        counted = vocabularies(conn, source, categorical, wants_classes, config, exclude)
+        if counted is None or (wants_classes and None not in counted):
+            counted = vocabularies(conn, source, categorical, wants_classes, config, exclude)
         columns = []
         for column in source.feature_columns:
             if column.kind == CATEGORY:

@@ -10,6 +10,7 @@ key, NULL, non-finite or out-of-range features, wrong length) stop it with a rep
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -94,8 +95,9 @@ def predict(conn: psycopg.Connection, name: str, version: int | str | None, sour
         if probabilities and not classify:
             raise PgtrainError(f"model {name!r} version {number} is a regression: it has no class probabilities")
         classes = (spec.get("encoding") or {}).get("classes") if classify else None
-        prediction_type = (spec["encoding"]["label_sql_type"] if classes is not None else "integer" if classify
-                           else "double precision" if output_dim == 1 else "double precision[]")
+        prediction_type = (_label_type(conn, spec["encoding"]["label_sql_type"]) if classes is not None
+                           else "integer" if classify else "double precision" if output_dim == 1
+                           else "double precision[]")
         target = _target_table(conn, into, scored, prediction_type, probabilities)
         fields = _class_fields(conn, classes, prediction_type) if classes is not None else None
         skipped = _null_keys(conn, scored)
@@ -378,6 +380,21 @@ def _target_table(conn: psycopg.Connection, into: str, source: Source, predictio
         raise PgtrainError(f"table {into!r} exists without the columns predict writes ({', '.join(wrong)}); "
                            "predict into a new table")
     return target
+
+
+def _label_type(conn: psycopg.Connection, recorded: str) -> str:
+    """The label's type as the version records it (format_type() when it was planned), checked against the
+    catalog before it reaches SQL: an existing type's name, with at most a numeric modifier (character(1))."""
+    base, _, modifier = recorded.partition("(")
+    try:
+        with conn.transaction():
+            (name,) = conn.execute("SELECT format_type(to_regtype(%s), NULL)", (base,)).fetchone()
+    except (psycopg.DataError, psycopg.ProgrammingError):  # not even a type name
+        name = None
+    if name is None or name != base or (modifier and not re.fullmatch(r"[0-9]+(,[0-9]+)?\)", modifier)):
+        raise PgtrainError(f"the version's label type {recorded!r} is not a type of this database; predict where "
+                           "the label's type (an enum, say) exists")
+    return recorded
 
 
 def _class_fields(conn: psycopg.Connection, classes: Sequence[str], sql_type: str) -> list[bytes]:

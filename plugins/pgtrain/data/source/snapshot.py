@@ -5,7 +5,9 @@ inserted (or updated) after planning have a newer ``xmin`` and are left out; see
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +16,7 @@ import psycopg
 from psycopg import sql
 from psycopg.pq import TransactionStatus
 
+from pgtrain.core.db import connect_like
 from pgtrain.core.errors import PgtrainError, SourceError
 from pgtrain.data.source.resolve import Source
 
@@ -63,6 +66,84 @@ def snapshot_transaction(conn: psycopg.Connection, snapshot: str | None = None) 
         if snapshot is not None:
             conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot)))
         yield
+
+
+# How long a second connection working in an exported snapshot waits for a lock (the loader's back stream, the
+# planner's vocabulary scan). The first connection holds its locks until it is done, so a lock the second waits
+# for may be queued behind a DDL that waits for the first: a wait PostgreSQL cannot see as a deadlock. Past
+# this the second gives its work back to the first.
+SECOND_CONNECTION_LOCK_TIMEOUT = "1s"
+log = logging.getLogger(__name__)
+
+
+def second_connection(conn: psycopg.Connection, name: str, what: str) -> psycopg.Connection | None:
+    """A second connection as ``conn``'s user (``connect_like``), or None with a warning when the server or the
+    role's connection limit refuses it (``what`` then runs on ``conn`` alone)."""
+    try:
+        return connect_like(conn, name)
+    except psycopg.OperationalError as error:
+        log.warning("%s on one connection: a second one could not be opened (%s)", what, str(error).strip())
+        return None
+
+
+@contextmanager
+def in_snapshot_of(conn: psycopg.Connection, snapshot: str) -> Iterator[None]:
+    """``snapshot_transaction(conn, snapshot)`` for a second connection: it waits at most
+    SECOND_CONNECTION_LOCK_TIMEOUT for a lock."""
+    with snapshot_transaction(conn, snapshot):
+        conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(SECOND_CONNECTION_LOCK_TIMEOUT)))
+        yield
+
+
+class Beside:
+    """``work(connection)`` run in a thread on a second connection, in the snapshot of ``conn``'s open REPEATABLE
+    READ transaction, while ``conn`` does something else. ``result()`` waits for it: its value, or None when it
+    could not run there (no second connection, the snapshot could not be imported, a lock it would wait for);
+    the caller then does the work on ``conn``. An error of the work itself is raised by ``result()``."""
+
+    def __init__(self, conn: psycopg.Connection, work: Callable[[psycopg.Connection], object], name: str,
+                 what: str) -> None:
+        self._value: object = None
+        self._error: BaseException | None = None
+        self._other = None
+        snapshot = conn.execute("SELECT pg_export_snapshot()").fetchone()[0]
+        self._other = second_connection(conn, name, what)
+        self._thread = None
+        if self._other is not None:
+            self._thread = threading.Thread(target=self._run, args=(work, snapshot, what), name=name, daemon=True)
+            self._thread.start()
+
+    def _run(self, work: Callable[[psycopg.Connection], object], snapshot: str, what: str) -> None:
+        imported = False
+        try:
+            with self._other, in_snapshot_of(self._other, snapshot):
+                imported = True
+                self._value = work(self._other)
+        except psycopg.Error as error:
+            if imported and not isinstance(error, psycopg.errors.LockNotAvailable | psycopg.errors.QueryCanceled):
+                self._error = error
+            else:
+                log.warning("%s: the second connection gave its work back (%s)", what, str(error).strip())
+        except BaseException as error:
+            self._error = error
+
+    def result(self) -> object:
+        if self._thread is None:
+            return None
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def cancel(self) -> None:
+        """Stop the work (the caller failed): cancel its query and wait for the thread."""
+        if self._thread is None or not self._thread.is_alive():
+            return
+        try:
+            self._other.cancel_safe(timeout=5)
+        except Exception as error:  # the query then ends on its own
+            log.warning("could not cancel the second connection's query: %s", error)
+        self._thread.join()
 
 
 def prefer_index_order(conn: psycopg.Connection) -> None:
