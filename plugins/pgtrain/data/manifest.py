@@ -105,26 +105,30 @@ def plan_shards(conn: psycopg.Connection, run: record.Run, *, input_dim: int | N
             check = check_rows(conn, source, dim, config.num_classes, clock, outputs,
                                values=config.bad_rows == "exclude", split=split,
                                extra=statistics.lean_aggregates(source, config.num_classes))
-            counted = beside.result() if beside is not None and not check.bad else None
+            if check.bad and beside is not None:
+                beside.cancel()  # it counted the bad rows too: encode counts again without them
+                beside = None
+            rows = _usable_rows(source, check, dim, config, length_given=bool(given_dim), outputs=outputs)
+            source = statistics.with_values(source, check.total, check.extra)
+            if source.feature_format == COLUMNS:
+                dim = encoding.layout(source.feature_columns).width
+            # The rows the loader will leave out: the same whether num_classes is given or inferred (max + 1 of
+            # the good rows), and whatever the vocabularies, which are counted while the shards are cut.
+            exclude = bad_row(source, dim, config.num_classes, outputs) if check.bad else None
+            # Sized by the row's width before the classes are known: a label's hash is 4 bytes more than a number.
+            batch_rows = batch_size(source, dim, outputs)
+            shards, batches = cut_shards(conn, source, rows, config.world_size, config.validation_fraction,
+                                         config.seed, batch_rows, exclude,
+                                         validation_keys=None if check.bad else check.validation_keys)
+            counted = beside.result() if beside is not None else None
         finally:
             if beside is not None:
-                beside.cancel()  # ended already, unless the check failed or found bad rows
-        rows = _usable_rows(source, check, dim, config, length_given=bool(given_dim), outputs=outputs)
-        encoded = statistics.encode(
-            conn, source, config, check.total, check.max_label, check.extra,
-            bad_row(source, dim, config.num_classes, outputs) if check.bad else None, parent, counted)
+                beside.cancel()  # ended already, unless planning failed
+        _check_training_rows(source, shards, config)
+        encoded = statistics.encode(conn, source, config, check.max_label, check.extra, exclude, parent, counted)
         source = encoded.source
-        if source.feature_format == COLUMNS:
-            dim = encoding.layout(source.feature_columns).width
         num_classes = encoded.num_classes if outputs is None else None
         output_dim = outputs or num_classes
-        # as the loader will apply it
-        exclude = bad_row(source, dim, num_classes, output_dim) if check.bad else None
-        batch_rows = batch_size(source, dim, output_dim)
-        shards, batches = cut_shards(conn, source, rows, config.world_size, config.validation_fraction,
-                                     config.seed, batch_rows, exclude,
-                                     validation_keys=None if check.bad else check.validation_keys)
-        _check_training_rows(source, shards, config)
         planned = None
         if source.feature_format == COLUMNS or source.classes is not None:
             planned = {**encoding.to_dict(source), "parent_version": parent["version"] if parent else None}

@@ -74,15 +74,10 @@ def vocabularies_beside(conn: psycopg.Connection, source: Source, config: Traini
                   "pgtrain-plan", "planning")
 
 
-def encode(conn: psycopg.Connection, source: Source, config: TrainingConfig, total: int, max_label: int | None,
-           lean: Sequence[Any], exclude: sql.Composable | None, parent: Mapping[str, Any] | None = None,
-           counted: Mapping[str | None, Mapping[str, Any]] | None = None) -> Encoded:
-    """The planned source: its columns' encodings and its classes, from the lean scan's ``lean`` values (over
-    ``total`` rows, with the largest label ``max_label``), and the vocabulary scan when one is needed. ``exclude``
-    (SQL): bad rows, left out of the vocabularies. ``parent``: the encoding of the version a warm start begins
-    from, whose vocabularies, means and classes are kept (levels new since then are "other"). ``counted``: the
-    vocabularies of every row, already counted (``vocabularies_beside``), when no row is bad."""
-    warnings: list[str] = []
+def with_values(source: Source, total: int, lean: Sequence[Any]) -> Source:
+    """``source`` with each numeric or date column's mean and "was missing" input, from the lean scan's ``lean``
+    values over ``total`` rows; refuses a column that is NULL in every row. The input row's width follows (the
+    vocabularies do not change it)."""
     numbers = len(valued(source.feature_columns))
     means, present = lean[0:2 * numbers:2], lean[1:2 * numbers:2]
     stats = dict(zip([c.name for c in valued(source.feature_columns)], zip(means, present, strict=True),
@@ -98,7 +93,20 @@ def encode(conn: psycopg.Connection, source: Source, config: TrainingConfig, tot
             raise SourceError(_all_null(source, column.name, total))
         columns.append(replace(column, mean=float(mean) if impute and mean is not None else None,
                                missing=impute and present < total))
-    source = replace(source, feature_columns=tuple(columns))
+    return replace(source, feature_columns=tuple(columns))
+
+
+def encode(conn: psycopg.Connection, source: Source, config: TrainingConfig, max_label: int | None,
+           lean: Sequence[Any], exclude: sql.Composable | None, parent: Mapping[str, Any] | None = None,
+           counted: Mapping[str | None, Mapping[str, Any]] | None = None) -> Encoded:
+    """The planned source: ``source`` (``with_values``) with its categorical columns' levels and its classes,
+    from the lean scan's ``lean`` values (the largest label ``max_label``) and the vocabulary scan when one is
+    needed. ``exclude`` (SQL): bad rows, left out of the vocabularies. ``parent``: the encoding of the version a
+    warm start begins from, whose vocabularies, means and classes are kept (levels new since then are
+    "other"). ``counted``: the vocabularies of every row, already counted (``vocabularies_beside``), when no row
+    is bad."""
+    warnings: list[str] = []
+    numbers = len(valued(source.feature_columns))
     num_classes = config.num_classes
     wants_classes = source.task == "classification" and source.label_type not in LABEL_TYPES or (
         _integer_classes(source, config.num_classes) and not _complete_class_numbers(max_label, lean[2 * numbers:]))
