@@ -44,6 +44,7 @@ KUBERNETES_SETTINGS: dict[str, dict[str, Any]] = {
     "startup_timeout_seconds": {"type": "integer", "minimum": 1},
     "active_deadline_seconds": {"type": ["integer", "null"], "minimum": 1},
     "deferrable": {"type": "boolean"},
+    "poll_interval": {"type": "number", "minimum": 1, "maximum": 300},
 }
 
 

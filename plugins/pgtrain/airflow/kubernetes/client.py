@@ -3,11 +3,15 @@ its deferrable trigger (``AsyncMPIJobClient``, on ``AsyncKubernetesHook``): the 
 
 The operator and the trigger decide; these clients only talk to the API server (as the cncf-kubernetes provider's
 ``CustomObjectLauncher`` does for ``SparkKubernetesOperator``). Transient API errors are retried with
-the provider's ``generic_api_retry``; a 404 on a read means "gone" and is returned as None.
+the provider's ``generic_api_retry``; a 404 on reading one MPIJob means "gone" and is returned as None, while a 404
+that names no object (the list, or a read when the resource type is not served) means the MPI Operator's CRD is
+missing and raises ``errors.MPIOperatorMissing``. Events are read only for the pods ``watch.pods_to_explain``
+names, one field-selected list per pod.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
@@ -16,9 +20,8 @@ from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
 from kubernetes.client import V1DeleteOptions, V1Pod
 from kubernetes.client.exceptions import ApiException
 
-from pgtrain.launch.mpijob import api
-
-POD_EVENTS = "involvedObject.kind=Pod"
+from pgtrain.airflow.kubernetes import errors
+from pgtrain.launch.mpijob import api, watch
 
 
 def pods_of(name: str) -> str:
@@ -26,10 +29,19 @@ def pods_of(name: str) -> str:
     return f"{api.JOB_NAME_LABEL}={name}"
 
 
-def events_of(pods: list[dict[str, Any]], events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The events (API form) about these pods."""
-    names = {pod["metadata"]["name"] for pod in pods}
-    return [e for e in events if (e.get("involvedObject") or {}).get("name") in names]
+def events_of(pod_name: str) -> str:
+    """The field selector of one pod's events (field selectors have no set-based form)."""
+    return f"involvedObject.kind=Pod,involvedObject.name={pod_name}"
+
+
+def names_an_object(body: Any) -> bool:
+    """A 404's ``Status`` says which object is not found (``details.name``): the resource type exists. A 404 for
+    a resource type the server does not serve names none ("the server could not find the requested resource")."""
+    try:
+        status = json.loads(body) if isinstance(body, str | bytes) else body
+    except ValueError:
+        return False
+    return isinstance(status, dict) and bool((status.get("details") or {}).get("name"))
 
 
 def _resource() -> dict[str, str]:
@@ -53,11 +65,18 @@ class MPIJobClient:
             return self._call("get_namespaced_custom_object", name=name)
         except ApiException as exc:
             if exc.status == 404:
-                return None
+                if names_an_object(exc.body):
+                    return None
+                raise errors.mpi_operator_missing() from exc
             raise
 
     def list(self, label_selector: str) -> list[dict[str, Any]]:
-        return self._call("list_namespaced_custom_object", label_selector=label_selector)["items"]
+        try:
+            return self._call("list_namespaced_custom_object", label_selector=label_selector)["items"]
+        except ApiException as exc:
+            if exc.status == 404:  # listing a served resource type never answers 404
+                raise errors.mpi_operator_missing() from exc
+            raise
 
     def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
         """Create once (never retried: a retry after a lost response would meet a 409)."""
@@ -88,12 +107,14 @@ class MPIJobClient:
         return [PodGenerator.serialize_pod(pod) for pod in self.pods(name)]
 
     def pod_events(self, pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The events of these (API-form) pods, in API form: a missing Secret volume shows only there."""
-        if not pods:
-            return []
-        listed = generic_api_retry(self.hook.core_v1_client.list_namespaced_event)(
-            self.namespace, field_selector=POD_EVENTS)
-        return events_of(pods, self.hook.core_v1_client.api_client.sanitize_for_serialization(listed)["items"])
+        """The events of those of these (API-form) pods whose events may explain why they wait (a missing Secret
+        volume shows only there), in API form; none for running or unscheduled pods."""
+        events = []
+        for pod_name in watch.pods_to_explain(pods):
+            listed = generic_api_retry(self.hook.core_v1_client.list_namespaced_event)(
+                self.namespace, field_selector=events_of(pod_name))
+            events += self.hook.core_v1_client.api_client.sanitize_for_serialization(listed)["items"]
+        return events
 
     def launcher_pod(self, name: str) -> V1Pod | None:
         """The newest launcher pod (with backoffLimit > 0 the launcher Job may have made several)."""
@@ -111,15 +132,29 @@ class AsyncMPIJobClient:
         self.custom = CustomObjectsApi(api_client)
         self.core = CoreV1Api(api_client)
 
-    async def get(self, name: str) -> dict[str, Any]:
-        return await self.custom.get_namespaced_custom_object(**_resource(), namespace=self.namespace, name=name)
+    async def get(self, name: str) -> dict[str, Any] | None:
+        """The MPIJob, or None when it does not exist (``errors.MPIOperatorMissing`` when MPIJobs are not served)."""
+        from kubernetes_asyncio.client.exceptions import ApiException as AsyncApiException
+
+        try:
+            return await self.custom.get_namespaced_custom_object(**_resource(), namespace=self.namespace, name=name)
+        except AsyncApiException as exc:
+            if exc.status == 404:
+                if names_an_object(exc.body):
+                    return None
+                raise errors.mpi_operator_missing() from exc
+            raise
 
     async def pods_and_events(self, name: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """The job's pods and their events, in API form (what ``watch_step`` reads before the job runs)."""
+        """The job's pods and the events of those that may explain why they wait, in API form (what
+        ``watch_step`` reads before the job runs)."""
         listed = await self.core.list_namespaced_pod(self.namespace, label_selector=pods_of(name))
         pods = self.api_client.sanitize_for_serialization(listed)["items"]
-        listed = await self.core.list_namespaced_event(self.namespace, field_selector=POD_EVENTS)
-        return pods, events_of(pods, self.api_client.sanitize_for_serialization(listed)["items"])
+        events = []
+        for pod_name in watch.pods_to_explain(pods):
+            listed = await self.core.list_namespaced_event(self.namespace, field_selector=events_of(pod_name))
+            events += self.api_client.sanitize_for_serialization(listed)["items"]
+        return pods, events
 
     async def delete(self, name: str) -> bool:
         """Delete with foreground propagation; False if already gone."""

@@ -10,11 +10,15 @@ labels), ``pgtrain.launch.mpijob.spec`` turns it into the launcher and worker te
   stream its log into the task log while it runs; finish on the MPIJob's Succeeded/Failed condition;
 - a failure raises with the condition's reason and message and the launcher's last log lines;
 - not running after ``startup_timeout_seconds`` (e.g. no GPUs free): the MPIJob is deleted and the
-  error says which pods wait for what;
+  error says which pods wait for what; a suspended job (waiting in a Kueue queue) is not late: its startup
+  timeout counts from when it leaves the queue;
+- no MPIJob CRD in the cluster (the MPI Operator is not installed): the task fails for good, saying so;
 - ``on_kill`` deletes the MPIJob with foreground propagation; afterwards the MPIJob is deleted or
   kept according to ``on_finish_action`` (KPO's values: delete_pod, delete_succeeded_pod, keep_pod,
   delete_active_pod);
-- ``deferrable=True``: a trigger polls the conditions, the worker slot is freed meanwhile.
+- ``deferrable=True``: a trigger polls the conditions, the worker slot is freed meanwhile;
+- the job is read every ``poll_interval`` seconds, its pods only until it runs, and a pod's events only
+  while it waits scheduled but not yet created (one field-selected list per such pod).
 
 The API calls live in ``MPIJobClient``; what one look at the job and its pods means (running,
 succeeded, failed, cannot start, timed out) is ``pgtrain.launch.mpijob.watch.watch_step``, the same in the
@@ -24,7 +28,7 @@ operator's loop and in the trigger.
 from __future__ import annotations
 
 import collections
-import datetime as dt
+import dataclasses
 import time
 from collections.abc import Sequence
 from functools import cached_property
@@ -42,7 +46,7 @@ from kubernetes.client.exceptions import ApiException
 from pgtrain.airflow.dag import train_run
 from pgtrain.airflow.kubernetes import errors
 from pgtrain.airflow.kubernetes.client import MPIJobClient, container_started
-from pgtrain.airflow.kubernetes.trigger import MPIJobTrigger
+from pgtrain.airflow.kubernetes.trigger import MISSING_OPERATOR, MPIJobTrigger
 from pgtrain.core.errors import ConfigError, TrainingFailed
 from pgtrain.launch.mpijob import api, cli, spec, watch
 
@@ -64,7 +68,8 @@ class MPIJobOperator(KubernetesPodOperator):
     :param worker_cpu, worker_memory: requests of each worker (GPUs are set from the layout)
     :param launcher_cpu, launcher_memory: the launcher's small requests (it gets no GPU)
     :param backoff_limit, active_deadline_seconds, ttl_seconds_after_finished: the MPIJob's runPolicy
-    :param startup_timeout_seconds: fail, deleting the job, when it is not running after this long
+    :param startup_timeout_seconds: fail, deleting the job, when it is not running after this long (counted from
+        its creation, or from when it left its queue if it was created suspended)
     :param poll_interval: seconds between status reads (also the trigger's)
     :param log_tail_lines: launcher log lines carried in a failure's error message
 
@@ -97,7 +102,7 @@ class MPIJobOperator(KubernetesPodOperator):
         active_deadline_seconds: int | None = spec.default("active_deadline_seconds"),
         ttl_seconds_after_finished: int = spec.default("ttl_seconds_after_finished"),
         startup_timeout_seconds: int = 600,
-        poll_interval: float = 2,
+        poll_interval: float = 10,
         log_tail_lines: int = 40,
         **kwargs: Any,
     ) -> None:
@@ -254,9 +259,7 @@ class MPIJobOperator(KubernetesPodOperator):
             job = self.jobs.create(manifest)
         except ApiException as exc:
             if exc.status == 404:
-                raise ConfigError(
-                    f"the cluster does not serve {api.API_GROUP}/{api.API_VERSION} mpijobs: install the "
-                    f"MPI Operator {api.MPI_OPERATOR_VERSION} (docs/kubernetes.md)") from exc
+                raise errors.mpi_operator_missing() from exc
             if exc.status == 409:
                 raise TrainingFailed(
                     f"MPIJob {self.job_namespace}/{name} already exists but belongs to an attempt that "
@@ -282,11 +285,14 @@ class MPIJobOperator(KubernetesPodOperator):
             raise AirflowFailException(str(exc)) from exc
         self.job_namespace = manifest["metadata"]["namespace"]
         self._tail.clear()
-        job = self.find_mpijob(context)
-        if job is None:
-            self.before_submit(context)
-            manifest = self.build_mpijob(context)  # with what before_submit decided (the attempt)
-            job = self.submit(context, manifest)
+        try:
+            job = self.find_mpijob(context)
+            if job is None:
+                self.before_submit(context)
+                manifest = self.build_mpijob(context)  # with what before_submit decided (the attempt)
+                job = self.submit(context, manifest)
+        except errors.MPIOperatorMissing as exc:  # retrying cannot install it
+            raise AirflowFailException(str(exc)) from exc
         store = context.get("task_state_store")
         if store is not None:
             store.set(STATE_STORE_KEY, {"name": self.job_name, "namespace": self.job_namespace})
@@ -295,37 +301,35 @@ class MPIJobOperator(KubernetesPodOperator):
         ti.xcom_push(key="mpijob_namespace", value=self.job_namespace)
 
         if self.deferrable:
-            self._defer(job)
+            self._defer()
         verdict: watch.WatchVerdict | None = None
         try:
-            verdict = self._wait(job)
+            verdict = self._wait()
             self._finish(verdict, context)
         finally:
             self._cleanup(verdict)
 
-    def _startup_deadline(self, job: dict[str, Any]) -> float:
-        created = dt.datetime.fromisoformat(job["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
-        return created.timestamp() + self.startup_timeout_seconds
-
-    def _wait(self, job: dict[str, Any]) -> watch.WatchVerdict:
+    def _wait(self) -> watch.WatchVerdict:
         """Poll the job until ``watch_step`` says it is done; follow each launcher pod's log while it runs."""
-        deadline = self._startup_deadline(job)
-        started = False
+        verdict = watch.WatchVerdict("waiting")
         followed: set[str] = set()
         while True:
             job = self.read_mpijob()
             launcher = self.jobs.launcher_pod(self.job_name)
             if launcher is not None and container_started(launcher):
-                started = True
+                verdict = dataclasses.replace(verdict, state=dataclasses.replace(verdict.state, started=True))
                 if self.get_logs and launcher.metadata.name not in followed:
                     followed.add(launcher.metadata.name)
                     self._stream_launcher_log(launcher, follow=True)
                     continue  # the launcher ended: read the job's verdict right away
-            pods = [] if started else self.jobs.pod_dicts(self.job_name)
-            verdict = watch.watch_step(job, pods, time.time(), deadline, started, self.jobs.pod_events(pods))
+            pods = [] if verdict.state.started else self.jobs.pod_dicts(self.job_name)
+            previous, verdict = verdict, watch.watch_step(job, pods, time.time(), self.startup_timeout_seconds,
+                                                          verdict.state, self.jobs.pod_events(pods))
+            news = watch.queue_news(job, previous, verdict)
+            if news:
+                self.log.info("%s", news)
             if verdict.done:
                 return verdict
-            started = verdict.outcome == "running"
             time.sleep(self.poll_interval)
 
     def _finish(self, verdict: watch.WatchVerdict, context: Context) -> None:
@@ -338,8 +342,7 @@ class MPIJobOperator(KubernetesPodOperator):
             if verdict.outcome == "cannot_start":
                 raise errors.cannot_start(self.job_namespace, self.job_name, verdict.message,
                                             self.database_secret, self.database_secret_key)
-            raise errors.not_started(self.job_namespace, self.job_name, self.startup_timeout_seconds,
-                                       verdict.message)
+            raise errors.not_started(self.job_namespace, self.job_name, self.startup_timeout_seconds, verdict)
         self._raise_if_failed(verdict, context)
 
     def _stream_launcher_log(self, pod: V1Pod, *, follow: bool) -> None:
@@ -406,7 +409,7 @@ class MPIJobOperator(KubernetesPodOperator):
 
     # --- deferrable ---
 
-    def _defer(self, job: dict[str, Any]) -> None:
+    def _defer(self) -> None:
         self.convert_config_file_to_dict()
         extras = None
         if self.kubernetes_conn_id:
@@ -419,7 +422,7 @@ class MPIJobOperator(KubernetesPodOperator):
             name=self.job_name, namespace=self.job_namespace, kubernetes_conn_id=self.kubernetes_conn_id,
             connection_extras=extras, config_dict=self._config_dict, cluster_context=self.cluster_context,
             in_cluster=self.in_cluster, poll_interval=self.poll_interval,
-            startup_deadline=self._startup_deadline(job), on_kill_action=self.on_kill_action.value,
+            startup_timeout=self.startup_timeout_seconds, on_kill_action=self.on_kill_action.value,
         )
         self.defer(trigger=trigger, method_name="execute_complete")
 
@@ -428,6 +431,8 @@ class MPIJobOperator(KubernetesPodOperator):
         self.job_name, self.job_namespace = event["name"], event["namespace"]
         self._tail.clear()
         if event["status"] == "error":
+            if event.get("reason") == MISSING_OPERATOR:  # uninstalled while the job ran: retrying cannot help
+                raise AirflowFailException(event.get("message"))
             raise TrainingFailed(f"watching MPIJob {self.job_namespace}/{self.job_name} failed: "
                                  f"{event.get('message')}")
         verdict = watch.WatchVerdict(event["status"], event.get("message") or "", event.get("reason") or "")

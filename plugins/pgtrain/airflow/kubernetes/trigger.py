@@ -1,8 +1,9 @@
 """MPIJobTrigger: the deferrable MPIJobOperator's wait, run in the triggerer.
 
-Polls the MPIJob and its pods (through ``AsyncMPIJobClient``), reading each look with
+Polls the MPIJob and, until it runs, its pods (through ``AsyncMPIJobClient``), reading each look with
 ``pgtrain.launch.mpijob.watch.watch_step`` (the operator's own loop uses the same function), until it is
 done: succeeded, failed, cannot start (a missing Secret, a bad image name: no point waiting) or timed out.
+A suspended job (waiting in a Kueue queue) is waited for without a startup timeout.
 The operator resumes in ``execute_complete``.
 """
 
@@ -19,31 +20,38 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from pgtrain.airflow.kubernetes.client import AsyncMPIJobClient
+from pgtrain.airflow.kubernetes.errors import MPIOperatorMissing
 from pgtrain.launch.mpijob import watch
+
+MISSING_OPERATOR = "mpi_operator_missing"  # an error event's reason: MPIJobs are no longer served
 
 
 class MPIJobTrigger(BaseTrigger):
     """Fires once: ``status`` is a WatchVerdict outcome (succeeded | failed | cannot_start | timeout) or error,
-    with ``name``, ``namespace``, ``message`` and ``reason``."""
+    with ``name``, ``namespace``, ``message`` and ``reason``.
+
+    :param startup_timeout: seconds the job may take to run, counted from its creation or from when it left its
+        queue (``watch.startup_clock``)
+    """
 
     def __init__(
         self,
         *,
         name: str,
         namespace: str,
-        startup_deadline: float,
+        startup_timeout: float,
         kubernetes_conn_id: str | None = None,
         connection_extras: dict | None = None,
         config_dict: dict | None = None,
         cluster_context: str | None = None,
         in_cluster: bool | None = None,
-        poll_interval: float = 5,
+        poll_interval: float = 10,
         on_kill_action: str = "delete_pod",
     ) -> None:
         super().__init__()
         self.name = name
         self.namespace = namespace
-        self.startup_deadline = startup_deadline
+        self.startup_timeout = startup_timeout
         self.kubernetes_conn_id = kubernetes_conn_id
         self.connection_extras = connection_extras
         self.config_dict = config_dict
@@ -55,7 +63,7 @@ class MPIJobTrigger(BaseTrigger):
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}", {
-            "name": self.name, "namespace": self.namespace, "startup_deadline": self.startup_deadline,
+            "name": self.name, "namespace": self.namespace, "startup_timeout": self.startup_timeout,
             "kubernetes_conn_id": self.kubernetes_conn_id, "connection_extras": self.connection_extras,
             "config_dict": self.config_dict, "cluster_context": self.cluster_context,
             "in_cluster": self.in_cluster, "poll_interval": self.poll_interval,
@@ -75,19 +83,29 @@ class MPIJobTrigger(BaseTrigger):
                              "message": message, **extra})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        started = False
+        verdict = watch.WatchVerdict("waiting")
         try:
             while True:
                 async with self.hook.get_conn() as api_client:
                     jobs = AsyncMPIJobClient(api_client, self.namespace)
                     job = await jobs.get(self.name)
+                    if job is None:
+                        yield self._event("error", "the MPIJob no longer exists: it was deleted while the task "
+                                                   "watched it (by hand, or by its ttlSecondsAfterFinished)")
+                        return
+                    started = verdict.state.started
                     pods, events = ([], []) if started else await jobs.pods_and_events(self.name)
-                verdict = watch.watch_step(job, pods, time.time(), self.startup_deadline, started, events)
+                previous, verdict = verdict, watch.watch_step(job, pods, time.time(), self.startup_timeout,
+                                                              verdict.state, events)
                 if verdict.done:
                     yield self._event(verdict.outcome, verdict.message, reason=verdict.reason)
                     return
-                started = verdict.outcome == "running"
+                news = watch.queue_news(job, previous, verdict)
+                if news:
+                    self.log.info("%s", news)
                 await asyncio.sleep(self.poll_interval)
+        except MPIOperatorMissing as exc:
+            yield self._event("error", str(exc), reason=MISSING_OPERATOR)
         except ApiException as exc:
             yield self._event("error", f"Kubernetes API error {exc.status}: {exc.reason}")
 
