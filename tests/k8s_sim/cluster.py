@@ -23,9 +23,11 @@ PACKAGE_PARENT = Path(__file__).resolve().parents[1]
 class SimulatedCluster:
     """One simulated cluster (one node with ``gpus`` GPUs); ``kubeconfig`` points clients at it."""
 
-    def __init__(self, state_dir: Path, *, gpus: int = 8, image_bin_dir: Path | None = None) -> None:
+    def __init__(self, state_dir: Path, *, gpus: int = 8, image_bin_dir: Path | None = None,
+                 mpijob_crd: bool = True) -> None:
         self.state_dir = state_dir
         self.gpus = gpus
+        self.mpijob_crd = mpijob_crd  # False: a cluster without the MPI Operator (no MPIJob CRD)
         self.image_bin_dir = image_bin_dir or Path(sys.executable).parent
         self.token = secrets.token_hex(16)
         self.kubeconfig = state_dir / "kubeconfig"
@@ -45,7 +47,8 @@ class SimulatedCluster:
                                                                            os.environ.get("PYTHONPATH")]))}
         self._process = subprocess.Popen(
             [sys.executable, "-m", "k8s_sim", "--state-dir", str(self.state_dir),
-             "--image-bin-dir", str(self.image_bin_dir), "--gpus", str(self.gpus), "--token", self.token],
+             "--image-bin-dir", str(self.image_bin_dir), "--gpus", str(self.gpus), "--token", self.token,
+             *([] if self.mpijob_crd else ["--without-mpijob-crd"])],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         )
         assert self._process.stdout is not None
@@ -104,9 +107,19 @@ class SimulatedCluster:
         return self.api("GET", f"/api/v1/namespaces/{namespace}/pods?labelSelector={selector}")["items"]
 
     def history(self, namespace: str | None = None, **match: Any) -> list[dict[str, Any]]:
-        return [h for h in self.api("GET", "/sim/history")
-                if (namespace is None or h["namespace"] == namespace)
-                and all(h.get(k) == v for k, v in match.items())]
+        """The API calls and cluster actions so far (reads too: verb get or list, with their selectors)."""
+        path = "/sim/history" + (f"?namespace={namespace}" if namespace is not None else "")
+        return [h for h in self.api("GET", path) if all(h.get(k) == v for k, v in match.items())]
+
+    def queue_jobs(self, namespace: str) -> None:
+        """Kueue manages this namespace: an MPIJob created with a ``kueue.x-k8s.io/queue-name`` label is
+        suspended (``runPolicy.suspend``) until ``admit``."""
+        self.api("PUT", "/sim/queue", {"namespace": namespace})
+
+    def admit(self, namespace: str, name: str) -> None:
+        """What Kueue does when the job's queue has room: unsuspend it."""
+        self.api("PATCH", f"/apis/kubeflow.org/v2beta1/namespaces/{namespace}/mpijobs/{name}",
+                 {"spec": {"runPolicy": {"suspend": False}}})
 
     def set_gpus(self, gpus: int) -> None:
         self.api("PUT", "/sim/node", {"gpus": gpus})

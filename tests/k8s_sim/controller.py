@@ -4,7 +4,9 @@
   ``<job>-worker-<i>``; with ``launcherCreationPolicy: WaitForWorkersReady`` the launcher pod once
   all workers are ready; the hostfile at ``/etc/mpi/hostfile``; conditions Created, Running,
   Succeeded or Failed (reason and message as the real operator writes them); ``backoffLimit``,
-  ``activeDeadlineSeconds``, ``ttlSecondsAfterFinished``, ``cleanPodPolicy``; foreground deletion.
+  ``activeDeadlineSeconds``, ``ttlSecondsAfterFinished``, ``cleanPodPolicy``; foreground deletion;
+  ``runPolicy.suspend`` (as Kueue sets it while a job waits in its queue): no pods, condition Suspended True
+  (MPIJobSuspended) and Running False; unsuspended: Suspended False (MPIJobResumed), a new startTime, pods.
 - Scheduler: one node with a fixed number of ``nvidia.com/gpu``; a pod that does not fit stays
   Pending with ``PodScheduled=False, Unschedulable`` as kube-scheduler reports it.
 - Kubelet: env from ``value``, ``secretKeyRef`` and ``envFrom.secretRef`` (a missing Secret gives
@@ -42,6 +44,7 @@ OPERATOR_NAME = "training.kubeflow.org/operator-name"
 GPU = "nvidia.com/gpu"
 CONFIG_MOUNT = "/etc/mpi"
 KILL_GRACE_SECONDS = 3
+QUEUE_NAME = "kueue.x-k8s.io/queue-name"
 
 
 def validation_errors(job: dict[str, Any]) -> list[str]:
@@ -216,6 +219,14 @@ class Cluster:
                 self.delete_dependents(ns, name)
                 self.store.remove("mpijobs", ns, name, reason="ttlSecondsAfterFinished")
             return
+        if _suspend(job):
+            if not _true(job, "Suspended"):  # suspended after it started (Kueue preempted it): its pods go
+                self.delete_dependents(ns, name)
+                self.suspend(job)
+            return
+        if _true(job, "Suspended"):
+            self.resume(job)
+            return
 
         workers = self.store.list("pods", ns, f"{JOB_NAME}={name},{JOB_ROLE}=worker")
         launchers = sorted(self.store.list("pods", ns, f"{JOB_NAME}={name},{JOB_ROLE}=launcher"),
@@ -263,9 +274,37 @@ class Cluster:
 
         def created(j: dict[str, Any]) -> None:
             _set_condition(j, "Created", "True", "MPIJobCreated", f"MPIJob {ns}/{name} is created.")
-            j["status"]["startTime"] = now()
+            if not _suspend(j):
+                j["status"]["startTime"] = now()
 
         self.store.update("mpijobs", ns, name, created, verb="status", condition="Created")
+        if _suspend(job):
+            self.suspend(job)
+        else:
+            self.create_pods(job)
+
+    def suspend(self, job: dict[str, Any]) -> None:
+        """As mpi-operator's updateMPIJobStatus while runPolicy.suspend is true."""
+        ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
+
+        def mark(j: dict[str, Any]) -> None:
+            _set_condition(j, "Suspended", "True", "MPIJobSuspended", "MPIJob suspended")
+            _set_condition(j, "Running", "False", "MPIJobSuspended", f"MPIJob {ns}/{name} is suspended.")
+
+        self.store.update("mpijobs", ns, name, mark, verb="status", condition="Suspended")
+
+    def resume(self, job: dict[str, Any]) -> None:
+        """Unsuspended: the condition turns False (its lastTransitionTime is the resume), a new startTime, pods."""
+        ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
+
+        def mark(j: dict[str, Any]) -> None:
+            _set_condition(j, "Suspended", "False", "MPIJobResumed", "MPIJob resumed")
+            j["status"]["startTime"] = now()
+
+        self.store.update("mpijobs", ns, name, mark, verb="status", condition="Resumed")
+        self.create_pods(job)
+
+    def create_pods(self, job: dict[str, Any]) -> None:
         self.write_config(job)
         for index in range(job["spec"]["mpiReplicaSpecs"].get("Worker", {}).get("replicas", 0)):
             self.create_pod(job, "Worker", index)
@@ -509,6 +548,10 @@ class Cluster:
 
     def log_path(self, ns: str, pod_name: str) -> Path:
         return self.state_dir / "logs" / ns / f"{pod_name}.log"
+
+
+def _suspend(job: dict[str, Any]) -> bool:
+    return bool(((job.get("spec") or {}).get("runPolicy") or {}).get("suspend"))
 
 
 def _ready(pod: dict[str, Any]) -> bool:

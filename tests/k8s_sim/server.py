@@ -3,8 +3,10 @@
 MPIJobs (``/apis/kubeflow.org/v2beta1``: create, get, list by label, merge-patch, delete with
 propagation policy, ``/status``), pods (list by label, get, delete, ``/log`` with follow, since
 and tail, streamed with chunked encoding as the real API server does), Secrets (create, get,
-delete), events (with involvedObject field selectors). Bearer-token auth as in a kubeconfig. ``/sim/...`` paths are
-the double's own controls (history of API calls, GPU capacity) and exist in no real cluster.
+delete), events (with involvedObject field selectors). Bearer-token auth as in a kubeconfig. A 404 for a missing
+object names it in the Status' ``details``; with ``--without-mpijob-crd`` the kubeflow.org group is not served
+(404 naming nothing, as for a CRD never installed). ``/sim/...`` paths are the double's own controls (history of
+API calls, reads included; GPU capacity; namespaces whose MPIJobs Kueue queues) and exist in no real cluster.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from .controller import GROUP_VERSION, Cluster
+from .controller import GROUP_VERSION, QUEUE_NAME, Cluster
 from .store import ApiError, Store, matches, merge_patch, now
 
 CORE = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/(?P<res>pods|secrets|events)"
@@ -64,8 +66,8 @@ class Handler(BaseHTTPRequestHandler):
             query = {k: v[-1] for k, v in parse_qs(url.query).items()}
             body = self._body() if method in ("POST", "PATCH", "PUT", "DELETE") else None
             if url.path.startswith("/sim/"):
-                return self._send_json(200, self.server.sim_control(method, url.path, body))
-            match = CORE.match(url.path) or MPIJOBS.match(url.path)
+                return self._send_json(200, self.server.sim_control(method, url.path, body, query))
+            match = CORE.match(url.path) or (self.server.mpijob_crd and MPIJOBS.match(url.path))
             if not match:
                 raise ApiError(404, "NotFound", f"the server could not find the requested resource {url.path}")
             ns, resource, name, sub = match["ns"], match["res"], match["name"], match["sub"]
@@ -172,13 +174,19 @@ def _age(stamp: bytes) -> float:
 class SimServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], store: Store, cluster: Cluster, token: str) -> None:
+    def __init__(self, address: tuple[str, int], store: Store, cluster: Cluster, token: str, *,
+                 mpijob_crd: bool = True) -> None:
         super().__init__(address, Handler)
         self.store, self.cluster, self.token = store, cluster, token
+        self.mpijob_crd = mpijob_crd
+        self.queued_namespaces: set[str] = set()
 
     def handle(self, method: str, resource: str, ns: str, name: str | None, query: dict[str, str],
                body: Any) -> Any:
         store = self.store
+        if method == "GET":
+            selectors = {k: query[k] for k in ("labelSelector", "fieldSelector") if query.get(k)}
+            store.record("list" if name is None else "get", resource, ns, name or "", actor="client", **selectors)
         if name is None:
             if method == "GET":
                 api_version, kind = LIST_KINDS[resource]
@@ -192,6 +200,10 @@ class SimServer(ThreadingHTTPServer):
                 if resource == "mpijobs" and body.get("apiVersion") != GROUP_VERSION:
                     raise ApiError(400, "BadRequest", f"apiVersion must be {GROUP_VERSION}")
                 body.pop("status", None)
+                if (resource == "mpijobs" and ns in self.queued_namespaces
+                        and QUEUE_NAME in (body.get("metadata") or {}).get("labels", {})):
+                    # Kueue's webhook: a job naming a queue is created suspended until Kueue admits it
+                    body.setdefault("spec", {}).setdefault("runPolicy", {})["suspend"] = True
                 created = store.create(resource, ns, body)
                 store.history[-1]["body"] = copy.deepcopy(body)
                 return created
@@ -225,10 +237,15 @@ class SimServer(ThreadingHTTPServer):
             return obj
         raise ApiError(405, "MethodNotAllowed", f"{method} is not supported")
 
-    def sim_control(self, method: str, path: str, body: Any) -> Any:
+    def sim_control(self, method: str, path: str, body: Any, query: dict[str, str]) -> Any:
         if path == "/sim/history" and method == "GET":
+            namespace = query.get("namespace")
             with self.store.lock:
-                return copy.deepcopy(self.store.history)
+                return [copy.deepcopy(h) for h in self.store.history
+                        if namespace is None or h["namespace"] == namespace]
+        if path == "/sim/queue" and method == "PUT":
+            self.queued_namespaces.add(body["namespace"])
+            return sorted(self.queued_namespaces)
         if path == "/sim/node" and method == "PUT":
             self.cluster.node["gpus"] = int(body["gpus"])
             return self.cluster.node
@@ -251,11 +268,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", type=int, default=8, help="nvidia.com/gpu on the one simulated node")
     parser.add_argument("--token", required=True)
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--without-mpijob-crd", action="store_true",
+                        help="serve no kubeflow.org MPIJobs, as a cluster without the MPI Operator")
     args = parser.parse_args(argv)
 
     store = Store()
     cluster = Cluster(store, args.state_dir, args.image_bin_dir, args.gpus)
-    server = SimServer(("127.0.0.1", args.port), store, cluster, args.token)
+    server = SimServer(("127.0.0.1", args.port), store, cluster, args.token,
+                       mpijob_crd=not args.without_mpijob_crd)
     parent = os.getppid()
 
     def stop(*_: Any) -> None:

@@ -21,13 +21,19 @@ def now_precise() -> str:
 class ApiError(Exception):
     """Becomes a Kubernetes ``Status`` response."""
 
-    def __init__(self, code: int, reason: str, message: str) -> None:
+    def __init__(self, code: int, reason: str, message: str, details: dict[str, str] | None = None) -> None:
         super().__init__(message)
-        self.code, self.reason, self.message = code, reason, message
+        self.code, self.reason, self.message, self.details = code, reason, message, details or {}
 
     def status(self) -> dict[str, Any]:
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                "message": self.message, "reason": self.reason, "code": self.code}
+                "message": self.message, "reason": self.reason, "details": self.details, "code": self.code}
+
+
+def not_found(resource: str, name: str) -> ApiError:
+    """An object that does not exist: the API server's Status names it in ``details`` (a resource type it does
+    not serve gets a 404 naming nothing)."""
+    return ApiError(404, "NotFound", f'{resource} "{name}" not found', {"name": name, "kind": resource})
 
 
 def parse_selector(selector: str | None) -> list[tuple[str, str, str | None]]:
@@ -113,7 +119,7 @@ class Store:
         with self.lock:
             obj = self.objects.get((resource, namespace, name))
             if obj is None:
-                raise ApiError(404, "NotFound", f'{resource} "{name}" not found')
+                raise not_found(resource, name)
             return copy.deepcopy(obj)
 
     def list(self, resource: str, namespace: str | None, selector: str | None = None) -> list[dict]:
@@ -128,7 +134,7 @@ class Store:
         with self.lock:
             obj = self.objects.get((resource, namespace, name))
             if obj is None:
-                raise ApiError(404, "NotFound", f'{resource} "{name}" not found')
+                raise not_found(resource, name)
             mutate(obj)
             obj["metadata"]["resourceVersion"] = str(next(self._versions))
             if verb:

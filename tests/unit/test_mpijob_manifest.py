@@ -203,7 +203,8 @@ def test_render_command_explains_a_bad_layout(capsys):
 # --- watch_step: one look at a job and its pods, shared by the operator's loop and its trigger ---
 
 def _job(*conditions: tuple[str, str, str]) -> dict:
-    return {"status": {"conditions": [{"type": t, "status": "True", "reason": r, "message": m}
+    return {"metadata": {"creationTimestamp": "1970-01-01T00:00:00Z"},  # now=60: a minute after its creation
+            "status": {"conditions": [{"type": t, "status": "True", "reason": r, "message": m}
                                       for t, r, m in conditions]}}
 
 
@@ -226,7 +227,7 @@ def test_watch_step_reads_finished_jobs_from_their_conditions():
 
 def test_watch_step_fails_fast_on_a_container_that_can_never_start():
     pods = [_pod("job-launcher", {"reason": "CreateContainerConfigError", "message": 'secret "db" not found'})]
-    verdict = watch.watch_step(_job(("Created", "", "")), pods, now=0, startup_deadline=3600)
+    verdict = watch.watch_step(_job(("Created", "", "")), pods, now=0, startup_timeout=3600)
     assert verdict.outcome == "cannot_start" and 'secret "db" not found' in verdict.message
 
 
@@ -243,9 +244,9 @@ def test_watch_step_fails_fast_when_the_database_secret_cannot_be_mounted():
 
 def test_watch_step_times_out_only_a_job_that_never_started():
     pods = [_pod("job-worker-0", unschedulable="0/1 nodes are available: 1 Insufficient nvidia.com/gpu.")]
-    waiting = watch.watch_step(_job(), pods, now=10, startup_deadline=60)
-    timeout = watch.watch_step(_job(), pods, now=60, startup_deadline=60)
-    started = watch.watch_step(_job(), pods, now=600, startup_deadline=60, started=True)
+    waiting = watch.watch_step(_job(), pods, now=10, startup_timeout=60)
+    timeout = watch.watch_step(_job(), pods, now=60, startup_timeout=60)
+    started = watch.watch_step(_job(), pods, now=600, startup_timeout=60, state=watch.WatchState(started=True))
     assert (waiting.outcome, waiting.done) == ("waiting", False)
     assert timeout.outcome == "timeout" and "Insufficient nvidia.com/gpu" in timeout.message
     assert (started.outcome, started.done) == ("running", False)
