@@ -316,20 +316,22 @@ class MPIJobOperator(KubernetesPodOperator):
         while True:
             job = self.read_mpijob()
             launcher = self.jobs.launcher_pod(self.job_name)
+            state = verdict.state
             if launcher is not None and container_started(launcher):
-                verdict = dataclasses.replace(verdict, state=dataclasses.replace(verdict.state, started=True))
-                if self.get_logs and launcher.metadata.name not in followed:
-                    followed.add(launcher.metadata.name)
-                    self._stream_launcher_log(launcher, follow=True)
-                    continue  # the launcher ended: read the job's verdict right away
-            pods = [] if verdict.state.started else self.jobs.pod_dicts(self.job_name)
+                state = dataclasses.replace(state, started=True)
+            pods = [] if state.started else self.jobs.pod_dicts(self.job_name)
             previous, verdict = verdict, watch.watch_step(job, pods, time.time(), self.startup_timeout_seconds,
-                                                          verdict.state, self.jobs.pod_events(pods))
+                                                          state, self.jobs.pod_events(pods))
             news = watch.queue_news(job, previous, verdict)
             if news:
                 self.log.info("%s", news)
             if verdict.done:
                 return verdict
+            if verdict.outcome == "running" and launcher is not None and self.get_logs \
+                    and container_started(launcher) and launcher.metadata.name not in followed:
+                followed.add(launcher.metadata.name)
+                self._stream_launcher_log(launcher, follow=True)
+                continue  # the launcher ended: read the job's verdict right away
             time.sleep(self.poll_interval)
 
     def _finish(self, verdict: watch.WatchVerdict, context: Context) -> None:

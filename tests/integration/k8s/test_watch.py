@@ -1,0 +1,207 @@
+"""How the MPIJob operator and its trigger watch a job on the simulated cluster (a test double): a job waiting in a
+Kueue queue (created suspended) is not timed out, a cluster without the MPI Operator fails the task for good, and
+events are read only for pods that wait to be created.
+
+No outcome hinges on timing luck: the queued job is admitted only after the watcher has looked at it later than its
+startup timeout allows (the cluster's history of API reads says when), and the startup timeout then leaves the
+simulated pods many times the second they take to start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import importlib
+import threading
+
+import psycopg
+import pytest
+from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
+
+from pgtrain.airflow.kubernetes.errors import MPIJobStartupTimeout
+from pgtrain.airflow.kubernetes.operator import MPIJobOperator
+from pgtrain.airflow.kubernetes.train import MPIJobTrainOperator
+from pgtrain.launch.mpijob import api
+from pgtrain.runs import record
+from tests.integration.k8s.test_operator import DAG_ID, IMAGE, plan, staged
+from tests.k8s_sim import SimulatedCluster
+from tests.k8s_sim.airflow_context import FakeTaskStateStore, task_context
+from tests.k8s_sim.validation import assert_cluster_accepted_every_manifest
+
+pytestmark = pytest.mark.horovod
+STARTUP_TIMEOUT = 6
+QUEUE = {api.QUEUE_NAME_LABEL: "gpu-queue"}
+EVENTS_OF_A_POD = "involvedObject.kind=Pod,involvedObject.name="
+
+
+def _seconds(stamp: str) -> float:
+    return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def _queued_job(k8s, ns: str) -> dict:
+    def suspended():
+        jobs = k8s.mpijobs(ns)
+        conditions = jobs[0].get("status", {}).get("conditions", []) if jobs else []
+        return jobs[0] if any(c["type"] == "Suspended" and c["status"] == "True" for c in conditions) else None
+
+    return k8s.wait_for(suspended, 60, "the MPIJob to be created suspended")
+
+
+def _admit_once_watched_past_the_timeout(k8s, ns: str, job: dict) -> None:
+    """Admit the job (as Kueue would) once the watcher has read it later than the startup timeout after its
+    creation; it must still exist and have no pods then."""
+    name = job["metadata"]["name"]
+    late = _seconds(job["metadata"]["creationTimestamp"]) + STARTUP_TIMEOUT + 1  # creationTimestamp has seconds
+
+    def looked_late():
+        return [h for h in k8s.history(ns, verb="get", resource="mpijobs", name=name) if _seconds(h["time"]) > late]
+
+    k8s.wait_for(looked_late, 60, "the watcher to read the queued job past its startup timeout")
+    assert not k8s.history(ns, verb="delete", resource="mpijobs")  # not timed out: it waits in its queue
+    assert k8s.mpijobs(ns) and not k8s.pods(ns)
+    assert not k8s.history(ns, verb="list", resource="events")  # no pods: no events to read
+    k8s.admit(ns, name)
+
+
+def _running_since(k8s, ns: str) -> float:
+    (running,) = k8s.history(ns, verb="status", resource="mpijobs", condition="Running")
+    return _seconds(running["time"])
+
+
+def _assert_no_reads_of_pods_or_events_once_running(k8s, ns: str, name: str) -> None:
+    """The second look at the job after it ran knew it was running: from then on neither pods nor events are
+    listed (the first may still have listed the pods that look was about)."""
+    later = [h for h in k8s.history(ns, verb="get", resource="mpijobs", name=name)
+             if _seconds(h["time"]) > _running_since(k8s, ns)]
+    assert len(later) >= 2, "the job ran for less than two polls"
+    second = _seconds(later[1]["time"])
+    assert not [h for h in k8s.history(ns, verb="list", resource="events") if _seconds(h["time"]) > second]
+    assert not [h for h in k8s.history(ns, verb="list", resource="pods")
+                if _seconds(h["time"]) > second and "job-role=launcher" not in h.get("labelSelector", "")]
+
+
+def test_a_queued_job_outwaits_its_startup_timeout_and_runs_once_admitted(k8s, namespace, db_url, capfd):
+    k8s.queue_jobs(namespace)
+    run_id = plan(db_url, "queued", epochs=4)
+    operator = MPIJobTrainOperator(task_id="train", namespace=namespace, image=IMAGE, training_run_id=run_id,
+                                   startup_timeout_seconds=STARTUP_TIMEOUT, poll_interval=0.3, labels=QUEUE)
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            operator.execute(task_context(DAG_ID, "queued"))
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            failures.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    job = _queued_job(k8s, namespace)
+    _admit_once_watched_past_the_timeout(k8s, namespace, job)
+    worker.join(180)
+    task_log = "".join(capfd.readouterr())
+
+    assert not worker.is_alive() and not failures, failures
+    assert staged(db_url, run_id) > 0  # it trained
+    queued = f"MPIJob {namespace}/{job['metadata']['name']} is suspended, waiting in Kueue queue 'gpu-queue'"
+    assert task_log.count(queued) == 1  # logged once, not on each of the many polls
+    assert task_log.count("left its queue") == 1
+    assert task_log.index("left its queue") < task_log.index("[launcher]")  # said when it happened
+    assert len(k8s.history(namespace, verb="create", resource="mpijobs")) == 1
+    assert_cluster_accepted_every_manifest(k8s, namespace)
+
+
+def test_a_queued_job_outwaits_its_startup_timeout_in_the_trigger_too(k8s, namespace, db_url, capfd):
+    k8s.queue_jobs(namespace)
+    run_id = plan(db_url, "queued-deferred", epochs=4)
+
+    def operator() -> MPIJobTrainOperator:
+        return MPIJobTrainOperator(task_id="train", namespace=namespace, image=IMAGE, training_run_id=run_id,
+                                   startup_timeout_seconds=STARTUP_TIMEOUT, poll_interval=0.3, labels=QUEUE,
+                                   deferrable=True)
+
+    context = task_context(DAG_ID, "queued-deferred", state_store=FakeTaskStateStore())
+    with pytest.raises(TaskDeferred) as deferred:
+        operator().execute(context)
+    classpath, kwargs = deferred.value.trigger.serialize()  # as the triggerer rebuilds it
+    assert kwargs["startup_timeout"] == STARTUP_TIMEOUT and kwargs["poll_interval"] == 0.3
+    module, _, name = classpath.rpartition(".")
+    trigger = getattr(importlib.import_module(module), name)(**kwargs)
+
+    admitted: list[BaseException] = []
+
+    def admit() -> None:
+        try:
+            _admit_once_watched_past_the_timeout(k8s, namespace, _queued_job(k8s, namespace))
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            admitted.append(exc)
+
+    admitter = threading.Thread(target=admit, daemon=True)
+    admitter.start()
+
+    async def first_event():
+        async for event in trigger.run():
+            return event.payload
+
+    event = asyncio.run(asyncio.wait_for(first_event(), 180))
+    admitter.join(10)
+    assert not admitted, admitted
+    assert event["status"] == "succeeded", event
+    _assert_no_reads_of_pods_or_events_once_running(k8s, namespace, trigger.name)
+    assert "is suspended, waiting in Kueue queue 'gpu-queue'" in "".join(capfd.readouterr())
+
+    operator().execute_complete(context, event)
+    assert staged(db_url, run_id) > 0
+    k8s.wait_for(lambda: not k8s.mpijobs(namespace), 10, "the job to be deleted")
+
+
+def test_a_sync_watch_lists_no_events_once_the_job_runs(k8s, namespace, db_url):
+    run_id = plan(db_url, "quiet-poll", epochs=4)
+    operator = MPIJobTrainOperator(task_id="train", namespace=namespace, image=IMAGE, training_run_id=run_id,
+                                   startup_timeout_seconds=60, poll_interval=0.3, get_logs=False)
+    operator.execute(task_context(DAG_ID, "quiet-poll"))  # get_logs=False: it polls while the job runs
+    (create,) = k8s.history(namespace, verb="create", resource="mpijobs")
+    _assert_no_reads_of_pods_or_events_once_running(k8s, namespace, create["name"])
+
+
+def test_events_are_read_per_waiting_pod_and_a_missing_secret_still_fails_fast(k8s, db_url):
+    ns = k8s.new_namespace()  # no Secret created here
+    operator = MPIJobOperator(task_id="train", namespace=ns, image=IMAGE, training_run_id="x/y", world_size=2,
+                              startup_timeout_seconds=300, poll_interval=0.3)
+    with pytest.raises(MPIJobStartupTimeout, match=r'FailedMount: MountVolume.SetUp failed for volume '
+                                                   r'"pgtrain-database" : secret "pgtrain-db" not found'):
+        operator.execute(task_context(DAG_ID, "no-secret-events"))
+    reads = k8s.history(ns, verb="list", resource="events")
+    assert reads  # the FailedMount was found in the pods' events
+    pods = {h["name"] for h in k8s.history(ns, verb="create", resource="pods")}
+    for read in reads:  # never the namespace's every event: one pod's, a pod of this job
+        assert read["fieldSelector"].startswith(EVENTS_OF_A_POD), read
+        assert read["fieldSelector"].removeprefix(EVENTS_OF_A_POD) in pods, read
+
+
+def test_a_cluster_without_the_mpi_operator_fails_the_task_for_good(tmp_path, namespace, db_url, monkeypatch):
+    run_id = plan(db_url, "no-operator", shard=False)
+    with psycopg.connect(db_url) as conn:
+        attempt = record.get_run(conn, run_id).attempt
+    with SimulatedCluster(tmp_path / "no-crd", mpijob_crd=False) as bare:
+        for name, value in bare.connection_uri_env().items():
+            monkeypatch.setenv(name, value)
+        operator = MPIJobTrainOperator(task_id="train", namespace=namespace, image=IMAGE, training_run_id=run_id,
+                                       poll_interval=0.3)
+        with pytest.raises(AirflowFailException) as failure:  # Airflow never retries it
+            operator.execute(task_context(DAG_ID, "no-operator"))
+        message = str(failure.value)
+        assert "does not serve kubeflow.org/v2beta1 mpijobs (the MPIJob CRD is not installed)" in message
+        assert (f"install the MPI Operator {api.MPI_OPERATOR_VERSION} (kubectl apply --server-side -f "
+                f"https://raw.githubusercontent.com/kubeflow/mpi-operator/{api.MPI_OPERATOR_VERSION}/deploy/"
+                "v2beta1/mpi-operator.yaml; see docs/kubernetes.md)") in message
+        assert "ApiException" not in message and "404" not in message
+
+        # a retry that finds its job's name in the task state store reads it first: the same answer, not "gone"
+        store = FakeTaskStateStore()
+        store.set("pgtrain_mpijob", {"name": "earlier-job", "namespace": namespace})
+        plain = MPIJobOperator(task_id="train", namespace=namespace, image=IMAGE, training_run_id=run_id,
+                               world_size=2, poll_interval=0.3)
+        with pytest.raises(AirflowFailException, match="the MPIJob CRD is not installed"):
+            plain.execute(task_context(DAG_ID, "no-operator", state_store=store))
+    with psycopg.connect(db_url) as conn:
+        assert record.get_run(conn, run_id).attempt == attempt  # nothing was begun
