@@ -297,7 +297,7 @@ def quality_gate_problems(gate: Mapping[str, Any], task: str | None = None) -> l
     """What a quality gate's schema cannot say is wrong with it: ``max_drop`` or ``floor`` without the ``metric``
     they judge, or a metric of another task than ``task`` (None: any task)."""
     if gate.get("metric") is None:
-        return [f"{key} needs metric, the metric it judges" for key in ("max_drop", "floor")
+        return [f"{key}: needs metric, the metric it judges" for key in ("max_drop", "floor")
                 if gate.get(key) is not None]
     return [f"metric: {problem}" for problem in metric_problems(gate["metric"], task)]
 
