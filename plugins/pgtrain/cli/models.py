@@ -89,8 +89,7 @@ def cmd_show(conn, args) -> int:
     matrix = metrics.pop(CONFUSION_MATRIX, None)
     print("metrics")
     for key, value in sorted(metrics.items()):
-        label = f"  ({METRICS[key].label}, {'higher' if METRICS[key].higher_is_better else 'lower'} is better)" \
-            if key in METRICS else ""
+        label = f"  ({METRICS[key].label}, {METRICS[key].better})" if key in METRICS else ""
         print(f"  {key:<22} {_fmt(value)}{label}")
     if matrix:
         print("confusion matrix (rows: true class, columns: predicted class)")

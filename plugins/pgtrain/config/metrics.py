@@ -21,6 +21,10 @@ class Metric:
     higher_is_better: bool
     undefined_when: str | None = None  # when the run records None for it (validation rows aside)
 
+    @property
+    def better(self) -> str:
+        return "higher is better" if self.higher_is_better else "lower is better"
+
     def worse(self, value: float, than: float) -> bool:
         """Whether ``value`` is worse than ``than`` (beyond float noise)."""
         return value < than - 1e-12 if self.higher_is_better else value > than + 1e-12
@@ -39,7 +43,7 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("val_precision_macro", "precision (macro)", (CLASSIFICATION,), True),
     Metric("val_recall_macro", "recall (macro)", (CLASSIFICATION,), True),
     Metric("val_roc_auc", "ROC AUC", (CLASSIFICATION,), True,
-           "a class the model knows has no validation rows, or all of them are of one class"),
+           "a class the model knows has no validation rows"),
     # classification: log loss; regression: mean squared error of the (standardized) target
     Metric("val_loss", "loss", _BOTH, False),
     Metric("val_rmse", "RMSE", (REGRESSION,), False),

@@ -80,12 +80,6 @@ def _label(key: str) -> str:
     return METRICS[key].label if key in METRICS else key.removeprefix("val_")
 
 
-def _direction(key: str) -> str | None:
-    if key not in METRICS:
-        return None
-    return "higher is better" if METRICS[key].higher_is_better else "lower is better"
-
-
 def metrics_text(metrics: Mapping[str, Any] | None) -> str:
     """The validation figures first, then epochs; a short line."""
     metrics = metrics or {}
@@ -98,7 +92,7 @@ def metrics_table(metrics: Mapping[str, Any] | None) -> str:
     metrics = metrics or {}
     rows = "".join(
         f'<tr data-metric="{e(k)}"><th>{e(_label(k))}</th><td>{number(metrics[k])}</td><td>'
-        f"{e(_direction(k))}</td><td><code>{e(k)}</code></td></tr>"
+        f"{e(METRICS[k].better if k in METRICS else None)}</td><td><code>{e(k)}</code></td></tr>"
         for k in _validation_keys(metrics))
     return f'<table id="metrics">{rows}</table>' if rows else "<p>No validation metrics recorded.</p>"
 
