@@ -403,11 +403,11 @@ def test_non_finite_values_staged_before_they_were_counted_are_found_by_the_comm
 
 
 @pytest.mark.parametrize(("config", "metrics", "words"), [
-    ({"max_rmse_rise": 0.1}, {"val_rmse": 1.25}, "validation rmse 1.2500 is more than max_rmse_rise=0.1 above "
+    ({"max_rmse_rise": 0.1}, {"val_rmse": 1.25}, "validation RMSE 1.2500 is more than max_rmse_rise=0.1 above "
                                                  "head version 1 (1.0000)"),
     ({"max_rmse_rise": 0.3}, {"val_rmse": 1.25}, None),
-    ({"max_val_rmse": 0.9}, {"val_rmse": 0.95}, "validation rmse 0.9500 is above max_val_rmse=0.9"),
-    ({"max_rmse_rise": 0.1}, {}, "the run has no validation rmse to compare with head version 1"),
+    ({"max_val_rmse": 0.9}, {"val_rmse": 0.95}, "validation RMSE 0.9500 is above max_val_rmse=0.9"),
+    ({"max_rmse_rise": 0.1}, {}, "the run has no validation RMSE to compare with head version 1"),
 ])
 def test_regression_gate_compares_val_rmse_with_the_head_and_a_ceiling(db_url, aconn, config, metrics, words):
     regression = {"task": "regression", "model": "mlp", "hidden_sizes": (4,)}
@@ -422,6 +422,43 @@ def test_regression_gate_compares_val_rmse_with_the_head_and_a_ceiling(db_url, a
         with pytest.raises(CommitRejected, match=re.escape(words)):
             commit_run(aconn, run_id, owner=OWNER)
         assert run_status(db_url, run_id)[0] == "rejected" and head_version(aconn, MODEL) == 1
+
+
+@pytest.mark.parametrize(("gate", "metrics", "words"), [
+    ({"max_drop": 0.01}, {"val_roc_auc": 0.895}, None),
+    ({"max_drop": 0.01}, {"val_roc_auc": 0.85}, "validation ROC AUC 0.8500 is more than max_drop=0.01 below head "
+                                                "version 1 (0.9000); the head stays at version 1"),
+    ({"floor": 0.95}, {"val_roc_auc": 0.93}, "validation ROC AUC 0.9300 is below floor=0.95"),
+    ({"max_drop": 0.01}, {"val_roc_auc": None}, "the run has no validation ROC AUC to compare with head version 1 "
+                                                "(0.9000); train with validation_fraction > 0; it is undefined when "
+                                                "a class the model knows has no validation rows"),
+    ({"metric": "val_loss", "max_drop": 0.05}, {"val_loss": 0.54}, None),
+    ({"metric": "val_loss", "max_drop": 0.05}, {"val_loss": 0.6}, "validation loss 0.6000 is more than max_drop=0.05 "
+                                                                 "above head version 1 (0.5000)"),
+    ({"metric": "val_loss", "floor": 0.4}, {"val_loss": 0.45}, "validation loss 0.4500 is above floor=0.4"),
+])
+def test_the_gate_judges_any_metric_in_its_direction(db_url, aconn, gate, metrics, words):
+    commit_run(aconn, prepare_any(db_url, "base", custom(), metrics={"val_roc_auc": 0.9}), owner=OWNER)
+    run_id = prepare_any(db_url, "next", custom(), metrics=metrics, **{"metric": "val_roc_auc", **gate})
+
+    if words is None:
+        assert commit_run(aconn, run_id, owner=OWNER).version == 2 and head_version(aconn, MODEL) == 2
+        assert run_status(db_url, run_id) == ("committed", None)
+    else:
+        with pytest.raises(CommitRejected, match=re.escape(words)):
+            commit_run(aconn, run_id, owner=OWNER)
+        assert run_status(db_url, run_id)[0] == "rejected" and words in run_status(db_url, run_id)[1]
+        assert head_version(aconn, MODEL) == 1
+
+
+def test_a_head_without_the_gated_metric_is_not_compared_and_the_run_says_so(db_url, aconn):
+    commit_run(aconn, prepare_any(db_url, "old", custom(), metrics={"val_accuracy": 0.9}), owner=OWNER)
+    run_id = prepare_any(db_url, "new", custom(), metrics={"val_accuracy": 0.9, "val_roc_auc": 0.5},
+                         metric="val_roc_auc", max_drop=0.0)
+
+    assert commit_run(aconn, run_id, owner=OWNER).version == 2 and head_version(aconn, MODEL) == 2
+    assert run_status(db_url, run_id) == ("committed", "quality gate: head version 1 recorded no validation ROC AUC: "
+                                                       "max_drop was not applied")
 
 
 def test_classification_floor_rejects_even_without_a_head(db_url, aconn):

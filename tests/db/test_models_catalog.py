@@ -6,12 +6,16 @@ import re
 import secrets
 from urllib.parse import urlencode
 
+import numpy as np
 import pytest
 
 from pgtrain.airflow.ui import render as ui_render
+from pgtrain.config.metrics import CONFUSION_MATRIX, METRICS
+from pgtrain.data.encoding import UNSEEN_CLASS
+from pgtrain.data.metrics import classification_metrics
 from pgtrain.store import catalog
 from pgtrain.store.model_store import commit_run, promote
-from tests.db.test_model_store import MODEL, OWNER, prepare_run
+from tests.db.test_model_store import MODEL, OWNER, custom, prepare_any, prepare_run
 
 
 def test_catalog_lists_models_versions_head_moves_and_runs(db_url, autocommit):
@@ -69,14 +73,13 @@ def test_metric_names_are_escaped_too():
 
 
 @pytest.fixture
-def page_client(make_database, monkeypatch, tmp_path):
-    """The models page app mounted at /pgtrain as the api-server mounts it, behind Airflow's own authentication
-    (the simple auth manager, in this process) and reading the Airflow connection pgtrain_db: a database where
-    nothing was trained yet (no pgtrain tables). Yields (client, bearer token)."""
+def page_client_of(monkeypatch, tmp_path):
+    """Factory: the models page app mounted at /pgtrain as the api-server mounts it, behind Airflow's own
+    authentication (the simple auth manager, in this process) and reading the Airflow connection pgtrain_db, here
+    the database ``url``. Returns (client, bearer token)."""
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
-    monkeypatch.setenv("AIRFLOW_CONN_PGTRAIN_DB", make_database(migrate=False))
     monkeypatch.setenv("AIRFLOW__CORE__AUTH_MANAGER",
                        "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager")
     monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE", str(tmp_path / "passwords.json"))
@@ -86,11 +89,25 @@ def page_client(make_database, monkeypatch, tmp_path):
 
     from pgtrain.airflow.ui.app import URL_PREFIX, create_app
 
-    token = init_auth_manager().generate_jwt(SimpleAuthManagerUser(username="admin", role="admin"))
-    airflow = FastAPI()
-    airflow.mount(URL_PREFIX, create_app())
-    with TestClient(airflow, base_url="http://attacker.example") as client:
-        yield client, token
+    clients = []
+
+    def start(url: str):
+        monkeypatch.setenv("AIRFLOW_CONN_PGTRAIN_DB", url)
+        token = init_auth_manager().generate_jwt(SimpleAuthManagerUser(username="admin", role="admin"))
+        airflow = FastAPI()
+        airflow.mount(URL_PREFIX, create_app())
+        clients.append(TestClient(airflow, base_url="http://attacker.example").__enter__())
+        return clients[-1], token
+
+    yield start
+    for client in clients:
+        client.__exit__(None, None, None)
+
+
+@pytest.fixture
+def page_client(make_database, page_client_of):
+    """The models page on a database where nothing was trained yet (no pgtrain tables): (client, bearer token)."""
+    return page_client_of(make_database(migrate=False))
 
 
 def test_every_page_answers_on_a_database_nothing_was_trained_into(page_client):
@@ -120,3 +137,48 @@ def test_the_cli_lists_through_the_same_queries(db_url, autocommit, capsys, monk
     out = capsys.readouterr()
     assert f"{MODEL:<20} *     1" in out.out and "commit" in out.out
     assert "has no version older than its head" in out.err
+
+
+def test_a_version_shows_its_validation_metrics_and_confusion_matrix(db_url, autocommit, page_client_of, capsys,
+                                                                    monkeypatch):
+    """What the trainer records with each epoch (pgtrain.data.metrics) becomes the version's, and the page, the run
+    page and ``pgtrain-models show`` show it, class labels escaped."""
+    from pgtrain.cli.models import main
+
+    labels = ["<b>cat</b>", "dog", "emu"]
+    truth = np.array([0, 0, 1, 1, 2, 2, 2, UNSEEN_CLASS])
+    probabilities = np.array([[.8, .1, .1], [.2, .7, .1], [.1, .8, .1], [.3, .6, .1], [.1, .1, .8], [.1, .2, .7],
+                              [.6, .2, .2], [.2, .2, .6]])
+    figures = classification_metrics(probabilities, truth, labels)
+    assert figures[CONFUSION_MATRIX]["counts"] == [[1, 1, 0], [0, 2, 0], [1, 0, 2]]
+    run_id = prepare_any(db_url, "manual__1", custom(), metrics=figures)
+    commit_run(autocommit, run_id, owner=OWNER, lock_timeout=5)
+    [version] = catalog.list_versions(autocommit, MODEL)
+    assert {k: version["metrics"][k] for k in figures} == figures
+
+    client, token = page_client_of(db_url)
+    logged_in = {"Authorization": f"Bearer {token}", "Accept": "text/html"}
+    html = client.get(f"/pgtrain/models/{MODEL}", params={"version": 1}, headers=logged_in).text
+    for name, metric in METRICS.items():
+        row = re.search(rf'<tr data-metric="{name}"><th>(.*?)</th><td>(.*?)</td><td>(.*?)</td>', html)
+        if name not in figures:
+            assert row is None, name
+            continue
+        assert row.group(1) == ui_render.e(metric.label) and row.group(2) == ui_render.number(figures[name]), name
+        assert row.group(3) == ("higher is better" if metric.higher_is_better else "lower is better"), name
+    matrix = re.search(r'<table id="confusion-matrix".*?</table>', html).group(0)
+    assert "<b>" not in html and "&lt;b&gt;cat&lt;/b&gt;" in matrix
+    cells = [re.findall(r"<td[^>]*>(\d+)</td>", row) for row in re.findall(r"<tr><th>[^<]*</th>(<td.*?)</tr>", matrix)]
+    assert cells == [["1", "1", "0"], ["0", "2", "0"], ["1", "0", "2"], ["0", "0", "1"]], "true classes, then unseen"
+    assert client.get(f"/pgtrain/models/{MODEL}", params={"version": 7}, headers=logged_in).status_code == 404
+
+    run_page = client.get("/pgtrain/runs", params={"run_id": run_id}, headers=logged_in).text
+    assert "Confusion matrix of epoch 1" in run_page and "&lt;b&gt;cat&lt;/b&gt;" in run_page
+
+    monkeypatch.setenv("PGTRAIN_DATABASE_URL", db_url)
+    assert main(["show", MODEL]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"val_roc_auc\s+0\.\d{4}  \(ROC AUC, higher is better\)", out)
+    assert "val_loss" in out and "(loss, lower is better)" in out
+    assert "true \\ predicted  <b>cat</b> dog emu" in out
+    assert re.search(r"\n  dog\s+0\s+2\s+0\n", out) and re.search(r"\(not in training\)\s+0\s+0\s+1", out)

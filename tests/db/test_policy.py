@@ -58,6 +58,15 @@ def test_admitting_a_run_pins_its_source_and_applies_the_authors_gate(tables):
     assert TrainingConfig.from_mapping(admitted.to_dict()) == admitted  # the snapshot reads back as recorded
 
 
+def test_a_run_the_authors_gate_cannot_judge_is_refused_when_admitted(tables):
+    settings = AuthorSettings(allowed_sources=("public",), quality_gate={"metric": "val_roc_auc", "max_drop": 0.01})
+    classifier = policy.admit(tables, TrainingConfig.from_mapping({"source_table": "public.samples2"}), settings)
+    assert (classifier.metric, classifier.max_drop) == ("val_roc_auc", 0.01)
+    regression = TrainingConfig.from_mapping({"source_table": "public.samples2", "task": "regression"})
+    with pytest.raises(ConfigError, match="val_roc_auc is a classification metric, and the run's task is regression"):
+        policy.admit(tables, regression, settings)
+
+
 def test_world_size_is_bounded_by_the_author(tables):
     config = TrainingConfig.from_mapping({"source_table": "samples2", "world_size": 65, "launcher": "kubernetes"})
     with pytest.raises(ConfigError, match="world_size 65 is more than the 64 ranks"):

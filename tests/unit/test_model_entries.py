@@ -77,6 +77,15 @@ def test_the_quality_gate_is_on_unless_an_entry_turns_it_off(tmp_path):
     assert ungated.quality_gate["max_accuracy_drop"] is None
 
 
+def test_an_entry_may_gate_on_any_metric_of_its_task(tmp_path):
+    gate = "\n    quality_gate: {metric: val_rmse, max_drop: 0.5, floor: 3}"
+    path = models_file(tmp_path, good("houses").replace("epochs: 2", "task: regression") + gate)
+    [entry], errors = load_entries(path)
+    assert errors == []
+    assert entry.quality_gate == {"max_accuracy_drop": 0.0, "max_rmse_rise": 0.0, "metric": "val_rmse",
+                                  "max_drop": 0.5, "floor": 3}
+
+
 @pytest.mark.parametrize("entry, field, words", [
     (good("a") + "\n    colour: red", "entry", "'colour' was unexpected"),
     (good("a").replace("epochs: 2", "epochs: two"), "params.epochs", "'two' is not of type 'integer'"),
@@ -90,6 +99,10 @@ def test_the_quality_gate_is_on_unless_an_entry_turns_it_off(tmp_path):
     (good("a").replace("label_column: label", "label: label"), "source", "'label_column' is a required"),
     (good("bad name!"), "name", "does not match"),
     (good("a").replace("table: public.samples", "table: samples"), "source.table", "must be schema-qualified"),
+    (good("a") + "\n    quality_gate: {metric: val_auc}", "quality_gate.metric", "is not one of"),
+    (good("a") + "\n    quality_gate: {max_drop: 0.01}", "quality_gate.max_drop", "needs metric"),
+    (good("a").replace("epochs: 2", "task: regression") + "\n    quality_gate: {metric: val_roc_auc, max_drop: 0.01}",
+     "quality_gate.metric", "val_roc_auc is a classification metric, and the run's task is regression"),
 ])
 def test_a_bad_entry_names_the_file_the_entry_and_the_field(tmp_path, entry, field, words):
     path = models_file(tmp_path, good("fine"), entry)

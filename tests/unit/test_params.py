@@ -142,6 +142,34 @@ def test_the_settings_file_refuses_a_launcher_it_does_not_know(tmp_path):
         load_settings(path)
 
 
+@pytest.mark.parametrize(("gate", "words"), [
+    ("{metric: val_auc, max_drop: 0.01}", r"quality_gate\.metric: 'val_auc' is not one of"),
+    ("{max_drop: 0.01}", r"quality_gate\.max_drop: needs metric, the metric it judges"),
+    ("{floor: 0.9, metric: null}", r"quality_gate\.floor: needs metric"),
+    ("{metric: val_loss, max_drop: -1}", r"quality_gate\.max_drop: -1 is less than the minimum of 0"),
+])
+def test_the_settings_file_refuses_a_gate_that_judges_nothing(tmp_path, gate, words):
+    from pgtrain.core.errors import ConfigError
+
+    path = tmp_path / "pgtrain.yaml"
+    path.write_text(f"quality_gate: {gate}\n")
+    with pytest.raises(ConfigError, match=words):
+        load_settings(path)
+
+
+def test_a_gate_on_any_metric_reads_back_and_must_fit_the_run_s_task(tmp_path):
+    from pgtrain.core.errors import ConfigError
+
+    path = tmp_path / "pgtrain.yaml"
+    path.write_text("quality_gate: {metric: val_roc_auc, max_drop: 0.01, floor: 0.7}\n")
+    gate = load_settings(path).quality_gate
+    config = dataclasses.replace(TrainingConfig(), **gate)
+    assert (config.metric, config.max_drop, config.floor) == ("val_roc_auc", 0.01, 0.7)
+    assert TrainingConfig.from_mapping(config.to_dict()) == config
+    with pytest.raises(ConfigError, match="val_roc_auc is a classification metric, and the run's task is regression"):
+        dataclasses.replace(TrainingConfig(task="regression"), **gate)
+
+
 def test_naming_no_settings_file_at_all_is_an_error_not_silent_defaults(monkeypatch, tmp_path):
     from pgtrain.core.errors import ConfigError
 

@@ -90,7 +90,8 @@ def test_an_mlp_too_big_for_this_machine_is_refused_while_planning():
     capacity.check_model_size(TrainingConfig.from_mapping({"hidden_sizes": [50]}), 64, 10)
 
 
-@pytest.mark.parametrize("key", ["max_accuracy_drop", "min_val_accuracy", "max_rmse_rise", "max_val_rmse"])
+@pytest.mark.parametrize("key", ["max_accuracy_drop", "min_val_accuracy", "max_rmse_rise", "max_val_rmse",
+                                 "metric", "max_drop", "floor"])
 def test_the_quality_gate_is_the_authors_not_a_param(key):
     assert key not in PARAMETERS
     assert unknown_keys({key: 1.0}) and unknown_keys({key: 1.0})[0].startswith(f"'{key}' is not a param")

@@ -28,6 +28,7 @@ from typing import Any
 
 import psycopg
 
+from pgtrain.config.metrics import CONFUSION_MATRIX, METRICS
 from pgtrain.core.db import connect
 from pgtrain.core.errors import PgtrainError
 from pgtrain.store import catalog, model_store
@@ -84,13 +85,30 @@ def cmd_show(conn, args) -> int:
               f"target {spec.get('target_column')}")
     else:
         print(f"shape     {info['input_dim']} -> {info['hidden_sizes']} -> {info['num_classes']}")
+    metrics = dict(info["metrics"])
+    matrix = metrics.pop(CONFUSION_MATRIX, None)
     print("metrics")
-    for key, value in sorted(info["metrics"].items()):
-        print(f"  {key:<18} {_fmt(value)}")
+    for key, value in sorted(metrics.items()):
+        label = f"  ({METRICS[key].label}, {METRICS[key].better})" if key in METRICS else ""
+        print(f"  {key:<22} {_fmt(value)}{label}")
+    if matrix:
+        print("confusion matrix (rows: true class, columns: predicted class)")
+        print(_matrix_text(matrix))
     print("tensors")
     for t in info["tensors"]:
         print(f"  {t['name']:<24} {t['dtype']:<8} {t['shape']}")
     return 0
+
+
+def _matrix_text(matrix: dict[str, Any]) -> str:
+    """The confusion matrix as aligned text, a row per true class (and one for classes the training rows lacked)."""
+    rows = [[str(label), *map(str, counts)] for label, counts in zip(matrix["labels"], matrix["counts"], strict=True)]
+    if any(matrix.get("unseen") or []):
+        rows.append(["(not in training)", *map(str, matrix["unseen"])])
+    table = [["true \\ predicted", *map(str, matrix["labels"])], *rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    return "\n".join("  " + " ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in
+                                       enumerate(zip(row, widths, strict=True))) for row in table)
 
 
 def cmd_predict(conn, args) -> int:

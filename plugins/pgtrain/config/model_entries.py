@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pgtrain.config.params import _MODEL_NAME, PARAMETERS, param_problems
+from pgtrain.config.params import _MODEL_NAME, PARAMETERS, param_problems, quality_gate_problems
 from pgtrain.config.settings import AUTHOR_PROPERTIES, AuthorSettings, author_file, rule
 from pgtrain.core.errors import ConfigError
 
@@ -176,6 +176,10 @@ def parse_entry(raw: Any) -> ModelEntry:
                         "reads exactly this table, whatever a connection's search_path says")
     problems += [f"params: {p}" if p.startswith("'") else f"params.{p}"
                  for p in param_problems({k: v for k, v in params.items() if k not in FIXED_PARAMS})]
+    gate = raw.get("quality_gate")
+    if isinstance(gate, dict):
+        task = params.get("task") if isinstance(params.get("task"), str) else None
+        problems += [f"quality_gate.{p}" for p in quality_gate_problems(gate, task)]
     cron = (raw.get("schedule") or {}).get("cron") if isinstance(raw.get("schedule"), dict) else None
     if isinstance(cron, str) and not problems:
         problems += [f"schedule.cron: {p}" for p in _cron_problems(cron)]

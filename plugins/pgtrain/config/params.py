@@ -11,9 +11,11 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pgtrain.config.metrics import METRICS, metric_problems
 from pgtrain.core.errors import ConfigError
 
 _MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
@@ -77,10 +79,18 @@ class TrainingConfig:
     max_rmse_rise: float | None = None
     min_val_accuracy: float | None = None
     max_val_rmse: float | None = None
+    metric: str | None = None
+    max_drop: float | None = None
+    floor: float | None = None
     # One rank by default: on a CPU-only worker one rank's PyTorch threads use every core, and two ranks there
     # only add Horovod's per-step allreduce (docs/performance.md); GPUs want one rank each.
     world_size: int = 1
     launcher: str = "local"
+
+    def __post_init__(self) -> None:
+        problems = quality_gate_problems(vars(self), self.task)
+        if problems:
+            raise ConfigError("invalid quality gate: " + "; ".join(problems))
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any]) -> TrainingConfig:
@@ -267,9 +277,29 @@ QUALITY_GATE: dict[str, dict[str, Any]] = _with_defaults({
     "max_val_rmse": {**_OPTIONAL_NUMBER, "minimum": 0,
                      "title": "Quality floor: max RMSE",
                      "description": "regression: reject any run whose val_rmse is above this"},
+    "metric": {"type": ["string", "null"], "enum": [*METRICS, None],
+               "title": "Quality gate: metric",
+               "description": "the validation metric max_drop and floor judge (pgtrain.config.metrics.METRICS)"},
+    "max_drop": {**_OPTIONAL_NUMBER, "minimum": 0,
+                 "title": "Quality gate: max drop",
+                 "description": "reject if the metric is more than this worse than the head's (below it for a "
+                                "higher-is-better metric, above it for a lower-is-better one); empty = no gate"},
+    "floor": {**_OPTIONAL_NUMBER,
+              "title": "Quality floor",
+              "description": "reject any run whose metric is worse than this (below it for a higher-is-better "
+                             "metric, above it for a lower-is-better one)"},
 })
 
 _SCHEMA = {"type": "object", "properties": {**PARAMETERS, **QUALITY_GATE}, "additionalProperties": False}
+
+
+def quality_gate_problems(gate: Mapping[str, Any], task: str | None = None) -> list[str]:
+    """What a quality gate's schema cannot say is wrong with it: ``max_drop`` or ``floor`` without the ``metric``
+    they judge, or a metric of another task than ``task`` (None: any task)."""
+    if gate.get("metric") is None:
+        return [f"{key}: needs metric, the metric it judges" for key in ("max_drop", "floor")
+                if gate.get(key) is not None]
+    return [f"metric: {problem}" for problem in metric_problems(gate["metric"], task)]
 
 
 def unknown_keys(values: dict[str, Any], known: dict[str, Any] = PARAMETERS) -> list[str]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pgtrain.config.params import MAX_WORLD_SIZE, PARAMETERS, QUALITY_GATE, TrainingConfig
+from pgtrain.config.params import MAX_WORLD_SIZE, PARAMETERS, QUALITY_GATE, TrainingConfig, quality_gate_problems
 from pgtrain.core.errors import ConfigError
 
 SETTINGS_ENV = "PGTRAIN_SETTINGS"
@@ -130,6 +130,9 @@ def load_settings(path: Path | str | None = None, *, default: Path | str | None 
     if errors:
         raise ConfigError(f"{chosen}: " + "; ".join(
             f"{'.'.join(map(str, e.absolute_path)) or 'top level'}: {e.message}" for e in errors))
+    gate_problems = quality_gate_problems(data.get("quality_gate") or {})
+    if gate_problems:
+        raise ConfigError(f"{chosen}: " + "; ".join(f"quality_gate.{p}" for p in gate_problems))
     defaults = AuthorSettings()
     return AuthorSettings(tuple(data.get("allowed_sources", defaults.allowed_sources)),
                           tuple(data.get("allowed_models", defaults.allowed_models)),

@@ -4,10 +4,12 @@ layout, the quality gate per task, whether the architecture changed, and the ver
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
+from pgtrain.config.metrics import METRICS, REGRESSION, Metric
 from pgtrain.config.params import TrainingConfig
 from pgtrain.core.errors import CommitRejected
 from pgtrain.runs.record import Run
@@ -109,45 +111,60 @@ def architecture_change(spec: Mapping[str, Any], head: Mapping[str, Any] | None)
     return ", ".join(diffs) or None
 
 
+@dataclass(frozen=True)
+class GateVerdict:
+    rejection: str | None = None  # why the run may not become a version; None: it may
+    note: str | None = None  # what the gate could not check, for the run's status_reason
+
+
 def quality_gate(config: TrainingConfig, task: str, metrics: Mapping[str, Any],
-                 head: Mapping[str, Any] | None) -> str | None:
-    """None when the run may become a version (and the head), else the reason it may not.
+                 head: Mapping[str, Any] | None) -> GateVerdict:
+    """Whether the run may become a version (and the head), and why not.
 
-    Floors (min_val_accuracy / max_val_rmse) hold whatever the head; the comparison with the head
-    (max_accuracy_drop on val_accuracy / max_rmse_rise on val_rmse, absolute) only when there is a
-    comparable head (``head`` None: none, or a different architecture).
+    Each rule of the run's gate in turn: the task's (max_accuracy_drop and the floor min_val_accuracy on
+    val_accuracy, max_rmse_rise and max_val_rmse on val_rmse), then ``metric``'s (max_drop and floor), each
+    in the metric's direction (``pgtrain.config.metrics.METRICS``). Floors hold whatever the head; the
+    comparison with the head only when there is a comparable head (``head`` None: none, or a different
+    architecture) that recorded the metric (else the verdict's note says so). A metric the run did not record
+    (None) fails a floor, and a comparison with a head that recorded it.
     """
-    if task == "regression":
-        return _gate(metrics, head, key="val_rmse", better="lower", floor=config.max_val_rmse,
-                     floor_name="max_val_rmse", slack=config.max_rmse_rise,
-                     slack_name="max_rmse_rise")
-    return _gate(metrics, head, key="val_accuracy", better="higher", floor=config.min_val_accuracy,
-                 floor_name="min_val_accuracy", slack=config.max_accuracy_drop,
-                 slack_name="max_accuracy_drop")
+    rules = ([("val_rmse", config.max_val_rmse, "max_val_rmse", config.max_rmse_rise, "max_rmse_rise")]
+             if task == REGRESSION else
+             [("val_accuracy", config.min_val_accuracy, "min_val_accuracy", config.max_accuracy_drop,
+               "max_accuracy_drop")])
+    if config.metric is not None:
+        rules.append((config.metric, config.floor, "floor", config.max_drop, "max_drop"))
+    notes = []
+    for key, floor, floor_name, slack, slack_name in rules:
+        rejection, note = _gate(METRICS[key], metrics, head, floor, floor_name, slack, slack_name)
+        if rejection is not None:
+            return GateVerdict(rejection)
+        notes += [note] if note else []
+    return GateVerdict(note="; ".join(notes) or None)
 
 
-def _gate(metrics: Mapping[str, Any], head: Mapping[str, Any] | None, *, key: str, better: str,
-          floor: float | None, floor_name: str, slack: float | None, slack_name: str) -> str | None:
-    value = metrics.get(key)
-    label = key.replace("val_", "validation ")
-    head_value = (head or {}).get("metrics", {}).get(key) if head and slack is not None else None
-    if value is None and floor is not None:
-        return (f"quality gate: the run has no {label} to check against {floor_name}={floor:g}; "
-                "train with validation_fraction > 0")
-    if value is None and head_value is not None:
-        return (f"quality gate: the run has no {label} to compare with head version {head['version']} "
-                f"({head_value:.4f}); train with validation_fraction > 0")
-    if value is None:
-        return None
-    worse = (lambda a, b: a < b - 1e-12) if better == "higher" else (lambda a, b: a > b + 1e-12)
-    if floor is not None and worse(value, floor):
-        return (f"quality gate: {label} {value:.4f} is {'below' if better == 'higher' else 'above'} "
-                f"{floor_name}={floor:g}")
+def _gate(metric: Metric, metrics: Mapping[str, Any], head: Mapping[str, Any] | None, floor: float | None,
+          floor_name: str, slack: float | None, slack_name: str) -> tuple[str | None, str | None]:
+    """(rejection, note) of one rule: a floor and a slack on one metric."""
+    value = metrics.get(metric.name)
+    label = f"validation {metric.label}"
+    compared = head is not None and slack is not None
+    head_value = (head or {}).get("metrics", {}).get(metric.name) if compared else None
+    if value is None and (floor is not None or head_value is not None):
+        against = (f"check against {floor_name}={floor:g}" if floor is not None else
+                   f"compare with head version {head['version']} ({head_value:.4f})")
+        why = f"; it is undefined when {metric.undefined_when}" if metric.undefined_when else ""
+        return (f"quality gate: the run has no {label} to {against}; train with validation_fraction > 0{why}",
+                None)
+    if value is not None and floor is not None and metric.worse(value, floor):
+        return (f"quality gate: {label} {value:.4f} is {'below' if metric.higher_is_better else 'above'} "
+                f"{floor_name}={floor:g}"), None
+    if not compared:
+        return None, None
     if head_value is None:
-        return None
-    bound = head_value - slack if better == "higher" else head_value + slack
-    if worse(value, bound):
-        direction = "below" if better == "higher" else "above"
+        return None, f"quality gate: head version {head['version']} recorded no {label}: {slack_name} was not applied"
+    if value is not None and metric.worse(value, metric.worsened(head_value, slack)):
+        direction = "below" if metric.higher_is_better else "above"
         return (f"quality gate: {label} {value:.4f} is more than {slack_name}={slack:g} {direction} head version "
-                f"{head['version']} ({head_value:.4f}); the head stays at version {head['version']}")
-    return None
+                f"{head['version']} ({head_value:.4f}); the head stays at version {head['version']}"), None
+    return None, None

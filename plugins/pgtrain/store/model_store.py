@@ -113,12 +113,13 @@ def commit_run(conn: psycopg.Connection, run_id: str, owner: Mapping[str, Any] |
             return existing
         head = _head_for_update(conn, run.model_name)
         changed = architecture_change(spec, head)
-        rejection = quality_gate(run.config, spec["task"], metrics, None if changed else head)
+        verdict = quality_gate(run.config, spec["task"], metrics, None if changed else head)
+        rejection = verdict.rejection
         if rejection is not None:
             set_status(conn, run_id, "rejected", rejection)
         else:
             version = _write_version(conn, run.model_name, run_id, lease, metrics, spec, infos)
-            reason = None
+            reason = verdict.note
             if changed is None:
                 _move_head(conn, run.model_name, version, head, lease, "commit")
             else:

@@ -82,6 +82,8 @@ def test_the_models_page_shows_the_model_its_versions_and_its_curves(airflow_sta
     rows = versions.find_elements(By.CSS_SELECTOR, "tr[data-version]")
     assert [row.get_attribute("data-version") for row in rows] == ["1"]
     assert "(head)" in rows[0].text and stack_training_run["dag_run_id"] in rows[0].text
+    shown = browser.find_elements(By.CSS_SELECTOR, "#metrics tr[data-metric]")
+    assert {"val_accuracy", "val_loss"} <= {row.get_attribute("data-metric") for row in shown}
     for series in ("train_loss", "val_loss"):
         points = browser.find_elements(By.CSS_SELECTOR,
                                        f'svg[data-chart="loss"] g[data-series="{series}"] circle.point')

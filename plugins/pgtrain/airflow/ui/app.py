@@ -96,16 +96,21 @@ def create_app() -> "FastAPI":
         return ui_render.models_page(found, root)
 
     @app.get("/models/{model_name}", response_class=HTMLResponse)
-    def model(request: Request, model_name: str) -> str:
+    def model(request: Request, model_name: str, version: int | None = None) -> str:
         root, airflow_root = _roots(request)
         with _connect() as conn:
             versions = catalog.list_versions(conn, model_name)
             if not versions:
                 raise HTTPException(404, f"no model {model_name!r} in the training database")
             history = catalog.head_history(conn, model_name)
-            shown = next((v for v in versions if v["is_head"]), versions[-1])
-            head_run = catalog.run_overview(conn, shown["run_id"]) if shown["run_id"] else None
-        return ui_render.model_page(model_name, versions, history, head_run, root, airflow_root)
+            if version is None:
+                shown = next((v for v in versions if v["is_head"]), versions[-1])
+            else:
+                shown = next((v for v in versions if v["version"] == version), None)
+                if shown is None:
+                    raise HTTPException(404, f"model {model_name!r} has no version {version}")
+            shown_run = catalog.run_overview(conn, shown["run_id"]) if shown["run_id"] else None
+        return ui_render.model_page(model_name, versions, history, shown, shown_run, root, airflow_root)
 
     @app.get("/runs", response_class=HTMLResponse)
     def run(request: Request, run_id: str) -> str:

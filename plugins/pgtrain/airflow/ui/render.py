@@ -13,6 +13,8 @@ from html import escape
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from pgtrain.config.metrics import CONFUSION_MATRIX, METRICS
+
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5rem; color: #1a202c; }
@@ -24,6 +26,8 @@ th { background: #f7fafc; }
 code { background: #edf2f7; padding: 0 0.2rem; }
 svg.chart { border: 1px solid #e2e8f0; margin: 0.5rem 1rem 1rem 0; }
 nav a { margin-right: 1rem; }
+table.matrix td { text-align: right; }
+table.matrix td.hit { background: #f0fff4; font-weight: 600; }
 """
 
 
@@ -66,11 +70,48 @@ def link(href: str, text: Any, *, top: bool = False) -> str:
     return f'<a href="{e(href)}"{target}>{e(text)}</a>'
 
 
+def _validation_keys(metrics: Mapping[str, Any]) -> list[str]:
+    """The validation figures of ``metrics``: the registry's in its order, then any other val_* key."""
+    return ([k for k in METRICS if k in metrics]
+            + sorted(k for k in metrics if k.startswith("val_") and k not in METRICS))
+
+
+def _label(key: str) -> str:
+    return METRICS[key].label if key in METRICS else key.removeprefix("val_")
+
+
 def metrics_text(metrics: Mapping[str, Any] | None) -> str:
-    """The validation figures first (val_*), then epochs; a short line."""
+    """The validation figures first, then epochs; a short line."""
     metrics = metrics or {}
-    keys = sorted(k for k in metrics if k.startswith("val_")) + [k for k in ("epochs",) if k in metrics]
-    return ", ".join(f"{e(k.removeprefix('val_'))} {number(metrics[k])}" for k in keys) or "-"
+    keys = _validation_keys(metrics) + [k for k in ("epochs",) if k in metrics]
+    return ", ".join(f"{e(_label(k))} {number(metrics[k])}" for k in keys) or "-"
+
+
+def metrics_table(metrics: Mapping[str, Any] | None) -> str:
+    """A version's validation figures, one row each, with the direction that is better."""
+    metrics = metrics or {}
+    rows = "".join(
+        f'<tr data-metric="{e(k)}"><th>{e(_label(k))}</th><td>{number(metrics[k])}</td><td>'
+        f"{e(METRICS[k].better if k in METRICS else None)}</td><td><code>{e(k)}</code></td></tr>"
+        for k in _validation_keys(metrics))
+    return f'<table id="metrics">{rows}</table>' if rows else "<p>No validation metrics recorded.</p>"
+
+
+def confusion_matrix(matrix: Mapping[str, Any] | None) -> str:
+    """The confusion matrix (rows: true class, columns: predicted class), with the rows of classes the training
+    rows lacked as one more row when there were any; empty when none was recorded."""
+    if not matrix:
+        return ""
+    labels, counts, unseen = matrix["labels"], matrix["counts"], matrix.get("unseen") or []
+    header = "<tr><th>true \\ predicted</th>" + "".join(f"<th>{e(label)}</th>" for label in labels) + "</tr>"
+    body = "".join(f"<tr><th>{e(label)}</th>" + "".join(
+        f'<td{" class=hit" if i == j else ""}>{e(count)}</td>' for j, count in enumerate(row)) + "</tr>"
+        for i, (label, row) in enumerate(zip(labels, counts, strict=True)))
+    if any(unseen):
+        body += ("<tr><th>(a class not in the training rows)</th>"
+                 + "".join(f"<td>{e(count)}</td>" for count in unseen) + "</tr>")
+    return ('<table id="confusion-matrix" class="matrix"><caption>Confusion matrix: rows are the validation rows\' '
+            f"true class, columns the predicted class</caption>{header}{body}</table>")
 
 
 EMPTY_STATE = (
@@ -105,7 +146,10 @@ def models_page(models: Sequence[Mapping[str, Any]], root: str) -> str:
 
 
 def model_page(model_name: str, versions: Sequence[Mapping[str, Any]], history: Sequence[Mapping[str, Any]],
-               head_run: Mapping[str, Any] | None, root: str, airflow_root: str) -> str:
+               shown: Mapping[str, Any] | None, shown_run: Mapping[str, Any] | None, root: str,
+               airflow_root: str) -> str:
+    """The model's versions and head moves, and the ``shown`` version's validation (metrics, confusion matrix)
+    and training curves (``shown_run``: the run that made it)."""
     if not versions:
         return page(f"Model {model_name}", f"<p>No versions of {e(model_name)}.</p>" + EMPTY_STATE, root)
     rows = []
@@ -114,7 +158,8 @@ def model_page(model_name: str, versions: Sequence[Mapping[str, Any]], history: 
                    if v.get("dag_id") and v.get("dag_run_id") else "-")
         run = link(run_href(root, v["run_id"]), v["run_id"]) if v.get("run_id") else "-"
         head = ' class="head"' if v["is_head"] else ""
-        rows.append(f"<tr{head} data-version=\"{e(v['version'])}\"><td>v{e(v['version'])}"
+        version = link(f"{model_href(root, model_name)}?{urlencode({'version': v['version']})}", f"v{v['version']}")
+        rows.append(f"<tr{head} data-version=\"{e(v['version'])}\"><td>{version}"
                     f"{' (head)' if v['is_head'] else ''}</td><td>{when(v['created_at'])}</td>"
                     f"<td>{metrics_text(v['metrics'])}</td>"
                     f"<td>{e(v['parent_version'] and 'v' + str(v['parent_version']))}</td>"
@@ -126,10 +171,14 @@ def model_page(model_name: str, versions: Sequence[Mapping[str, Any]], history: 
                     f"</td></tr>" for h in reversed(history))
     body += ("<h2>Head moves</h2><table id=\"head-history\"><tr><th>When</th><th>Action</th><th>Head</th></tr>"
              f"{moves}</table>")
-    if head_run is not None:
-        body += (f"<h2>Training curves of v{e(head_run['version'])} "
-                 f"(run {link(run_href(root, head_run['run_id']), head_run['run_id'])})</h2>"
-                 + curves(head_run["epochs"]))
+    if shown is not None:
+        metrics = shown["metrics"] or {}
+        body += (f"<h2>Validation of v{e(shown['version'])}{' (head)' if shown['is_head'] else ''}</h2>"
+                 + metrics_table(metrics) + confusion_matrix(metrics.get(CONFUSION_MATRIX)))
+    if shown_run is not None:
+        body += (f"<h2>Training curves of v{e(shown_run['version'])} "
+                 f"(run {link(run_href(root, shown_run['run_id']), shown_run['run_id'])})</h2>"
+                 + curves(shown_run["epochs"]))
     return page(f"Model {model_name}", body, root)
 
 
@@ -150,6 +199,9 @@ def run_page(run: Mapping[str, Any], root: str, airflow_root: str) -> str:
                     + "".join(f"<td>{number(ep.get(k))}</td>" for k in keys) + "</tr>"
                     for ep in run["epochs"])
     body += f"<h2>Epochs</h2><table id=\"epochs\">{header}{lines}</table>"
+    last = next((ep for ep in reversed(run["epochs"]) if ep.get(CONFUSION_MATRIX)), None)
+    if last is not None:
+        body += f"<h2>Confusion matrix of epoch {e(last.get('epoch'))}</h2>" + confusion_matrix(last[CONFUSION_MATRIX])
     body += f"<h2>Config</h2><pre>{e(json.dumps(run['config'], indent=2, sort_keys=True, default=str))}</pre>"
     return page(f"Run {run['run_id']}", body, root)
 
