@@ -32,6 +32,7 @@ SETTINGS_FILE_NAME = "pgtrain.yaml"  # next to the DAG files, which pass its pat
 # A Kubernetes resource quantity ("500m", "16Gi"), as the API server's own pattern.
 _NUMBER = r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
 _QUANTITY = {"type": "string", "pattern": rf"^(\+|-)?{_NUMBER}(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?{_NUMBER}))?$"}
+_OPTIONAL_QUANTITY = {**_QUANTITY, "type": ["string", "null"]}  # the pattern applies to a string only
 _STRINGS = {"type": "object", "additionalProperties": {"type": "string"}}
 # Raw Kubernetes objects (affinity, tolerations, pod templates) are checked against the Kubernetes schemas when
 # the manifest is rendered and by the API server; here only their shape.
@@ -71,11 +72,11 @@ KUBERNETES_SETTINGS: dict[str, dict[str, Any]] = {
     "launcher_node_selector": _STRINGS,
     "worker_cpu": _QUANTITY,
     "worker_memory": _QUANTITY,
-    "worker_memory_limit": {"anyOf": [_QUANTITY, {"type": "null"}]},
+    "worker_memory_limit": _OPTIONAL_QUANTITY,
     "worker_guaranteed": {"type": "boolean"},
     "launcher_cpu": _QUANTITY,
     "launcher_memory": _QUANTITY,
-    "shm_size": {"anyOf": [_QUANTITY, {"type": "null"}]},
+    "shm_size": _OPTIONAL_QUANTITY,
     "env": {"type": "object", "propertyNames": {"pattern": r"^[A-Za-z_][A-Za-z0-9_]*$"},
             "additionalProperties": {"type": "string"}},
     "non_root": {"type": "boolean"},

@@ -56,10 +56,7 @@ CHECKED_LABEL = KubernetesPodOperator.POD_CHECKED_KEY
 
 def _to_pod_operator_arguments(kwargs: dict[str, Any], env: dict[str, str]) -> None:
     """The author's settings that KubernetesPodOperator has arguments for, in its forms (pull secrets by name;
-    ``env`` into its env_vars, after pgtrain's checks): KPO puts them on the pod both templates derive from."""
-    problems = spec.env_problems(env)
-    if problems:
-        raise ConfigError("; ".join(problems))
+    ``env`` into its env_vars): KPO puts them on the pod both templates derive from."""
     secrets = kwargs.get("image_pull_secrets")
     if isinstance(secrets, (list, tuple)):
         kwargs["image_pull_secrets"] = [k8s.V1LocalObjectReference(name=s) if isinstance(s, str) else s
@@ -144,6 +141,18 @@ class MPIJobOperator(KubernetesPodOperator):
     ) -> None:
         if kwargs.pop("do_xcom_push", False):
             raise ConfigError("MPIJobOperator has no XCom sidecar: the trainer writes its results to PostgreSQL")
+        job_settings: dict[str, Any] = {
+            "worker_memory_limit": worker_memory_limit, "worker_guaranteed": worker_guaranteed, "shm_size": shm_size,
+            "queue_name": queue_name, "scheduling_policy": scheduling_policy or {},
+            "worker_affinity": worker_affinity or {}, "launcher_affinity": launcher_affinity or {},
+            "one_worker_per_node": one_worker_per_node, "launcher_node_selector": launcher_node_selector or {},
+            "non_root": non_root, "pod_template": pod_template or {},
+            "worker_pod_template": worker_pod_template or {}, "launcher_pod_template": launcher_pod_template or {},
+        }
+        # refused now, not once KubernetesPodOperator has built a pod at run time
+        problems = spec.author_problems({**job_settings, "env": env or {}, "worker_memory": worker_memory})
+        if problems:
+            raise ConfigError("invalid MPIJob settings: " + "; ".join(problems))
         _to_pod_operator_arguments(kwargs, env or {})
         super().__init__(startup_timeout_seconds=startup_timeout_seconds, poll_interval=poll_interval,
                          do_xcom_push=False, **kwargs)
@@ -157,14 +166,7 @@ class MPIJobOperator(KubernetesPodOperator):
         self.launcher_cpu = launcher_cpu
         self.launcher_memory = launcher_memory
         # The MPIJob's own settings beyond KubernetesPodOperator's pod (pgtrain.launch.mpijob.spec.MPIJobSettings).
-        self.job_settings: dict[str, Any] = {
-            "worker_memory_limit": worker_memory_limit, "worker_guaranteed": worker_guaranteed, "shm_size": shm_size,
-            "queue_name": queue_name, "scheduling_policy": scheduling_policy or {},
-            "worker_affinity": worker_affinity or {}, "launcher_affinity": launcher_affinity or {},
-            "one_worker_per_node": one_worker_per_node, "launcher_node_selector": launcher_node_selector or {},
-            "non_root": non_root, "pod_template": pod_template or {},
-            "worker_pod_template": worker_pod_template or {}, "launcher_pod_template": launcher_pod_template or {},
-        }
+        self.job_settings = job_settings
         self.backoff_limit = backoff_limit
         # KPO's own active_deadline_seconds is the pod's; this one is the MPIJob's runPolicy field.
         self.job_active_deadline_seconds = active_deadline_seconds

@@ -123,12 +123,7 @@ class MPIJobSettings:
             problems.append(f"backoff_limit={self.backoff_limit} should be >= 0")
         if isinstance(self.attempt, bool) or not isinstance(self.attempt, int) or self.attempt < 1:
             problems.append(f"attempt={self.attempt!r} should be the run's train attempt (an integer >= 1)")
-        if self.worker_guaranteed and self.worker_memory_limit not in (None, self.worker_memory):
-            problems.append(f"worker_guaranteed sets the memory limit to worker_memory={self.worker_memory!r}; "
-                            f"worker_memory_limit={self.worker_memory_limit!r} contradicts it: drop one of them")
-        problems += env_problems(self.env)
-        for key in ("pod_template", "worker_pod_template", "launcher_pod_template"):
-            problems += template_problems(getattr(self, key), key)
+        problems += author_problems({name: getattr(self, name) for name in AUTHOR_CHECKED})
         if problems:
             raise ConfigError("invalid MPIJob settings: " + "; ".join(problems))
         layout(self.world_size, self.gpus_per_worker)  # raises on an impossible layout
@@ -200,6 +195,24 @@ _RESERVED_ENV = re.compile(r"^(PGTRAIN_|PYTHONUNBUFFERED$|OMPI_ALLOW_RUN_AS_ROOT
 _SECRET_ENV = re.compile(r"PASSWORD|PASSWD|SECRET|TOKEN|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|^PGPASS",
                          re.IGNORECASE)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+# The settings author_problems checks; the operator checks them when it is built, before any pod is.
+AUTHOR_CHECKED = ("worker_memory", "worker_memory_limit", "worker_guaranteed", "env", "pod_template",
+                  "worker_pod_template", "launcher_pod_template")
+
+
+def author_problems(values: Mapping[str, Any]) -> list[str]:
+    """What is wrong with an author's settings (AUTHOR_CHECKED; a missing one is its default) beyond their schema."""
+    values = {name: values.get(name, default(name)) for name in AUTHOR_CHECKED}
+    problems = []
+    if values["worker_guaranteed"] and values["worker_memory_limit"] not in (None, values["worker_memory"]):
+        problems.append(f"worker_guaranteed sets the memory limit to worker_memory={values['worker_memory']!r}; "
+                        f"worker_memory_limit={values['worker_memory_limit']!r} contradicts it: drop one of them")
+    problems += env_problems(values["env"] or {})
+    for key in ("pod_template", "worker_pod_template", "launcher_pod_template"):
+        problems += template_problems(values[key] or {}, key)
+    return problems
 
 
 def env_problems(env: Mapping[str, Any], key: str = "env") -> list[str]:
