@@ -191,6 +191,15 @@ def test_non_root_mode_follows_the_operators_pi_example_under_restricted_pod_sec
         (database,) = [v for v in pod["volumes"] if v["name"] == api.DATABASE_VOLUME]
         assert database["secret"]["defaultMode"] == 0o440 and pod["securityContext"]["fsGroup"] == 1000
     assert_valid_mpijob(manifest)
+    # a pod template may add to the security contexts, not undo them; its sidecars get the container context too
+    widened = spec.build_mpijob(settings(non_root=True, worker_pod_template={"spec": {
+        "securityContext": {"runAsUser": 0, "supplementalGroups": [44]},
+        "containers": [{"name": "exporter", "image": "exporter:1", "securityContext": {"privileged": False}}]}}))
+    pod = template(widened, "Worker")["spec"]
+    assert pod["securityContext"]["runAsUser"] == 1000 and pod["securityContext"]["supplementalGroups"] == [44]
+    assert pod["containers"][1]["securityContext"] == {"privileged": False, "allowPrivilegeEscalation": False,
+                                                       "capabilities": {"drop": ["ALL"]}}
+    assert_valid_mpijob(widened)
     root = spec.build_mpijob(settings())
     assert root["spec"]["sshAuthMountPath"] == "/root/.ssh" and "--ssh-port" not in trainer(root, "Launcher")["command"]
 
@@ -217,6 +226,12 @@ def test_pod_templates_merge_by_name_and_pgtrain_keeps_what_it_owns():
     assert trainer(manifest, "Worker")["resources"]["limits"] == {api.GPU_RESOURCE: 4}
     assert len(template(manifest, "Launcher")["spec"]["containers"]) == 1
     assert_valid_mpijob(manifest)
+    # a template's own /dev/shm is kept instead of pgtrain's (one mount per path)
+    own_shm = spec.build_mpijob(settings(worker_pod_template={"spec": {
+        "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}],
+        "containers": [{"name": "trainer", "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}]}]}}))
+    assert [m["name"] for m in trainer(own_shm, "Worker")["volumeMounts"]] == ["shm", api.DATABASE_VOLUME]
+    assert_valid_mpijob(own_shm)
 
 
 @pytest.mark.parametrize(("key", "value", "words"), [
@@ -350,3 +365,14 @@ def test_a_models_file_entry_takes_the_same_keys(tmp_path):
     assert "kubernetes.shm_size: 'lots' is not a Kubernetes quantity" in str(errors[0])
     manifest = spec.settings_from(entries[0].kubernetes, run_id="r", world_size=1, attempt=1)
     assert spec.build_mpijob(manifest)["metadata"]["labels"][api.KUEUE_QUEUE_LABEL] == "team-ml"
+
+
+def test_every_key_is_documented_and_listed_in_the_settings_file():
+    from pgtrain.config.settings import KUBERNETES_SETTINGS
+
+    docs = (REPO / "docs" / "kubernetes.md").read_text()
+    table = docs[docs.index("| setting | default | renders to |"):docs.index("Sizes are Kubernetes quantities")]
+    shipped = (REPO / "dags" / "pgtrain.yaml").read_text()
+    for key in KUBERNETES_SETTINGS:
+        assert f"`{key}`" in table, f"{key} is not in docs/kubernetes.md's table of kubernetes keys"
+        assert re.search(rf"\b{key}\b", shipped), f"{key} is not listed in dags/pgtrain.yaml"

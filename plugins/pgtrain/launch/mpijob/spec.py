@@ -449,15 +449,6 @@ def _replica_template(pod: Mapping[str, Any], settings: MPIJobSettings, labels: 
         spec["nodeSelector"] = dict(node_selector)
     containers = spec.get("containers") or [{}]
     containers[0]["name"] = CONTAINER_NAME
-    if settings.non_root:
-        spec["securityContext"] = {**(spec.get("securityContext") or {}), **_non_root_pod_context()}
-        containers[0]["securityContext"] = {**(containers[0].get("securityContext") or {}),
-                                            **copy.deepcopy(NON_ROOT_CONTAINER_CONTEXT)}
-    if shm_size and not any(m.get("mountPath") == SHM_MOUNT_PATH for m in containers[0].get("volumeMounts") or []):
-        spec["volumes"] = [*(spec.get("volumes") or []),
-                           {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm_size}}]
-        containers[0]["volumeMounts"] = [*(containers[0].get("volumeMounts") or []),
-                                         {"name": SHM_VOLUME, "mountPath": SHM_MOUNT_PATH}]
     spec["containers"] = containers
     metadata = {"labels": dict(labels), "annotations": dict(annotations)}
     for template in templates:
@@ -465,6 +456,16 @@ def _replica_template(pod: Mapping[str, Any], settings: MPIJobSettings, labels: 
         metadata = merge_template(metadata, template.get("metadata") or {})
     containers = spec["containers"]
     container = containers[0]
+    if settings.non_root:  # over what the templates say: they may add to it, not undo it
+        spec["securityContext"] = {**(spec.get("securityContext") or {}), **_non_root_pod_context()}
+        for each in [*containers, *(spec.get("initContainers") or [])]:  # sidecars too: the pod passes as a whole
+            each["securityContext"] = {**(each.get("securityContext") or {}),
+                                       **copy.deepcopy(NON_ROOT_CONTAINER_CONTEXT)}
+    if shm_size and not any(m.get("mountPath") == SHM_MOUNT_PATH for m in container.get("volumeMounts") or []):
+        spec["volumes"] = [*(spec.get("volumes") or []),
+                           {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm_size}}]
+        container["volumeMounts"] = [*(container.get("volumeMounts") or []),
+                                     {"name": SHM_VOLUME, "mountPath": SHM_MOUNT_PATH}]
     container["image"] = container.get("image") or settings.image
     container["command"] = list(command)
     container.pop("args", None)
