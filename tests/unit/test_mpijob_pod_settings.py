@@ -335,22 +335,20 @@ def test_bad_values_in_the_settings_file_name_the_key(tmp_path):
     assert "kubernetes.worker_affinity: Additional properties are not allowed ('nodeAfinity'" in message
 
 
-def test_a_pod_template_replacing_the_command_fails_the_train_task_naming_the_key(tmp_path, monkeypatch):
-    from airflow.sdk.exceptions import AirflowFailException
-
-    from pgtrain.airflow.dag import train_run
-    from tests.k8s_sim.airflow_context import task_context
-
+def test_a_pod_template_replacing_the_command_fails_the_dag_naming_the_key(tmp_path):
+    """Refused when the DAG is parsed (as a schema error of the settings file is), before any run or pod."""
     path = tmp_path / "pgtrain.yaml"
     path.write_text("kubernetes:\n  pod_template:\n    spec:\n      containers:\n"
-                    "        - {name: trainer, command: [bash, -c, 'sleep infinity']}\n")
-    monkeypatch.setattr(train_run, "planned_run", lambda *args: type("Run", (), {"config": type(
-        "Config", (), {"world_size": 2})()})())
-    train = MPIJobTrainOperator(task_id="train", training_run_id="pgtrain_test/bad",
-                                **load_settings(path).operator_arguments())
-    with pytest.raises(AirflowFailException, match=re.escape(
-            "pod_template.spec.containers[0].command: the launcher's horovodrun and the workers' sshd are pgtrain's")):
-        train.execute(task_context("pgtrain_test", "bad"))
+                    "        - {name: trainer, command: [bash, -c, 'sleep infinity']}\n"
+                    "  env: {PGTRAIN_DATABASE_URL: x}\n")
+    with pytest.raises(ConfigError) as error:
+        MPIJobTrainOperator(task_id="train", **load_settings(path).operator_arguments())
+    message = str(error.value)
+    assert "pod_template.spec.containers[0].command: the launcher's horovodrun and the workers' sshd are pgtrain's" \
+        in message
+    assert "env: PGTRAIN_DATABASE_URL is pgtrain's own; the database URL reaches the pods only from the Secret" \
+        in message
+    assert "fix `kubernetes:` in the DAG author's settings file" in message
 
 
 def test_a_models_file_entry_takes_the_same_keys(tmp_path):
