@@ -120,7 +120,7 @@ class MPIJobOperator(KubernetesPodOperator):
         worker_memory_limit: str | None = spec.default("worker_memory_limit"),
         worker_guaranteed: bool = spec.default("worker_guaranteed"),
         shm_size: str | None = spec.default("shm_size"),
-        queue_name: str = spec.default("queue_name"),
+        queue_name: str | None = spec.default("queue_name"),
         scheduling_policy: dict[str, Any] | None = None,
         worker_affinity: dict[str, Any] | None = None,
         launcher_affinity: dict[str, Any] | None = None,

@@ -81,7 +81,7 @@ class MPIJobSettings:
     # The run's train attempt (pgtrain.runs.record.begin_attempt), passed to the trainer, which fences its writes by it.
     attempt: int = field(kw_only=True)
     # Kueue's LocalQueue (a label on the MPIJob) and the MPI Operator's gang scheduling (runPolicy.schedulingPolicy).
-    queue_name: str = ""
+    queue_name: str | None = None
     scheduling_policy: Mapping[str, Any] = field(default_factory=dict)
     # Per role: Kubernetes affinity objects (over the pod's own, key by key), one worker pod per node, the
     # launcher's node selector (instead of the pod's: it needs no GPU node).
@@ -100,9 +100,9 @@ class MPIJobSettings:
     # names; env is its env_vars).
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: Sequence[Mapping[str, Any]] = ()
-    service_account_name: str = ""
+    service_account_name: str | None = None
     image_pull_secrets: Sequence[str] = ()
-    priority_class_name: str = ""
+    priority_class_name: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
