@@ -74,7 +74,7 @@ def test_the_mpijob_defaults_have_one_home():
     actions = {action.dest: action for sub in cli.build_parser()._subparsers._group_actions
                for parser in sub.choices.values() for action in parser._actions}
     for name in ("worker_cpu", "image"):
-        assert actions[name].default is None and actions[name].help == f"default: {spec.default(name)}"
+        assert actions[name].default is None and actions[name].help == f"(default: {spec.default(name)})"
 
 
 def test_the_shipped_settings_file_is_valid():

@@ -56,14 +56,15 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--settings", metavar="FILE",
                         help="an author's settings file (dags/pgtrain.yaml): its kubernetes block")
     # Without --settings a flag's default is MPIJobSettings'; beside it, only the flags given go over the file's.
-    def option(flag: str, setting: str, **kwargs: Any) -> None:
-        render.add_argument(flag, dest=setting, help=f"default: {default(setting)}", **kwargs)
+    def option(flag: str, setting: str, what: str = "", **kwargs: Any) -> None:
+        render.add_argument(flag, dest=setting, help=f"{what}{' ' if what else ''}(default: {default(setting)})",
+                            **kwargs)
 
     option("--gpus-per-worker", "gpus_per_worker", type=int)
     option("--image", "image")
     render.add_argument("--name", default="", help="MPIJob name (default: derived from the run id)")
     option("--namespace", "namespace")
-    option("--secret", "database_secret")  # the Secret holding the database URL
+    option("--secret", "database_secret", "the Secret holding the database URL")
     option("--secret-key", "database_secret_key")
     option("--worker-cpu", "worker_cpu")
     option("--worker-memory", "worker_memory")
