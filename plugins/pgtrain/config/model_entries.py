@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pgtrain.config.params import _MODEL_NAME, PARAMETERS, param_problems, quality_gate_problems
-from pgtrain.config.settings import AUTHOR_PROPERTIES, AuthorSettings, author_file, rule
+from pgtrain.config.settings import AUTHOR_PROPERTIES, AuthorSettings, author_file, rule, schema_message
 from pgtrain.core.errors import ConfigError
 
 MODELS_ENV = "PGTRAIN_MODELS"
@@ -207,7 +207,7 @@ def _message(error: Any) -> str:
         return error.message + f" (allowed: {', '.join(error.schema.get('properties', {}))})"
     if error.validator == "anyOf" and list(error.absolute_path)[-1:] == ["schedule"]:
         return "give cron, min_new_rows, or both"
-    return error.message
+    return schema_message(error)
 
 
 def model_owners(path: Path | str | None = None, *, default: Path | str | None = None) -> dict[str, str]:

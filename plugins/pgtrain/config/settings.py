@@ -6,7 +6,8 @@ They live in a YAML file next to the DAGs (``dags/pgtrain.yaml``, whose path the
 - ``launcher``: where the generic DAG's jobs run, ``local`` (horovodrun on the worker) or ``kubernetes``;
 - ``allowed_sources``: schemas (``public``) or tables (``"Clinic"."Biopsies"``) a run may train on;
 - ``allowed_models``: model references a run may build (``mlp``, ``package.module:factory``);
-- ``kubernetes``: the MPIJob's image, namespace, Secret, node selector, tolerations, sizes;
+- ``kubernetes``: the MPIJob's image, namespace, Secret, scheduling (queue, priority, affinity), sizes, pod
+  security, extra environment and pod templates (``KUBERNETES_SETTINGS``);
 - ``quality_gate``: how much worse than the head a run may be, and absolute floors (``QUALITY_GATE``);
 - ``max_world_size``: the most ranks a run may ask for.
 
@@ -28,19 +29,60 @@ from pgtrain.core.errors import ConfigError
 SETTINGS_ENV = "PGTRAIN_SETTINGS"
 SETTINGS_FILE_NAME = "pgtrain.yaml"  # next to the DAG files, which pass its path
 
-# The MPIJob operator's arguments an author may set, with their JSON schema (the render CLI has a flag each);
-# their defaults are MPIJobSettings' (pgtrain.launch.mpijob.spec).
+# A Kubernetes resource quantity ("500m", "16Gi"), as the API server's own pattern.
+_NUMBER = r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+_QUANTITY = {"type": "string", "pattern": rf"^(\+|-)?{_NUMBER}(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?{_NUMBER}))?$"}
+_OPTIONAL_QUANTITY = {**_QUANTITY, "type": ["string", "null"]}  # the pattern applies to a string only
+_STRINGS = {"type": "object", "additionalProperties": {"type": "string"}}
+# Raw Kubernetes objects (affinity, tolerations, pod templates) are checked against the Kubernetes schemas when
+# the manifest is rendered and by the API server; here only their shape.
+_AFFINITY = {"type": "object", "additionalProperties": False,
+             "properties": {part: {"type": "object"} for part in ("nodeAffinity", "podAffinity", "podAntiAffinity")}}
+_POD_TEMPLATE = {"type": "object", "additionalProperties": False, "properties": {
+    "metadata": {"type": "object", "additionalProperties": False,
+                 "properties": {"labels": _STRINGS, "annotations": _STRINGS}},
+    "spec": {"type": "object"},
+}}
+
+# The MPIJob operator's arguments an author may set, with their JSON schema (docs/kubernetes.md has what each
+# renders to); their defaults are MPIJobSettings' (pgtrain.launch.mpijob.spec), which also checks what a schema
+# cannot say clearly (env names, what a pod template may not set).
 KUBERNETES_SETTINGS: dict[str, dict[str, Any]] = {
     "namespace": {"type": "string", "minLength": 1},
     "image": {"type": "string", "minLength": 1},
+    "image_pull_secrets": {"type": "array", "items": {"type": "string", "minLength": 1}},
     "gpus_per_worker": {"type": "integer", "minimum": 1, "maximum": 64},
     "database_secret": {"type": "string", "minLength": 1},
     "database_secret_key": {"type": "string", "minLength": 1},
     "service_account_name": {"type": "string", "minLength": 1},
-    "node_selector": {"type": "object", "additionalProperties": {"type": "string"}},
+    "priority_class_name": {"type": "string", "minLength": 1},
+    "queue_name": {"type": "string", "pattern": r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"},
+    "scheduling_policy": {"type": "object", "additionalProperties": False, "properties": {
+        "minAvailable": {"type": "integer", "minimum": 1},
+        "queue": {"type": "string", "minLength": 1},
+        "priorityClass": {"type": "string", "minLength": 1},
+        "scheduleTimeoutSeconds": {"type": "integer", "minimum": 1},
+        "minResources": {"type": "object", "additionalProperties": {"anyOf": [_QUANTITY, {"type": "integer"}]}},
+    }},
+    "node_selector": _STRINGS,
     "tolerations": {"type": "array", "items": {"type": "object"}},
-    "worker_cpu": {"type": "string", "minLength": 1},
-    "worker_memory": {"type": "string", "minLength": 1},
+    "worker_affinity": _AFFINITY,
+    "launcher_affinity": _AFFINITY,
+    "one_worker_per_node": {"type": "boolean"},
+    "launcher_node_selector": _STRINGS,
+    "worker_cpu": _QUANTITY,
+    "worker_memory": _QUANTITY,
+    "worker_memory_limit": _OPTIONAL_QUANTITY,
+    "worker_guaranteed": {"type": "boolean"},
+    "launcher_cpu": _QUANTITY,
+    "launcher_memory": _QUANTITY,
+    "shm_size": _OPTIONAL_QUANTITY,
+    "env": {"type": "object", "propertyNames": {"pattern": r"^[A-Za-z_][A-Za-z0-9_]*$"},
+            "additionalProperties": {"type": "string"}},
+    "non_root": {"type": "boolean"},
+    "pod_template": _POD_TEMPLATE,
+    "worker_pod_template": _POD_TEMPLATE,
+    "launcher_pod_template": _POD_TEMPLATE,
     "startup_timeout_seconds": {"type": "integer", "minimum": 1},
     "active_deadline_seconds": {"type": ["integer", "null"], "minimum": 1},
     "deferrable": {"type": "boolean"},
@@ -97,6 +139,13 @@ class AuthorSettings:
                       "allowed_models": tuple(data["allowed_models"])})
 
 
+def schema_message(error: Any) -> str:
+    """A jsonschema error's message, with a quantity's pattern said in words."""
+    if error.validator == "pattern" and error.validator_value == _QUANTITY["pattern"]:
+        return f"{error.instance!r} is not a Kubernetes quantity (e.g. 500m, 4, 16Gi)"
+    return error.message
+
+
 def author_file(path: Path | str | None, env: str, default: Path | str | None, what: str) -> tuple[Path, Any] | None:
     """(path, parsed YAML) of an author's file: ``path``, else ``$env``, else ``default`` (a DAG passes the file
     next to it). None when only ``default`` is named and it does not exist: the built-in defaults apply. A named
@@ -129,7 +178,7 @@ def load_settings(path: Path | str | None = None, *, default: Path | str | None 
     errors = sorted(jsonschema.Draft202012Validator(_SCHEMA).iter_errors(data), key=lambda e: list(e.path))
     if errors:
         raise ConfigError(f"{chosen}: " + "; ".join(
-            f"{'.'.join(map(str, e.absolute_path)) or 'top level'}: {e.message}" for e in errors))
+            f"{'.'.join(map(str, e.absolute_path)) or 'top level'}: {schema_message(e)}" for e in errors))
     gate_problems = quality_gate_problems(data.get("quality_gate") or {})
     if gate_problems:
         raise ConfigError(f"{chosen}: " + "; ".join(f"quality_gate.{p}" for p in gate_problems))

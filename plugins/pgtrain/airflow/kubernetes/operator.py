@@ -41,6 +41,7 @@ from airflow.providers.common.compat.sdk import AirflowNotFoundException
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowFailException
 from kubernetes.client import V1Pod
+from kubernetes.client import models as k8s
 from kubernetes.client.exceptions import ApiException
 
 from pgtrain.airflow.dag import train_run
@@ -57,6 +58,19 @@ STATE_STORE_KEY = "pgtrain_mpijob"
 CHECKED_LABEL = KubernetesPodOperator.POD_CHECKED_KEY
 
 
+def _to_pod_operator_arguments(kwargs: dict[str, Any], env: dict[str, str]) -> None:
+    """The author's settings that KubernetesPodOperator has arguments for, in its forms (pull secrets by name;
+    ``env`` into its env_vars): KPO puts them on the pod both templates derive from."""
+    secrets = kwargs.get("image_pull_secrets")
+    if isinstance(secrets, (list, tuple)):
+        kwargs["image_pull_secrets"] = [k8s.V1LocalObjectReference(name=s) if isinstance(s, str) else s
+                                        for s in secrets]
+    if env:
+        env_vars = kwargs.get("env_vars") or []
+        kwargs["env_vars"] = ({**env_vars, **env} if isinstance(env_vars, dict)
+                              else [*env_vars, *(k8s.V1EnvVar(name=k, value=v) for k, v in env.items())])
+
+
 class MPIJobOperator(KubernetesPodOperator):
     """Run ``python -m trainer --run-id RUN`` under Horovod as an MPIJob (kubeflow.org/v2beta1).
 
@@ -66,7 +80,17 @@ class MPIJobOperator(KubernetesPodOperator):
     :param database_secret: Secret in the job's namespace whose ``database_secret_key`` is the
         database URL; it is mounted into the pods as a file (``PGTRAIN_DATABASE_URL_FILE``), never an env var
     :param worker_cpu, worker_memory: requests of each worker (GPUs are set from the layout)
+    :param worker_memory_limit, worker_guaranteed: a memory limit of each worker, or limits = requests
+        (Guaranteed QoS)
     :param launcher_cpu, launcher_memory: the launcher's small requests (it gets no GPU)
+    :param shm_size: size of the memory-backed /dev/shm of each worker (None: the container runtime's)
+    :param queue_name, scheduling_policy: Kueue's LocalQueue; the MPI Operator's gang scheduling
+    :param worker_affinity, launcher_affinity, one_worker_per_node, launcher_node_selector: placement per role
+    :param non_root: the MPI Operator's non-root mode under the restricted Pod Security Standard
+    :param pod_template, worker_pod_template, launcher_pod_template: partial pod templates merged into both
+        replica templates / one of them (docs/kubernetes.md)
+    :param env: extra environment of the trainer containers (KubernetesPodOperator's env_vars, checked: no
+        pgtrain variable, nothing that looks like a secret)
     :param backoff_limit, active_deadline_seconds, ttl_seconds_after_finished: the MPIJob's runPolicy
     :param startup_timeout_seconds: fail, deleting the job, when it is not running after this long (counted from
         its creation, or from when it left its queue if it was created suspended)
@@ -98,6 +122,20 @@ class MPIJobOperator(KubernetesPodOperator):
         worker_memory: str = spec.default("worker_memory"),
         launcher_cpu: str = spec.default("launcher_cpu"),
         launcher_memory: str = spec.default("launcher_memory"),
+        worker_memory_limit: str | None = spec.default("worker_memory_limit"),
+        worker_guaranteed: bool = spec.default("worker_guaranteed"),
+        shm_size: str | None = spec.default("shm_size"),
+        queue_name: str | None = spec.default("queue_name"),
+        scheduling_policy: dict[str, Any] | None = None,
+        worker_affinity: dict[str, Any] | None = None,
+        launcher_affinity: dict[str, Any] | None = None,
+        one_worker_per_node: bool = spec.default("one_worker_per_node"),
+        launcher_node_selector: dict[str, str] | None = None,
+        non_root: bool = spec.default("non_root"),
+        pod_template: dict[str, Any] | None = None,
+        worker_pod_template: dict[str, Any] | None = None,
+        launcher_pod_template: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
         backoff_limit: int = spec.default("backoff_limit"),
         active_deadline_seconds: int | None = spec.default("active_deadline_seconds"),
         ttl_seconds_after_finished: int = spec.default("ttl_seconds_after_finished"),
@@ -108,6 +146,19 @@ class MPIJobOperator(KubernetesPodOperator):
     ) -> None:
         if kwargs.pop("do_xcom_push", False):
             raise ConfigError("MPIJobOperator has no XCom sidecar: the trainer writes its results to PostgreSQL")
+        job_settings: dict[str, Any] = {
+            "worker_memory_limit": worker_memory_limit, "worker_guaranteed": worker_guaranteed, "shm_size": shm_size,
+            "queue_name": queue_name, "scheduling_policy": scheduling_policy or {},
+            "worker_affinity": worker_affinity or {}, "launcher_affinity": launcher_affinity or {},
+            "one_worker_per_node": one_worker_per_node, "launcher_node_selector": launcher_node_selector or {},
+            "non_root": non_root, "pod_template": pod_template or {},
+            "worker_pod_template": worker_pod_template or {}, "launcher_pod_template": launcher_pod_template or {},
+        }
+        # refused now, not once KubernetesPodOperator has built a pod at run time
+        problems = spec.author_problems({**job_settings, "env": env or {}, "worker_memory": worker_memory})
+        if problems:
+            raise ConfigError("invalid MPIJob settings: " + "; ".join(problems))
+        _to_pod_operator_arguments(kwargs, env or {})
         super().__init__(startup_timeout_seconds=startup_timeout_seconds, poll_interval=poll_interval,
                          do_xcom_push=False, **kwargs)
         self.training_run_id = training_run_id
@@ -119,6 +170,8 @@ class MPIJobOperator(KubernetesPodOperator):
         self.worker_memory = worker_memory
         self.launcher_cpu = launcher_cpu
         self.launcher_memory = launcher_memory
+        # The MPIJob's own settings beyond KubernetesPodOperator's pod (pgtrain.launch.mpijob.spec.MPIJobSettings).
+        self.job_settings = job_settings
         self.backoff_limit = backoff_limit
         # KPO's own active_deadline_seconds is the pod's; this one is the MPIJob's runPolicy field.
         self.job_active_deadline_seconds = active_deadline_seconds
@@ -163,7 +216,7 @@ class MPIJobOperator(KubernetesPodOperator):
             worker_memory=self.worker_memory, launcher_cpu=self.launcher_cpu,
             launcher_memory=self.launcher_memory, backoff_limit=self.backoff_limit,
             active_deadline_seconds=self.job_active_deadline_seconds,
-            ttl_seconds_after_finished=self.ttl_seconds_after_finished,
+            ttl_seconds_after_finished=self.ttl_seconds_after_finished, **self.job_settings,
             # TrainingRunMPIJobOperator.before_submit sets the run's attempt; a plain MPIJobOperator has no database
             # to begin one in (and dry_run never submits), so its trainer is told attempt 1.
             attempt=self.attempt if self.attempt is not None else 1,

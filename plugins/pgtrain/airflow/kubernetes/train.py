@@ -20,6 +20,7 @@ from pgtrain.airflow.dag import train_run
 from pgtrain.airflow.dag.connection import DEFAULT_CONN_ID
 from pgtrain.airflow.dag.failures import RETRY_POLICY
 from pgtrain.core.errors import ConfigError
+from pgtrain.launch.mpijob import spec
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -45,6 +46,10 @@ class MPIJobTrainOperator(BaseOperator):
 
     def __init__(self, *, training_run_id: str | None = None, conn_id: str = DEFAULT_CONN_ID, **kwargs: Any) -> None:
         task = {key: kwargs.pop(key) for key in list(kwargs) if key in _TASK_ARGUMENTS}
+        problems = spec.author_problems(kwargs)  # when the DAG is parsed, as the settings file's schema is checked
+        if problems:
+            raise ConfigError(f"the train task's Kubernetes arguments are invalid: {'; '.join(problems)}; fix "
+                              "`kubernetes:` in the DAG author's settings file (docs/kubernetes.md lists the keys)")
         default_args = dict(task.get("default_args") or {})
         if "retry_policy" not in default_args:  # a DAG's own policy wins over pgtrain's
             task.setdefault("retry_policy", RETRY_POLICY)

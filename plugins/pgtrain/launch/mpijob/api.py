@@ -29,6 +29,28 @@ DATABASE_VOLUME = "pgtrain-database"
 DATABASE_MOUNT_PATH = "/var/run/secrets/pgtrain"
 DATABASE_URL_FILE = f"{DATABASE_MOUNT_PATH}/url"
 WORKER_COMMAND = ["/usr/sbin/sshd", "-De"]  # workers only serve SSH; the launcher starts ranks on them
+# Non-root mode (restricted Pod Security), as the MPI Operator's examples/v2beta1/pi: the image's user NON_ROOT_USER
+# (uid/gid NON_ROOT_UID, home NON_ROOT_HOME; trainer_image/Dockerfile creates it) runs sshd on an unprivileged
+# port with the job's key (mounted at NON_ROOT_HOME/.ssh) as its host key; horovodrun --ssh-port reaches it.
+NON_ROOT_USER = "mpiuser"
+NON_ROOT_UID = 1000
+NON_ROOT_HOME = f"/home/{NON_ROOT_USER}"
+NON_ROOT_SSH_AUTH_MOUNT_PATH = f"{NON_ROOT_HOME}/.ssh"
+NON_ROOT_SSH_PORT = 2222
+# Options on the command line rather than an sshd_config of the image's: the image only needs the user.
+# UsePAM=no as in the pi example's config (PAM's account checks need root); StrictModes=no because the key
+# files are the Secret's (owned by root).
+NON_ROOT_WORKER_COMMAND = [
+    "/usr/sbin/sshd", "-De", "-p", str(NON_ROOT_SSH_PORT),
+    "-o", f"HostKey={NON_ROOT_SSH_AUTH_MOUNT_PATH}/id_rsa", "-o", f"PidFile={NON_ROOT_HOME}/sshd.pid",
+    "-o", "StrictModes=no", "-o", "UsePAM=no",
+]
+# A memory-backed emptyDir at /dev/shm on the workers: NCCL's shared-memory transport and torch's
+# inter-process tensors live there, and a container's own /dev/shm is often 64 MiB.
+SHM_VOLUME = "pgtrain-shm"
+SHM_MOUNT_PATH = "/dev/shm"
+# Kueue admits an MPIJob by this label on its metadata (its webhook suspends the job until admitted).
+QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
 RUN_ID_ANNOTATION = "pgtrain.io/training-run-id"
 # The MPI Operator only accepts these (pkg/apis/kubeflow/validation); the launcher is a batch Job.
 RESTART_POLICIES = ("Never", "OnFailure")

@@ -1,6 +1,10 @@
 """``python -m pgtrain.launch.mpijob.cli render ...``: print the MPIJob a run would create, as YAML (no cluster needed).
 
     python -m pgtrain.launch.mpijob.cli render --world-size 8 --gpus-per-worker 4 --image IMAGE --run-id RUN
+    python -m pgtrain.launch.mpijob.cli render --settings dags/pgtrain.yaml --world-size 8 --run-id RUN
+
+``--settings`` takes the ``kubernetes:`` block of an author's settings file, as the train task does; a flag
+given beside it wins.
 """
 
 from __future__ import annotations
@@ -10,8 +14,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pgtrain.config.settings import load_settings
 from pgtrain.core.errors import ConfigError
-from pgtrain.launch.mpijob.spec import MPIJobSettings, build_mpijob, default
+from pgtrain.launch.mpijob.spec import build_mpijob, default, settings_from
 
 
 def render_yaml(manifest: Mapping[str, Any]) -> str:
@@ -48,17 +53,24 @@ def build_parser() -> argparse.ArgumentParser:
     render = sub.add_parser("render", help="print the MPIJob as YAML (no cluster needed)")
     render.add_argument("--run-id", required=True, help="training run id (plan_run creates it)")
     render.add_argument("--world-size", type=int, required=True, help="Horovod ranks = GPUs")
-    render.add_argument("--gpus-per-worker", type=int, default=default("gpus_per_worker"))
-    render.add_argument("--image", default=default("image"))
+    render.add_argument("--settings", metavar="FILE",
+                        help="an author's settings file (dags/pgtrain.yaml): its kubernetes block")
+    # Without --settings a flag's default is MPIJobSettings'; beside it, only the flags given go over the file's.
+    def option(flag: str, setting: str, what: str = "", **kwargs: Any) -> None:
+        render.add_argument(flag, dest=setting, help=f"{what}{' ' if what else ''}(default: {default(setting)})",
+                            **kwargs)
+
+    option("--gpus-per-worker", "gpus_per_worker", type=int)
+    option("--image", "image")
     render.add_argument("--name", default="", help="MPIJob name (default: derived from the run id)")
-    render.add_argument("--namespace", default=default("namespace"))
-    render.add_argument("--secret", default=default("database_secret"), help="Secret holding the database URL")
-    render.add_argument("--secret-key", default=default("database_secret_key"))
-    render.add_argument("--worker-cpu", default=default("worker_cpu"))
-    render.add_argument("--worker-memory", default=default("worker_memory"))
-    render.add_argument("--node-selector", action="append", default=[], metavar="KEY=VALUE")
-    render.add_argument("--toleration", action="append", default=[], metavar="KEY[=VALUE][:EFFECT]")
-    render.add_argument("--active-deadline-seconds", type=int, default=default("active_deadline_seconds"))
+    option("--namespace", "namespace")
+    option("--secret", "database_secret", "the Secret holding the database URL")
+    option("--secret-key", "database_secret_key")
+    option("--worker-cpu", "worker_cpu")
+    option("--worker-memory", "worker_memory")
+    render.add_argument("--node-selector", action="append", metavar="KEY=VALUE")
+    render.add_argument("--toleration", action="append", metavar="KEY[=VALUE][:EFFECT]")
+    option("--active-deadline-seconds", "active_deadline_seconds", type=int)
     render.add_argument("--attempt", type=int, default=1,
                         help="the run's train attempt the trainer is told (pgtrain.runs.record.begin_attempt); a "
                              "trainer of an older attempt than the run's cannot write")
@@ -69,14 +81,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        settings = MPIJobSettings(
-            run_id=args.run_id, world_size=args.world_size, gpus_per_worker=args.gpus_per_worker,
-            image=args.image, name=args.name, namespace=args.namespace, database_secret=args.secret,
-            database_secret_key=args.secret_key, worker_cpu=args.worker_cpu, worker_memory=args.worker_memory,
-            node_selector=_key_values(args.node_selector, "node-selector"),
-            tolerations=[_toleration(t) for t in args.toleration],
-            active_deadline_seconds=args.active_deadline_seconds, attempt=args.attempt,
-        )
+        kubernetes = dict(load_settings(args.settings).kubernetes) if args.settings else {}
+        given = {key: getattr(args, key) for key in (
+            "gpus_per_worker", "image", "namespace", "database_secret", "database_secret_key", "worker_cpu",
+            "worker_memory", "active_deadline_seconds") if getattr(args, key) is not None}
+        if args.node_selector:
+            given["node_selector"] = _key_values(args.node_selector, "node-selector")
+        if args.toleration:
+            given["tolerations"] = [_toleration(t) for t in args.toleration]
+        settings = settings_from({**kubernetes, **given}, run_id=args.run_id, world_size=args.world_size,
+                                 name=args.name, attempt=args.attempt)
         sys.stdout.write(render_yaml(build_mpijob(settings)))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -32,8 +32,17 @@ from pgtrain.launch.mpijob.api import (
     DNS_LABEL_MAX,
     GPU_RESOURCE,
     HOSTFILE,
+    JOB_NAME_LABEL,
+    JOB_ROLE_LABEL,
     KIND,
+    QUEUE_NAME_LABEL,
+    NON_ROOT_SSH_AUTH_MOUNT_PATH,
+    NON_ROOT_SSH_PORT,
+    NON_ROOT_UID,
+    NON_ROOT_WORKER_COMMAND,
     RUN_ID_ANNOTATION,
+    SHM_MOUNT_PATH,
+    SHM_VOLUME,
     SSH_AUTH_MOUNT_PATH,
     WORKER_COMMAND,
 )
@@ -55,16 +64,46 @@ class MPIJobSettings:
     database_secret_key: str = DEFAULT_SECRET_KEY
     worker_cpu: str = "4"
     worker_memory: str = "16Gi"
+    # None: no memory limit (Burstable). worker_guaranteed: limits = requests (cpu and memory), Guaranteed QoS.
+    worker_memory_limit: str | None = None
+    worker_guaranteed: bool = False
+    # 2Gi: horovodrun's build probe imports CUDA torch and horovod.torch beside horovodrun and mpirun
+    # (docs/kubernetes.md); 1Gi left little room.
     launcher_cpu: str = "500m"
-    launcher_memory: str = "1Gi"
+    launcher_memory: str = "2Gi"
+    # A memory-backed /dev/shm on the workers (None: the container runtime's, often 64 MiB). Its pages count
+    # against the pod's memory; 8Gi bounds it at half the default worker request and is far above what NCCL's
+    # shared-memory transport takes for 8 GPUs (a few hundred MiB).
+    shm_size: str | None = "8Gi"
     backoff_limit: int = 0
     active_deadline_seconds: int | None = 86400
     ttl_seconds_after_finished: int = 3600
     # The run's train attempt (pgtrain.runs.record.begin_attempt), passed to the trainer, which fences its writes by it.
     attempt: int = field(kw_only=True)
-    # Scheduling for base_pod(); an operator-supplied pod carries its own.
+    # Kueue's LocalQueue (a label on the MPIJob) and the MPI Operator's gang scheduling (runPolicy.schedulingPolicy).
+    queue_name: str | None = None
+    scheduling_policy: Mapping[str, Any] = field(default_factory=dict)
+    # Per role: Kubernetes affinity objects (over the pod's own, key by key), one worker pod per node, the
+    # launcher's node selector (instead of the pod's: it needs no GPU node).
+    worker_affinity: Mapping[str, Any] = field(default_factory=dict)
+    launcher_affinity: Mapping[str, Any] = field(default_factory=dict)
+    one_worker_per_node: bool = False
+    launcher_node_selector: Mapping[str, str] = field(default_factory=dict)
+    # The MPI Operator's non-root mode under the restricted Pod Security Standard (api.NON_ROOT_*).
+    non_root: bool = False
+    # Partial pod templates (metadata labels/annotations and spec) merged into both replica templates, then into
+    # one of them; what pgtrain owns (template_problems) cannot be set there.
+    pod_template: Mapping[str, Any] = field(default_factory=dict)
+    worker_pod_template: Mapping[str, Any] = field(default_factory=dict)
+    launcher_pod_template: Mapping[str, Any] = field(default_factory=dict)
+    # For base_pod() only: an operator-supplied pod carries its own (KubernetesPodOperator's arguments of these
+    # names; env is its env_vars).
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: Sequence[Mapping[str, Any]] = ()
+    service_account_name: str | None = None
+    image_pull_secrets: Sequence[str] = ()
+    priority_class_name: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         problems = []
@@ -84,6 +123,7 @@ class MPIJobSettings:
             problems.append(f"backoff_limit={self.backoff_limit} should be >= 0")
         if isinstance(self.attempt, bool) or not isinstance(self.attempt, int) or self.attempt < 1:
             problems.append(f"attempt={self.attempt!r} should be the run's train attempt (an integer >= 1)")
+        problems += author_problems({name: getattr(self, name) for name in AUTHOR_CHECKED})
         if problems:
             raise ConfigError("invalid MPIJob settings: " + "; ".join(problems))
         layout(self.world_size, self.gpus_per_worker)  # raises on an impossible layout
@@ -134,27 +174,147 @@ def _longest_suffix(workers: int) -> int:
     return max(len("-launcher"), len(f"-worker-{workers - 1}"))
 
 
-def launcher_command(run_id: str, world_size: int, attempt: int) -> list[str]:
+def launcher_command(run_id: str, world_size: int, attempt: int, *, ssh_port: int | None = None) -> list[str]:
     """``horovodrun`` over the MPI Operator's hostfile: MPI (+NCCL) in the GPU image, Gloo where MPI is absent.
 
     horovodrun passes the launcher's environment to every rank (``mpirun -x NAME``, or ``env K=V`` on
     the ranks' command lines with Gloo); the database URL is not in it, only the path of the file the
-    Secret is mounted as on every pod.
+    Secret is mounted as on every pod. ``ssh_port``: the workers' sshd port when it is not 22 (non-root mode);
+    horovodrun hands it to its SSH check, to mpirun (``plm_rsh_args``) and to Gloo's remote commands.
     """
-    return ["horovodrun", "-np", str(world_size), "--hostfile", HOSTFILE, *horovodrun_options(),
+    port = ["--ssh-port", str(ssh_port)] if ssh_port else []
+    return ["horovodrun", "-np", str(world_size), "--hostfile", HOSTFILE, *port, *horovodrun_options(),
             *trainer_argv(run_id, attempt)]
 
 
-def database_volume(secret: str, key: str) -> dict[str, Any]:
-    """The Secret's key as the file DATABASE_URL_FILE, readable by the container's user only."""
+# Settings of the author's ``kubernetes:`` block that only the Airflow operator uses (not part of the manifest).
+OPERATOR_ONLY_SETTINGS = ("startup_timeout_seconds", "deferrable")
+# Environment variables an author may not set: pgtrain's own, and names that would carry a secret (horovodrun
+# copies the launcher's environment onto the ranks' command lines with Gloo, where `ps` shows it).
+_RESERVED_ENV = re.compile(r"^(PGTRAIN_|PYTHONUNBUFFERED$|OMPI_ALLOW_RUN_AS_ROOT)")
+_SECRET_ENV = re.compile(r"PASSWORD|PASSWD|SECRET|TOKEN|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|^PGPASS",
+                         re.IGNORECASE)
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+# The settings author_problems checks; the operator checks them when it is built, before any pod is.
+AUTHOR_CHECKED = ("worker_memory", "worker_memory_limit", "worker_guaranteed", "env", "pod_template",
+                  "worker_pod_template", "launcher_pod_template")
+
+
+def author_problems(values: Mapping[str, Any]) -> list[str]:
+    """What is wrong with an author's settings (AUTHOR_CHECKED; a missing one is its default) beyond their schema."""
+    values = {name: values.get(name, default(name)) for name in AUTHOR_CHECKED}
+    problems = []
+    if values["worker_guaranteed"] and values["worker_memory_limit"] not in (None, values["worker_memory"]):
+        problems.append(f"worker_guaranteed sets the memory limit to worker_memory={values['worker_memory']!r}; "
+                        f"worker_memory_limit={values['worker_memory_limit']!r} contradicts it: drop one of them")
+    problems += env_problems(values["env"] or {})
+    for key in ("pod_template", "worker_pod_template", "launcher_pod_template"):
+        problems += template_problems(values[key] or {}, key)
+    return problems
+
+
+def env_problems(env: Mapping[str, Any], key: str = "env") -> list[str]:
+    """Why the author's extra environment (``kubernetes.env``) cannot go into the trainer containers, if it cannot."""
+    problems = []
+    for name, value in env.items():
+        if not isinstance(name, str) or not _ENV_NAME.match(name):
+            problems.append(f"{key}: {name!r} is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
+        elif _RESERVED_ENV.match(name):
+            problems.append(f"{key}: {name} is pgtrain's own; the database URL reaches the pods only from the Secret "
+                            f"kubernetes.database_secret, mounted as the file {DATABASE_URL_FILE}")
+        elif _SECRET_ENV.search(name):
+            problems.append(f"{key}: {name} looks like it carries a secret; settings are no place for one (and "
+                            "horovodrun copies the environment onto the ranks' command lines): mount it from a "
+                            "Kubernetes Secret (KubernetesPodOperator's `secrets` in your own DAG)")
+        elif not isinstance(value, str):
+            problems.append(f"{key}: {name}={value!r} should be a string (quote it in YAML)")
+    return problems
+
+
+def template_problems(template: Mapping[str, Any], key: str = "pod_template") -> list[str]:
+    """What a partial pod template (``kubernetes.pod_template``) may not set: what pgtrain decides itself."""
+    problems = []
+    for part in set(template) - {"metadata", "spec"}:
+        problems.append(f"{key}.{part}: a pod template has only metadata (labels, annotations) and spec")
+    for part in set(template.get("metadata") or {}) - {"labels", "annotations"}:
+        problems.append(f"{key}.metadata.{part}: only labels and annotations can be set (the MPI Operator names "
+                        "the pods)")
+    spec = template.get("spec") or {}
+    owned = {"restartPolicy": "the MPIJob's replica specs set it",
+             "hostname": "the MPI Operator sets it", "subdomain": "the MPI Operator sets it"}
+    for name, why in owned.items():
+        if name in spec:
+            problems.append(f"{key}.spec.{name}: {why}")
+    for i, volume in enumerate(spec.get("volumes") or []):
+        if volume.get("name") in (DATABASE_VOLUME, SHM_VOLUME):
+            problems.append(f"{key}.spec.volumes[{i}]: {volume['name']} is pgtrain's (kubernetes.database_secret, "
+                            "kubernetes.shm_size)")
+    for i, container in enumerate(spec.get("containers") or []):
+        where = f"{key}.spec.containers[{i}]"
+        if not container.get("name"):
+            problems.append(f"{where}: containers are merged by name: name it ({CONTAINER_NAME!r} is the trainer)")
+            continue
+        if container["name"] == CONTAINER_NAME:
+            for field_, why in (("command", "the launcher's horovodrun and the workers' sshd are pgtrain's"),
+                                ("args", "the launcher's horovodrun and the workers' sshd are pgtrain's"),
+                                ("image", "set kubernetes.image")):
+                if field_ in container:
+                    problems.append(f"{where}.{field_}: {why}")
+        resources = container.get("resources") or {}
+        if any(GPU_RESOURCE in (resources.get(part) or {}) for part in ("requests", "limits")):
+            problems.append(f"{where}.resources: {GPU_RESOURCE} comes from the layout (gpus_per_worker)")
+        problems += [f"{where}.{problem}" for problem in env_problems(
+            {e.get("name"): e.get("value", "") for e in container.get("env") or []})]
+        for j, mount in enumerate(container.get("volumeMounts") or []):
+            if mount.get("mountPath") == DATABASE_MOUNT_PATH or mount.get("name") == DATABASE_VOLUME:
+                problems.append(f"{where}.volumeMounts[{j}]: {DATABASE_MOUNT_PATH} holds the database Secret")
+    return problems
+
+
+def merge_template(base: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    """``patch`` over ``base``, as a strategic merge patch does for a pod: objects merge key by key, lists of
+    named objects (containers, volumes, env, volumeMounts, ...) item by name, other lists are replaced."""
+    merged = copy.deepcopy(dict(base))
+    for key, value in patch.items():
+        old = merged.get(key)
+        if isinstance(value, Mapping) and isinstance(old, Mapping):
+            merged[key] = merge_template(old, value)
+        elif (isinstance(value, list) and isinstance(old, list) and value and old
+              and all(isinstance(item, Mapping) and "name" in item for item in [*value, *old])):
+            by_name = {item["name"]: i for i, item in enumerate(old)}
+            result = copy.deepcopy(old)
+            for item in value:
+                if item["name"] in by_name:
+                    result[by_name[item["name"]]] = merge_template(result[by_name[item["name"]]], item)
+                else:
+                    result.append(copy.deepcopy(dict(item)))
+            merged[key] = result
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def settings_from(kubernetes: Mapping[str, Any], **run: Any) -> MPIJobSettings:
+    """MPIJobSettings from the author's ``kubernetes:`` block (pgtrain.config.settings.KUBERNETES_SETTINGS) and
+    the run's own (run_id, world_size, attempt, ...): what ``render --settings`` shows."""
+    fields_ = {k: v for k, v in kubernetes.items() if k not in OPERATOR_ONLY_SETTINGS}
+    return MPIJobSettings(**{**fields_, **run})
+
+
+def database_volume(secret: str, key: str, mode: int = 0o400) -> dict[str, Any]:
+    """The Secret's key as the file DATABASE_URL_FILE, readable by the container's user only (0400), or by its
+    group too in non-root mode (0440, the pod's fsGroup: a Secret's files belong to root)."""
     return {"name": DATABASE_VOLUME,
-            "secret": {"secretName": secret, "items": [{"key": key, "path": "url"}], "defaultMode": 0o400}}
+            "secret": {"secretName": secret, "items": [{"key": key, "path": "url"}], "defaultMode": mode}}
 
 
 def _with_database_secret(spec: dict[str, Any], container: dict[str, Any], settings: MPIJobSettings) -> None:
     """Mount the URL's Secret into ``container`` and point the trainer at the file; drop any URL env var."""
     spec["volumes"] = [v for v in spec.get("volumes") or [] if v.get("name") != DATABASE_VOLUME]
-    spec["volumes"].append(database_volume(settings.database_secret, settings.database_secret_key))
+    spec["volumes"].append(database_volume(settings.database_secret, settings.database_secret_key,
+                                           0o440 if settings.non_root else 0o400))
     mounts = [m for m in container.get("volumeMounts") or [] if m.get("mountPath") != DATABASE_MOUNT_PATH
               and m.get("name") != DATABASE_VOLUME]
     container["volumeMounts"] = [*mounts, {"name": DATABASE_VOLUME, "mountPath": DATABASE_MOUNT_PATH,
@@ -166,12 +326,22 @@ def _with_database_secret(spec: dict[str, Any], container: dict[str, Any], setti
 
 
 def base_pod(settings: MPIJobSettings) -> dict[str, Any]:
-    """The pod both templates start from when no Airflow operator supplies one (the ``render`` command)."""
-    spec: dict[str, Any] = {"containers": [{"name": CONTAINER_NAME, "image": settings.image}]}
+    """The pod both templates start from when no Airflow operator supplies one (the ``render`` command): what
+    MPIJobOperator has KubernetesPodOperator put on its pod from the same settings."""
+    container: dict[str, Any] = {"name": CONTAINER_NAME, "image": settings.image}
+    if settings.env:
+        container["env"] = [{"name": name, "value": value} for name, value in settings.env.items()]
+    spec: dict[str, Any] = {"containers": [container]}
     if settings.node_selector:
         spec["nodeSelector"] = dict(settings.node_selector)
     if settings.tolerations:
         spec["tolerations"] = [dict(t) for t in settings.tolerations]
+    if settings.service_account_name:
+        spec["serviceAccountName"] = settings.service_account_name
+    if settings.image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": name} for name in settings.image_pull_secrets]
+    if settings.priority_class_name:
+        spec["priorityClassName"] = settings.priority_class_name
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"labels": {}}, "spec": spec}
 
 
@@ -188,15 +358,26 @@ def build_mpijob(settings: MPIJobSettings, pod: Mapping[str, Any] | None = None)
     labels = dict((pod.get("metadata") or {}).get("labels", {}))
     annotations = {**(pod.get("metadata") or {}).get("annotations", {}), RUN_ID_ANNOTATION: settings.run_id}
 
+    worker_limits = {"memory": settings.worker_memory_limit} if settings.worker_memory_limit else {}
+    if settings.worker_guaranteed:
+        worker_limits = {"cpu": settings.worker_cpu, "memory": settings.worker_memory}
+    worker_affinity = dict(settings.worker_affinity)
+    if settings.one_worker_per_node:
+        worker_affinity = _one_per_node(worker_affinity or (pod.get("spec") or {}).get("affinity") or {}, name)
     launcher = _replica_template(
-        pod, settings, labels, annotations, restart_policy="Never",
-        command=launcher_command(settings.run_id, settings.world_size, settings.attempt),
+        pod, settings, labels, annotations,
+        command=launcher_command(settings.run_id, settings.world_size, settings.attempt,
+                                 ssh_port=NON_ROOT_SSH_PORT if settings.non_root else None),
         requests={"cpu": settings.launcher_cpu, "memory": settings.launcher_memory},
-        limits={"memory": settings.launcher_memory}, gpus=0,
+        limits={"memory": settings.launcher_memory}, gpus=0, shm_size=None, affinity=settings.launcher_affinity,
+        node_selector=settings.launcher_node_selector, templates=(settings.pod_template,
+                                                                  settings.launcher_pod_template),
     )
     worker = _replica_template(
-        pod, settings, labels, annotations, restart_policy="OnFailure", command=WORKER_COMMAND,
-        requests={"cpu": settings.worker_cpu, "memory": settings.worker_memory}, limits={}, gpus=slots,
+        pod, settings, labels, annotations, command=NON_ROOT_WORKER_COMMAND if settings.non_root else WORKER_COMMAND,
+        requests={"cpu": settings.worker_cpu, "memory": settings.worker_memory}, limits=worker_limits, gpus=slots,
+        shm_size=settings.shm_size, affinity=worker_affinity, node_selector={},
+        templates=(settings.pod_template, settings.worker_pod_template),
     )
     run_policy: dict[str, Any] = {
         "cleanPodPolicy": "Running",
@@ -205,16 +386,23 @@ def build_mpijob(settings: MPIJobSettings, pod: Mapping[str, Any] | None = None)
     }
     if settings.active_deadline_seconds:
         run_policy["activeDeadlineSeconds"] = settings.active_deadline_seconds
+    if settings.scheduling_policy:
+        # The operator's default minAvailable is workers + 1; the launcher only exists once the workers are ready
+        # (launcherCreationPolicy: WaitForWorkersReady), so a gang waiting for it would never start.
+        run_policy["schedulingPolicy"] = {"minAvailable": workers, **settings.scheduling_policy}
+    job_labels = dict(labels)
+    if settings.queue_name:
+        job_labels[QUEUE_NAME_LABEL] = settings.queue_name
     manifest = {
         "apiVersion": f"{API_GROUP}/{API_VERSION}",
         "kind": KIND,
-        "metadata": {"name": name, "namespace": settings.namespace, "labels": dict(labels),
+        "metadata": {"name": name, "namespace": settings.namespace, "labels": job_labels,
                      "annotations": dict(annotations)},
         "spec": {
             "slotsPerWorker": slots,
             "launcherCreationPolicy": "WaitForWorkersReady",
             "mpiImplementation": "OpenMPI",
-            "sshAuthMountPath": SSH_AUTH_MOUNT_PATH,
+            "sshAuthMountPath": NON_ROOT_SSH_AUTH_MOUNT_PATH if settings.non_root else SSH_AUTH_MOUNT_PATH,
             "runPolicy": run_policy,
             "mpiReplicaSpecs": {
                 "Launcher": {"replicas": 1, "restartPolicy": "Never", "template": launcher},
@@ -226,14 +414,58 @@ def build_mpijob(settings: MPIJobSettings, pod: Mapping[str, Any] | None = None)
     return manifest
 
 
+def _one_per_node(affinity: Mapping[str, Any], job: str) -> dict[str, Any]:
+    """``affinity`` plus a required anti-affinity between this job's worker pods on a node's hostname."""
+    term = {"labelSelector": {"matchLabels": {JOB_NAME_LABEL: job, JOB_ROLE_LABEL: "worker"}},
+            "topologyKey": "kubernetes.io/hostname"}
+    result = copy.deepcopy(dict(affinity))
+    anti = result.setdefault("podAntiAffinity", {})
+    anti["requiredDuringSchedulingIgnoredDuringExecution"] = [
+        *anti.get("requiredDuringSchedulingIgnoredDuringExecution", []), term]
+    return result
+
+
+# The restricted Pod Security Standard, as the MPI Operator's non-root mode runs (api.NON_ROOT_*).
+def _non_root_pod_context() -> dict[str, Any]:
+    return {"runAsNonRoot": True, "runAsUser": NON_ROOT_UID, "runAsGroup": NON_ROOT_UID, "fsGroup": NON_ROOT_UID,
+            "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+NON_ROOT_CONTAINER_CONTEXT: dict[str, Any] = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
 def _replica_template(pod: Mapping[str, Any], settings: MPIJobSettings, labels: Mapping[str, str],
-                      annotations: Mapping[str, str], *, restart_policy: str, command: list[str],
-                      requests: dict[str, str], limits: dict[str, str], gpus: int) -> dict[str, Any]:
+                      annotations: Mapping[str, str], *, command: list[str], requests: dict[str, str],
+                      limits: dict[str, str], gpus: int, shm_size: str | None, affinity: Mapping[str, Any],
+                      node_selector: Mapping[str, str], templates: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One replica's pod template: the pod, the role's settings, the author's templates, then what pgtrain owns
+    (the command, the database Secret, the GPUs). No restartPolicy: the MPI Operator sets it from the replica spec
+    (and warns about one in the template)."""
     spec = copy.deepcopy(dict(pod.get("spec") or {}))
     spec.pop("restartPolicy", None)
+    if affinity:
+        spec["affinity"] = {**(spec.get("affinity") or {}), **copy.deepcopy(dict(affinity))}
+    if node_selector:
+        spec["nodeSelector"] = dict(node_selector)
     containers = spec.get("containers") or [{}]
+    containers[0]["name"] = CONTAINER_NAME
+    spec["containers"] = containers
+    metadata = {"labels": dict(labels), "annotations": dict(annotations)}
+    for template in templates:
+        spec = merge_template(spec, template.get("spec") or {})
+        metadata = merge_template(metadata, template.get("metadata") or {})
+    containers = spec["containers"]
     container = containers[0]
-    container["name"] = CONTAINER_NAME
+    if settings.non_root:  # over what the templates say: they may add to it, not undo it
+        spec["securityContext"] = {**(spec.get("securityContext") or {}), **_non_root_pod_context()}
+        for each in [*containers, *(spec.get("initContainers") or [])]:  # sidecars too: the pod passes as a whole
+            each["securityContext"] = {**(each.get("securityContext") or {}),
+                                       **copy.deepcopy(NON_ROOT_CONTAINER_CONTEXT)}
+    if shm_size and not any(m.get("mountPath") == SHM_MOUNT_PATH for m in container.get("volumeMounts") or []):
+        spec["volumes"] = [*(spec.get("volumes") or []),
+                           {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm_size}}]
+        container["volumeMounts"] = [*(container.get("volumeMounts") or []),
+                                     {"name": SHM_VOLUME, "mountPath": SHM_MOUNT_PATH}]
     container["image"] = container.get("image") or settings.image
     container["command"] = list(command)
     container.pop("args", None)
@@ -246,6 +478,4 @@ def _replica_template(pod: Mapping[str, Any], settings: MPIJobSettings, labels: 
     if gpus:
         resources["limits"][GPU_RESOURCE] = gpus
     container["resources"] = {k: v for k, v in resources.items() if v}
-    spec["containers"] = [container, *containers[1:]]
-    spec["restartPolicy"] = restart_policy
-    return {"metadata": {"labels": dict(labels), "annotations": dict(annotations)}, "spec": spec}
+    return {"metadata": metadata, "spec": spec}

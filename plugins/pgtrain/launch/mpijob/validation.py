@@ -1,9 +1,17 @@
-"""The MPI Operator's own v2beta1 rules for an MPIJob, plus pgtrain's (no credential in a manifest)."""
+"""The MPI Operator's own v2beta1 rules for an MPIJob, plus pgtrain's (no credential in a manifest).
+
+The MPIJob's own fields are checked against the MPI Operator's CRD schema (``mpijob_crd_v2beta1.json``: the
+v0.6.0 CRD's ``openAPIV3Schema`` without its pod template part, which the tests check against the Kubernetes
+schemas) with unknown fields refused: the API server would prune them silently.
+"""
 
 from __future__ import annotations
 
+import functools
+import json
 import re
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from pgtrain.core.database_url import DATABASE_URL_ENV, DATABASE_URL_FILE_ENV
@@ -30,7 +38,31 @@ def validate_mpijob(manifest: Mapping[str, Any]) -> None:
         raise ConfigError("the MPIJob manifest is invalid: " + "; ".join(problems))
 
 
+@functools.cache
+def _crd_validator() -> Any:
+    import jsonschema
+
+    schema = json.loads((Path(__file__).parent / "mpijob_crd_v2beta1.json").read_text())["openAPIV3Schema"]
+
+    def closed(node: Any) -> Any:
+        if isinstance(node, dict):
+            node = {key: closed(value) for key, value in node.items()}
+            if "properties" in node and "additionalProperties" not in node:
+                node["additionalProperties"] = False
+        return node
+
+    schema["properties"]["spec"] = closed(schema["properties"]["spec"])
+    return jsonschema.Draft202012Validator(schema)
+
+
+def crd_problems(manifest: Mapping[str, Any]) -> Iterator[str]:
+    """Where the manifest breaks the MPI Operator's CRD schema (types, enums, unknown fields)."""
+    for error in sorted(_crd_validator().iter_errors(dict(manifest)), key=lambda e: list(map(str, e.path))):
+        yield f"{'.'.join(map(str, error.absolute_path)) or 'top level'}: {error.message} (MPIJob CRD schema)"
+
+
 def mpijob_problems(manifest: Mapping[str, Any]) -> Iterator[str]:
+    yield from crd_problems(manifest)
     if manifest.get("apiVersion") != f"{API_GROUP}/{API_VERSION}" or manifest.get("kind") != KIND:
         yield f"apiVersion/kind should be {API_GROUP}/{API_VERSION} {KIND}"
     spec = manifest.get("spec") or {}
