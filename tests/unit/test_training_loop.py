@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
 from pgtrain.config.params import TrainingConfig
+from pgtrain.core.cpus import usable_cpus
 from trainer.model import PgtrainModel
 from trainer.train import Task, batch_bounds, epoch_batches, epoch_order, set_up_torch, threads_per_rank, train_epoch
 
@@ -70,7 +69,7 @@ def test_the_auto_batch_size_and_learning_rate():
 
 
 def test_threads_per_rank_share_the_cpus_unless_omp_num_threads_says():
-    cpus = len(os.sched_getaffinity(0))
+    cpus = usable_cpus()  # the affinity within the container's CPU limit (tests/unit/test_capacity.py)
     assert threads_per_rank({}, 1) == cpus
     assert threads_per_rank({}, cpus) == 1
     assert threads_per_rank({}, 4 * cpus) == 1

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from pgtrain.config.params import TrainingConfig
+from pgtrain.core.cpus import usable_cpus
 from pgtrain.core.db import connect
 from pgtrain.core.errors import PgtrainError
 from pgtrain.data import loader, manifest
@@ -105,13 +106,13 @@ def check_encoding_parent(run: record.Run, init_version: int | None) -> None:
 
 
 def threads_per_rank(environ: Mapping[str, str], local_size: int) -> int:
-    """Torch's threads in each rank: $OMP_NUM_THREADS when set, else this machine's CPUs shared by its ranks.
-    On a busy machine one thread per rank is the safe choice (benchmarks/RESULTS.md, "Training")."""
+    """Torch's threads in each rank: $OMP_NUM_THREADS when set, else the CPUs this container may use (its affinity
+    within its CPU limit) shared by its ranks. On a busy machine one thread per rank is the safe choice
+    (benchmarks/RESULTS.md, "Training")."""
     explicit = environ.get("OMP_NUM_THREADS", "")
     if explicit.isdigit() and int(explicit) > 0:
         return int(explicit)
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cpus // local_size)
+    return max(1, usable_cpus() // local_size)
 
 
 def set_up_torch(environ: Mapping[str, str], local_size: int) -> None:
