@@ -15,12 +15,8 @@ from pgtrain.config.params import TrainingConfig
 from pgtrain.config.settings import AuthorSettings
 from pgtrain.core.cpus import usable_cpus
 from pgtrain.core.errors import ConfigError
-from pgtrain.core.memory import available_bytes
+from pgtrain.core.memory import TRAINING_BYTES_PER_PARAMETER, available_bytes
 from pgtrain.launch.mpijob.spec import default, layout
-
-# Bytes a float32 parameter costs while training: the weight, its gradient, the momentum buffer, and
-# Horovod's fusion copy of the gradient.
-TRAINING_BYTES_PER_PARAMETER = 4 * 4
 
 
 def local_slots() -> int:
