@@ -98,10 +98,10 @@ def out_of_memory_refused(device: torch.device, batch_size: int, world_size: int
     except torch.cuda.OutOfMemoryError as error:
         first = str(error).split(". ")[0].splitlines()[0] if str(error) else "CUDA out of memory"
         raise ConfigError(
-            f"GPU {device} ran out of memory training batches of {batch_size} rows per rank on {world_size} "
+            f"device {device} ran out of memory training batches of {batch_size} rows per rank on {world_size} "
             f"rank{'s' if world_size != 1 else ''} ({first}); use a smaller batch_size, a smaller model, or more "
             "ranks (world_size: fewer rows per GPU)") from error
 
 
 def _size(nbytes: int) -> str:
-    return f"{nbytes / 2**30:,.1f} GiB" if nbytes >= 2**28 else f"{-(-nbytes // 2**20):,} MiB"
+    return f"{nbytes / 2**30:,.1f} GiB" if nbytes >= 2**30 else f"{-(-nbytes // 2**20):,} MiB"
