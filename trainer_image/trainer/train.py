@@ -85,7 +85,7 @@ def global_statistics(values: torch.Tensor, name: str, columns: int | None = Non
     for start in range(0, len(values), chunk_rows):
         x = values[start:start + chunk_rows, :columns].double()
         sums[0] += x.sum(0)
-        sums[1] += (x * x).sum(0)
+        sums[1] += x.square_().sum(0)  # in place: one chunk-sized copy, not two
     sums = hvd.allreduce(sums, op=hvd.Sum, name=f"{name}_sums")
     count = hvd.allreduce(torch.tensor(float(len(values)), dtype=torch.float64), op=hvd.Sum, name=f"{name}_count")
     mean = sums[0] / count

@@ -66,7 +66,7 @@ class ShardData:
         return (torch.from_numpy(self.features), torch.from_numpy(self.labels),
                 torch.from_numpy(self.is_validation))
 
-    def split(self, chunk_rows: int = 65536) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    def split(self, chunk_rows: int = 16384) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
         """((features, labels) of the training rows, (features, labels) of the validation rows), each in key order,
         as views of this memory: the rows are reordered in place, training rows first (``is_validation`` follows).
 
