@@ -134,8 +134,8 @@ def load_all(conn: psycopg.Connection, run: record.Run) -> tuple[np.ndarray, flo
     cfg = run.config
     with stopwatch() as loading:
         source = manifest.source_for(conn, run)
-        parts = [loader.load_shard(conn, source, shard, run.input_dim, cfg.validation_fraction, cfg.seed,
-                                   pin_memory=False).features for shard in record.get_manifest(conn, run.run_id)]
+        parts = [loader.load_shard(conn, source, shard, run.input_dim, cfg.validation_fraction, cfg.seed).features
+                 for shard in record.get_manifest(conn, run.run_id)]
     return np.concatenate(parts), loading()
 
 

@@ -138,7 +138,7 @@ def measure(contender: str, url: str, spec: dict) -> dict:
         if contender == "pgtrain_no_prefault":
             loader.prefault_in_background = lambda arrays: None
         streams = 1 if contender == "pgtrain_one_stream" else loader.streams_for(1)
-        data = loader.load_shard(conn, source, shard, dim, cfg.validation_fraction, cfg.seed, pin_memory=False,
+        data = loader.load_shard(conn, source, shard, dim, cfg.validation_fraction, cfg.seed,
                                  streams=streams)
         assert data.streams == streams, f"loaded on {data.streams} connections, not {streams}"
         arrays = (data.features, data.labels)

@@ -136,8 +136,7 @@ def run_benchmark(url: str, rows: int, world_size: int, dim: int) -> dict[str, f
 
         def load_all() -> None:
             for shard in plan.shards:
-                data = loader.load_shard(conn, source, shard, dim, config.validation_fraction, config.seed,
-                                         pin_memory=False)
+                data = loader.load_shard(conn, source, shard, dim, config.validation_fraction, config.seed)
                 assert len(data.labels) == shard.row_count
 
         with stopwatch() as loading:

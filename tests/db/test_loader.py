@@ -47,18 +47,40 @@ def test_bytea_and_array_loaders_return_identical_tensors(ac):
     assert sorted(map(tuple, everything.tolist())) == sorted(map(tuple, features.tolist()))
 
 
-def test_tensors_share_the_loaded_memory(ac):
+def test_tensors_share_the_loaded_memory_which_is_never_pinned(ac):
+    """Pinned memory would create a CUDA context on GPU 0 before the rank selected its GPU, and torch's pinned
+    allocator rounds up to a power of two: the loader's arrays are ordinary host memory (trainer/device.py)."""
     examples.create_samples_table(ac, ("public", "t"))
     examples.insert_samples(ac, *examples.synthetic(50, 3, 2), ("public", "t"), keys=examples.synthetic_keys(50))
     run, _ = plan(ac, "public.t", world_size=1)
     source = manifest.source_for(ac, run)
     shard = record.get_manifest(ac, run.run_id)[0]
-    data = loader.load_shard(ac, source, shard, run.input_dim, 0.1, 0)  # pin_memory=None: pinned iff CUDA
-    assert data.pinned == torch.cuda.is_available()
+    data = loader.load_shard(ac, source, shard, run.input_dim, 0.1, 0)
     features, labels, is_validation = data.tensors()
     features[0, 0] = 42.0
     assert data.features[0, 0] == 42.0 and labels.dtype == torch.int64 and is_validation.dtype == torch.bool
-    assert features.is_pinned() == data.pinned
+    assert not features.is_pinned() and not labels.is_pinned()
+
+
+@pytest.mark.usefixtures("small_batches")
+@pytest.mark.parametrize("task", ["classification", "regression"])
+def test_a_split_shard_holds_the_training_then_the_validation_rows_each_in_key_order(ac, task):
+    """What the trainer trains on: ``features[~is_validation]`` and ``features[is_validation]``, as views of the
+    loaded memory (no copies of the shard)."""
+    make_table(ac, "t", 700, dim=5)
+    params = {"task": "regression", "label_column": "label"} if task == "regression" else {}
+    run, _ = plan(ac, "public.t", world_size=2, validation_fraction=0.3, **params)
+    for data, shard in zip(load_all(ac, run), record.get_manifest(ac, run.run_id), strict=True):
+        expected = [(data.features[rows].copy(), data.labels[rows].copy())
+                    for rows in (~data.is_validation, data.is_validation)]
+        loaded = data.features
+        for (features, labels), (want_features, want_labels) in zip(data.split(chunk_rows=64), expected,
+                                                                     strict=True):
+            np.testing.assert_array_equal(features, want_features)
+            np.testing.assert_array_equal(labels, want_labels)
+            assert np.shares_memory(features, loaded)
+        assert len(expected[0][0]) == shard.train_count and 0 < shard.val_count < shard.row_count
+        assert data.is_validation.tolist() == [False] * shard.train_count + [True] * shard.val_count
 
 
 def test_each_batch_is_one_range_scan_of_the_key_index_and_no_rows_are_sorted(ac):
@@ -288,7 +310,7 @@ def test_a_rank_refused_a_second_connection_loads_on_one(ac, db_url, caplog):
         ac.execute(sql.SQL("GRANT USAGE ON SCHEMA pgtrain TO {r}; GRANT SELECT ON public.t, pgtrain.shard_batches "
                            "TO {r}").format(r=sql.Identifier(role)))
         with psycopg.connect(db_url, user=role, autocommit=True) as limited, caplog.at_level(logging.WARNING):
-            data = loader.load_shard(limited, source, shard, 4, 0.1, 0, pin_memory=False, streams=2)
+            data = loader.load_shard(limited, source, shard, 4, 0.1, 0, streams=2)
         assert data.streams == 1
         assert "loading on one connection: a second one could not be opened" in caplog.text
         assert "too many connections for role" in caplog.text

@@ -51,7 +51,7 @@ def plan(conn: psycopg.Connection, table: str, dag_run: str = "run", *, input_di
 def load_all(conn: psycopg.Connection, run: record.Run, streams: int = 1) -> list[loader.ShardData]:
     source = manifest.source_for(conn, run)
     return [loader.load_shard(conn, source, shard, run.input_dim, run.config.validation_fraction, run.config.seed,
-                              pin_memory=False, streams=streams)
+                              streams=streams)
             for shard in record.get_manifest(conn, run.run_id)]
 
 
@@ -255,7 +255,7 @@ def test_a_rank_that_reads_more_rows_than_planned_stops_and_leaves_the_connectio
     shard = record.get_manifest(ac, run.run_id)[0]
     fewer = dataclasses.replace(shard, row_count=shard.row_count - 5)
     with pytest.raises(SourceError, match=r"read more rows than the 1995 its manifest planned"):
-        loader.load_shard(ac, manifest.source_for(ac, run), fewer, 2, 0.1, 0, pin_memory=False, streams=streams)
+        loader.load_shard(ac, manifest.source_for(ac, run), fewer, 2, 0.1, 0, streams=streams)
     assert ac.execute("SELECT count(*) FROM t").fetchone() == (2000,)
 
 

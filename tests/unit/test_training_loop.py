@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
 from pgtrain.config.params import TrainingConfig
+from pgtrain.core.cpus import usable_cpus
 from trainer.model import PgtrainModel
-from trainer.train import Task, batch_bounds, epoch_batches, epoch_order, set_up_torch, threads_per_rank, train_epoch
+from trainer.train import (
+    Batches,
+    Task,
+    batch_bounds,
+    epoch_batches,
+    epoch_order,
+    set_up_torch,
+    threads_per_rank,
+    train_epoch,
+)
 
 
 class RecordingNet(nn.Module):
@@ -40,8 +48,10 @@ def test_an_epoch_steps_on_the_reference_batches_and_each_row_once(train_count, 
     seed, epoch, rank = 3, 2, 1
     order = torch.from_numpy(epoch_order(train_count, seed, epoch, rank))
     largest = -(-train_count // steps)
-    sums = train_epoch(model, optimizer, Task(False, 2, torch.device("cpu")), x_train, y_train, order,
-                       batch_bounds(train_count, steps), x_train.new_empty((largest, 1)), y_train.new_empty(largest))
+    batches = Batches(x_train, y_train, largest, torch.device("cpu"))
+    assert not batches.staged  # the rows are where the model is: gathered in place, nothing copied over
+    sums = train_epoch(model, optimizer, Task(False, 2, torch.device("cpu")), batches, order,
+                       batch_bounds(train_count, steps))
 
     reference = [b.tolist() for b in epoch_batches(np.arange(train_count), steps, seed, epoch, rank)]
     taken = [b for b in net.batches if not (len(b) == 2 and b == [0, 0])]  # the empty steps' zero probe
@@ -70,7 +80,7 @@ def test_the_auto_batch_size_and_learning_rate():
 
 
 def test_threads_per_rank_share_the_cpus_unless_omp_num_threads_says():
-    cpus = len(os.sched_getaffinity(0))
+    cpus = usable_cpus()  # the affinity within the container's CPU limit (tests/unit/test_capacity.py)
     assert threads_per_rank({}, 1) == cpus
     assert threads_per_rank({}, cpus) == 1
     assert threads_per_rank({}, 4 * cpus) == 1

@@ -76,8 +76,9 @@ class Unstandardize(_Scale):
         return z * self.std + self.mean
 
     def scale(self, y: torch.Tensor) -> torch.Tensor:
-        """The inverse: a target in its units -> the standardized scale the network is trained on."""
-        return (y - self.mean) / self.std
+        """The inverse: a target in its units -> the standardized scale the network is trained on (where ``y`` is:
+        targets kept in host memory are scaled there)."""
+        return (y - self.mean.to(y.device)) / self.std.to(y.device)
 
 
 class PgtrainModel(nn.Module):

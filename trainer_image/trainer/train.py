@@ -18,10 +18,12 @@ from typing import Any
 
 import horovod.torch as hvd
 import numpy as np
+import psycopg
 import torch
 import torch.nn.functional as F
 
 from pgtrain.config.params import TrainingConfig
+from pgtrain.core.cpus import usable_cpus
 from pgtrain.core.db import connect
 from pgtrain.core.errors import PgtrainError
 from pgtrain.data import loader, manifest
@@ -29,8 +31,9 @@ from pgtrain.data.encoding import UNSEEN_CLASS
 from pgtrain.launch.lifetime import die_with_parent
 from pgtrain.runs import record
 from pgtrain.store import tensors
+from trainer.device import Cuda, out_of_memory_refused, place_rows, select_device, training_state_bytes
 from trainer.model import PgtrainModel, build_model, state_layout
-from trainer.start import agree_on_start, plan_fingerprint, set_momentum, write_checkpoint
+from trainer.start import Start, agree_on_start, plan_fingerprint, set_momentum, write_checkpoint
 
 MOMENTUM = 0.9
 
@@ -73,18 +76,18 @@ def epoch_batches(train_rows: np.ndarray, steps: int, seed: int, epoch: int, ran
     return [order[lo:hi] for lo, hi in zip(bounds, bounds[1:], strict=False)]
 
 
-def global_statistics(values: torch.Tensor, rows: torch.Tensor, name: str, columns: int | None = None,
+def global_statistics(values: torch.Tensor, name: str, columns: int | None = None,
                       chunk_rows: int = 65536) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean and std per column of ``values[rows]`` (its first ``columns`` columns) over all ranks (float64 sums;
+    """Mean and std per column of ``values`` (its first ``columns`` columns) over all ranks (float64 sums;
     constant columns get std 1)."""
     columns = values.shape[1] if columns is None else columns
     sums = torch.zeros(2, columns, dtype=torch.float64)
-    for start in range(0, len(rows), chunk_rows):
-        x = values[rows[start:start + chunk_rows], :columns].double()
+    for start in range(0, len(values), chunk_rows):
+        x = values[start:start + chunk_rows, :columns].double()
         sums[0] += x.sum(0)
-        sums[1] += (x * x).sum(0)
+        sums[1] += x.square_().sum(0)  # in place: one chunk-sized copy, not two
     sums = hvd.allreduce(sums, op=hvd.Sum, name=f"{name}_sums")
-    count = hvd.allreduce(torch.tensor(float(len(rows)), dtype=torch.float64), op=hvd.Sum, name=f"{name}_count")
+    count = hvd.allreduce(torch.tensor(float(len(values)), dtype=torch.float64), op=hvd.Sum, name=f"{name}_count")
     mean = sums[0] / count
     std = (sums[1] / count - mean * mean).clamp(min=0).sqrt()
     std[std < 1e-6] = 1.0
@@ -105,13 +108,13 @@ def check_encoding_parent(run: record.Run, init_version: int | None) -> None:
 
 
 def threads_per_rank(environ: Mapping[str, str], local_size: int) -> int:
-    """Torch's threads in each rank: $OMP_NUM_THREADS when set, else this machine's CPUs shared by its ranks.
-    On a busy machine one thread per rank is the safe choice (benchmarks/RESULTS.md, "Training")."""
+    """Torch's threads in each rank: $OMP_NUM_THREADS when set, else the CPUs this container may use (its affinity
+    within its CPU limit) shared by its ranks. On a busy machine one thread per rank is the safe choice
+    (benchmarks/RESULTS.md, "Training")."""
     explicit = environ.get("OMP_NUM_THREADS", "")
     if explicit.isdigit() and int(explicit) > 0:
         return int(explicit)
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cpus // local_size)
+    return max(1, usable_cpus() // local_size)
 
 
 def set_up_torch(environ: Mapping[str, str], local_size: int) -> None:
@@ -120,14 +123,6 @@ def set_up_torch(environ: Mapping[str, str], local_size: int) -> None:
     1.2e-38 change no result that matters; GPUs are not affected."""
     torch.set_num_threads(threads_per_rank(environ, local_size))
     torch.set_flush_denormal(True)
-
-
-def pick_device() -> torch.device:
-    """This rank's GPU (one per local rank) when CUDA is there, else the CPU."""
-    if torch.cuda.is_available():
-        torch.cuda.set_device(hvd.local_rank())
-        return torch.device("cuda", hvd.local_rank())
-    return torch.device("cpu")
 
 
 # -- one epoch -------------------------------------------------------------------------------------------
@@ -158,19 +153,20 @@ class Task:
         (target units), target sum per column, target sum of squares per column]."""
         d = self.output_dim
         sums = torch.zeros(2 if not self.regression else 3 + 2 * d, dtype=torch.float64, device=self.device)
-        for start in range(0, len(x), chunk_rows):
-            out = model.standardized(x[start:start + chunk_rows])
-            target = y_scaled[start:start + chunk_rows]
+        for start in range(0, len(x), chunk_rows):  # rows kept in host memory come over chunk by chunk
+            out = model.standardized(x[start:start + chunk_rows].to(self.device))
+            target = y_scaled[start:start + chunk_rows].to(self.device)
             if not self.regression:
                 # A class only validation rows have (UNSEEN_CLASS) adds no loss and is never predicted: wrong.
                 sums[0] += F.cross_entropy(out, target, reduction="sum", ignore_index=UNSEEN_CLASS).double()
                 sums[1] += (out.argmax(1) == target).sum()
                 continue
             sums[0] += F.mse_loss(out, target, reduction="sum").double() / d
-            error = (model.target(out) - y[start:start + chunk_rows]).double()
+            values = y[start:start + chunk_rows].to(self.device)
+            error = (model.target(out) - values).double()
             sums[1] += (error * error).sum()
             sums[2] += error.abs().sum()
-            values = y[start:start + chunk_rows].double()
+            values = values.double()
             sums[3:3 + d] += values.sum(0)
             sums[3 + d:] += (values * values).sum(0)
         return sums
@@ -198,20 +194,50 @@ class Task:
         return figures
 
 
-def train_epoch(model: PgtrainModel, optimizer: torch.optim.Optimizer, task: Task, x_train: torch.Tensor,
-                y_train: torch.Tensor, order: torch.Tensor, bounds: list[int], x_batch: torch.Tensor,
-                y_batch: torch.Tensor) -> torch.Tensor:
+class Batches:
+    """Gathers a step's rows into buffers allocated once (a step allocates nothing for its batch): on the device
+    when the rows are there; else on the host, into a small page-locked buffer copied to the device."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, largest: int, device: torch.device) -> None:
+        self.x, self.y = x, y
+        self.x_out = x.new_empty((largest, *x.shape[1:]), device=device)
+        self.y_out = y.new_empty((largest, *y.shape[1:]), device=device)
+        self.staged = x.device != device
+        self.copied: torch.cuda.Event | None = None  # the last copy out of the host buffers
+        if self.staged:
+            self.x_host = torch.empty(self.x_out.shape, dtype=x.dtype, pin_memory=True)
+            self.y_host = torch.empty(self.y_out.shape, dtype=y.dtype, pin_memory=True)
+
+    @property
+    def rows_device(self) -> torch.device:
+        """Where a step's row positions are read: where the rows are."""
+        return self.x.device
+
+    def __call__(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = len(rows)
+        if not self.staged:
+            return (torch.index_select(self.x, 0, rows, out=self.x_out[:n]),
+                    torch.index_select(self.y, 0, rows, out=self.y_out[:n]))
+        if self.copied is not None:
+            self.copied.synchronize()  # the previous batch has left the host buffers
+        x = self.x_out[:n].copy_(torch.index_select(self.x, 0, rows, out=self.x_host[:n]), non_blocking=True)
+        y = self.y_out[:n].copy_(torch.index_select(self.y, 0, rows, out=self.y_host[:n]), non_blocking=True)
+        self.copied = torch.cuda.Event()
+        self.copied.record()
+        return x, y
+
+
+def train_epoch(model: PgtrainModel, optimizer: torch.optim.Optimizer, task: Task, batches: Batches,
+                order: torch.Tensor, bounds: list[int]) -> torch.Tensor:
     """One pass over this rank's shuffled rows; returns [loss sum, correct] on the device (no sync per step)."""
     sums = task.train_sums()
     for lo, hi in zip(bounds, bounds[1:], strict=False):
         optimizer.zero_grad()
         if hi == lo:  # still take part in the gradient allreduce, contributing nothing
-            (model.standardized(x_train.new_zeros(2, model.input_dim)).sum() * 0).backward()
+            (model.standardized(torch.zeros(2, model.input_dim, device=task.device)).sum() * 0).backward()
             optimizer.step()
             continue
-        # Gathered into buffers allocated once: the step allocates nothing for its batch.
-        x = torch.index_select(x_train, 0, order[lo:hi], out=x_batch[:hi - lo])
-        y = torch.index_select(y_train, 0, order[lo:hi], out=y_batch[:hi - lo])
+        x, y = batches(order[lo:hi])
         out = model.standardized(x)
         loss = task.loss(out, y)
         loss.backward()
@@ -258,8 +284,9 @@ def record_verdict(args: argparse.Namespace, status: str, reason: str) -> None:
         print(f"could not record the verdict of run {args.run_id}: {error}", file=sys.stderr, flush=True)
 
 
-def train(args: argparse.Namespace) -> int:
+def train(args: argparse.Namespace, cuda: Cuda = torch.cuda) -> int:
     hvd.init()
+    device = select_device(hvd.local_rank(), cuda)  # first: before anything can create a CUDA context
     rank, size = hvd.rank(), hvd.size()
     set_up_torch(os.environ, hvd.local_size())
     conn = connect(attempt=args.attempt)
@@ -298,30 +325,46 @@ def train(args: argparse.Namespace) -> int:
           f"keys {shards[rank].key_lo}..{shards[rank].key_hi}, loaded in {load_seconds:.2f} s on {data.streams} "
           f"connection{'s' if data.streams > 1 else ''}", flush=True)
 
-    device = pick_device()
-    features, labels, _ = data.tensors()  # page-locked when CUDA is present (the loader allocates them so)
+    # Training rows first, then validation, reordered in place: both are views of the loaded memory.
+    (x_train, y_train), (x_val, y_val) = (tuple(map(torch.from_numpy, part)) for part in data.split())
+    del data
     if regression:
-        labels = labels.float().reshape(len(labels), -1)
-    train_rows = torch.from_numpy(np.flatnonzero(~data.is_validation))
-    val_rows = torch.from_numpy(np.flatnonzero(data.is_validation))
+        y_train, y_val = (y.float().reshape(len(y), -1) for y in (y_train, y_val))
     if not start.from_state:
-        mean, std = global_statistics(features, train_rows, "feature", model.standardized_columns)
+        mean, std = global_statistics(x_train, "feature", model.standardized_columns)
         model.normalizer.mean.copy_(mean)
         model.normalizer.std.copy_(std)
         if regression and config.standardize_target:
-            mean, std = global_statistics(labels, train_rows, "target")
+            mean, std = global_statistics(y_train, "target")
             model.target.mean.copy_(mean)
             model.target.std.copy_(std)
-    # The whole shard goes to the device once (one fast copy from pinned memory), split there into the
-    # training and validation rows; batches are gathered from those.
-    features, labels = features.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-    train_rows, val_rows = train_rows.to(device), val_rows.to(device)
-    x_train, y_train = features[train_rows], labels[train_rows]
-    x_val, y_val = features[val_rows], labels[val_rows]
-    del features, labels, data
-    model.to(device)
-
     batch_size, learning_rate = batch_and_rate(config, shards)
+    steps = steps_per_epoch(shards, batch_size)
+    train_count = len(x_train)
+    largest = -(-train_count // steps)
+    # On the device: the rows (the regression targets twice: as read and scaled) and each epoch's order.
+    row_bytes = sum(t.nbytes for t in (x_train, y_train, x_val, y_val)) + (
+        y_train.nbytes + y_val.nbytes if regression else 0) + 8 * train_count
+    batch_bytes = largest * (x_train[:1].nbytes + y_train[:1].nbytes)
+    on_device = place_rows(device, cuda, row_bytes, training_state_bytes(model), batch_bytes, batch_size, size)
+    with out_of_memory_refused(device, batch_size, size):
+        if on_device:  # one copy each; the host memory goes with its last reference, here
+            x_train, y_train, x_val, y_val = (t.to(device) for t in (x_train, y_train, x_val, y_val))
+        return fit(conn, run, model, start, shards, fingerprint, device, cuda, (x_train, y_train, x_val, y_val),
+                   batch_size, learning_rate)
+
+
+def fit(conn: psycopg.Connection, run: record.Run, model: PgtrainModel, start: Start, shards: list[record.Shard],
+        fingerprint: str, device: torch.device, cuda: Cuda,
+        rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], batch_size: int,
+        learning_rate: float) -> int:
+    """Train on ``rows`` (x_train, y_train, x_val, y_val: on ``device``, or in host memory with each batch copied
+    over) and (rank 0) stage the parameters."""
+    rank, size, config = hvd.rank(), hvd.size(), run.config
+    regression = config.task == "regression"
+    output_dim = run.output_dim if run.output_dim is not None else run.num_classes
+    x_train, y_train, x_val, y_val = rows
+    model.to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=learning_rate, momentum=MOMENTUM)
     if size > 1:  # one rank has nothing to average: no gradient hooks, no wait on Horovod's cycle each step
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
@@ -341,9 +384,7 @@ def train(args: argparse.Namespace) -> int:
               f"{steps} steps per epoch, {torch.get_num_threads()} threads per rank"
               + (f" ({' and '.join(auto)} auto)" if auto else ""), flush=True)
     train_count = len(x_train)
-    largest = -(-train_count // steps)
-    x_batch = x_train.new_empty((largest, run.input_dim))
-    y_batch = y_train_fit.new_empty((largest, *y_train_fit.shape[1:]))
+    batches = Batches(x_train, y_train_fit, -(-train_count // steps), device)
     global_train_rows = sum(s.train_count for s in shards)
     history = list(start.history)
     for epoch in range(start.epoch + 1, config.epochs + 1):
@@ -351,11 +392,10 @@ def train(args: argparse.Namespace) -> int:
         # Randomness inside the model (dropout) is seeded per epoch and rank too, so a resumed run repeats it.
         torch.manual_seed(int(np.random.SeedSequence([config.seed, epoch, rank]).generate_state(1)[0]))
         model.train()
-        order = torch.from_numpy(epoch_order(train_count, config.seed, epoch, rank)).to(device)
-        train_sums = train_epoch(model, optimizer, task, x_train, y_train_fit, order,
-                                 batch_bounds(train_count, steps), x_batch, y_batch)
+        order = torch.from_numpy(epoch_order(train_count, config.seed, epoch, rank)).to(batches.rows_device)
+        train_sums = train_epoch(model, optimizer, task, batches, order, batch_bounds(train_count, steps))
         if device.type == "cuda":
-            torch.cuda.synchronize(device)
+            cuda.synchronize(device.index)
         train_seconds = time.perf_counter() - started
         model.eval()
         val_sums = task.validation_sums(model, x_val, y_val, y_val_fit)

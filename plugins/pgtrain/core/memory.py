@@ -15,6 +15,10 @@ _CGROUP_FILES = (
 )
 _MEMINFO = Path("/proc/meminfo")
 
+# Bytes a float32 parameter costs while training: the weight, its gradient, the momentum buffer, and
+# Horovod's fusion copy of the gradient.
+TRAINING_BYTES_PER_PARAMETER = 4 * 4
+
 
 def available_bytes() -> int | None:
     """The smaller of the host's available memory and the cgroup's limit minus its usage; None if unknown."""

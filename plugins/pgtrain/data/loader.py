@@ -52,18 +52,41 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class ShardData:
+    """One rank's rows in ordinary (pageable) host memory: key order as loaded, or split (``split``)."""
+
     features: np.ndarray  # (rows, dim) float32
     labels: np.ndarray  # classification: (rows,) int64; regression: (rows, output_dim) float32
     is_validation: np.ndarray  # (rows,) bool
-    pinned: bool = False  # the arrays live in page-locked (CUDA pinned) memory
     streams: int = 1  # how many connections read the rows (load_shard's streams)
 
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(features, labels, is_validation) as torch tensors sharing this memory (pinned if loaded pinned)."""
+        """(features, labels, is_validation) as torch tensors sharing this memory."""
         import torch
 
         return (torch.from_numpy(self.features), torch.from_numpy(self.labels),
                 torch.from_numpy(self.is_validation))
+
+    def split(self, chunk_rows: int = 16384) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+        """((features, labels) of the training rows, (features, labels) of the validation rows), each in key order,
+        as views of this memory: the rows are reordered in place, training rows first (``is_validation`` follows).
+
+        Copying ``features[train_rows]`` and ``features[validation_rows]`` would hold the shard twice beside the
+        loaded arrays; this holds only the validation rows and one chunk beside them."""
+        train_count = len(self.is_validation) - int(np.count_nonzero(self.is_validation))
+        for array in (self.features, self.labels):
+            validation = array[self.is_validation]
+            kept = 0
+            # Training rows move towards the front, chunk by chunk: a chunk is copied out before it is written
+            # back, and never above its own end, so no row is overwritten before it was read.
+            for start in range(0, len(array), chunk_rows):
+                rows = array[start:start + chunk_rows][~self.is_validation[start:start + chunk_rows]]
+                array[kept:kept + len(rows)] = rows
+                kept += len(rows)
+            array[train_count:] = validation
+        self.is_validation[:train_count] = False
+        self.is_validation[train_count:] = True
+        return ((self.features[:train_count], self.labels[:train_count]),
+                (self.features[train_count:], self.labels[train_count:]))
 
 
 @dataclass(frozen=True)
@@ -137,10 +160,11 @@ def streams_for(world_size: int) -> int:
 
 
 def load_shard(conn: psycopg.Connection, source: Source, shard: Shard, dim: int, validation_fraction: float,
-               seed: int, *, pin_memory: bool | None = None, streams: int = 1) -> ShardData:
+               seed: int, *, streams: int = 1) -> ShardData:
     """Load the rows of ``shard`` as planned; raises SourceError if they changed since compute_shards.
 
-    ``pin_memory``: allocate the arrays in CUDA pinned memory (needs torch); None = when CUDA is available.
+    The arrays are ordinary host memory, never CUDA pinned memory: the loader creates no CUDA context (a rank
+    selects its GPU first), and torch's pinned allocator would round the shard up to a power of two and keep it.
     ``streams``: 2 reads the second half of the batches on a second connection (same user, same snapshot), in a
     thread, filling the arrays from the end (``streams_for``). Where that connection cannot be opened, cannot
     import the snapshot, or would wait for a lock (SECOND_CONNECTION_LOCK_TIMEOUT) before its first batch, this
@@ -154,10 +178,10 @@ def load_shard(conn: psycopg.Connection, source: Source, shard: Shard, dim: int,
     if streams not in (1, 2):
         raise PgtrainError(f"a rank loads on 1 or 2 connections, not {streams}")
     targets = None if source.target_format in ("label", "class") else plan.output_dim
-    out = _allocate(shard.row_count, dim, _cuda_available() if pin_memory is None else pin_memory, targets)
+    out = _allocate(shard.row_count, dim, targets)
     # Fresh arrays' pages are mapped (and zeroed by the kernel) on first write: in a thread, while the COPY
     # streams, rather than one page fault at a time in the loop below.
-    prefault = None if out.pinned else prefault_in_background([out.features, out.labels, out.is_validation])
+    prefault = prefault_in_background([out.features, out.labels, out.is_validation])
     classes = ClassCoder(source) if source.target_format == "class" else None
     fill = _Fill(out, shard, record_dtype(source, dim, plan.output_dim), feature_groups_of(source, dim), classes)
 
@@ -366,24 +390,7 @@ def _plan(source: Source) -> PlannedRows:
     return source.plan
 
 
-def _allocate(rows: int, dim: int, pinned: bool, targets: int | None = None) -> ShardData:
+def _allocate(rows: int, dim: int, targets: int | None = None) -> ShardData:
     """Arrays for ``rows`` rows; ``targets``: the regression target's width (None: int64 class labels)."""
     label_shape, label_dtype = ((rows,), np.int64) if targets is None else ((rows, targets), np.float32)
-    if not pinned:
-        return ShardData(np.empty((rows, dim), np.float32), np.empty(label_shape, label_dtype),
-                         np.empty(rows, bool))
-    import torch
-
-    tensors = [torch.empty(shape, dtype=dtype, pin_memory=True)
-               for shape, dtype in (((rows, dim), torch.float32),
-                                    (label_shape, torch.int64 if targets is None else torch.float32),
-                                    (rows, torch.bool))]
-    return ShardData(*(t.numpy() for t in tensors), pinned=True)
-
-
-def _cuda_available() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
+    return ShardData(np.empty((rows, dim), np.float32), np.empty(label_shape, label_dtype), np.empty(rows, bool))

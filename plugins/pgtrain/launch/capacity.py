@@ -10,22 +10,18 @@ placed fails at its startup timeout.
 from __future__ import annotations
 
 import math
-import os
 
 from pgtrain.config.params import TrainingConfig
 from pgtrain.config.settings import AuthorSettings
+from pgtrain.core.cpus import usable_cpus
 from pgtrain.core.errors import ConfigError
-from pgtrain.core.memory import available_bytes
+from pgtrain.core.memory import TRAINING_BYTES_PER_PARAMETER, available_bytes
 from pgtrain.launch.mpijob.spec import default, layout
-
-# Bytes a float32 parameter costs while training: the weight, its gradient, the momentum buffer, and
-# Horovod's fusion copy of the gradient.
-TRAINING_BYTES_PER_PARAMETER = 4 * 4
 
 
 def local_slots() -> int:
-    """Ranks this machine runs side by side: its usable CPUs."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    """Ranks this machine runs side by side: its usable CPUs (within its container's CPU limit)."""
+    return usable_cpus()
 
 
 def mlp_parameter_count(input_dim: int, hidden_sizes: tuple[int, ...], output_dim: int) -> int:

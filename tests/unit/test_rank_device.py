@@ -1,0 +1,151 @@
+"""A rank's device: its GPU selected first, where its rows go (the GPU's free memory decides), and a CUDA
+out-of-memory error as a refusal. No GPU here: a recording stand-in for ``torch.cuda`` answers what a GPU would,
+and the decisions are pure functions. The order inside a real rank (real loader, real PostgreSQL):
+tests/integration/horovod/test_device_order.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from pgtrain.core.errors import ConfigError, PgtrainError
+from trainer.device import (
+    DEVICE_RESERVE_BYTES,
+    out_of_memory_refused,
+    place_rows,
+    placement,
+    select_device,
+    training_state_bytes,
+)
+from trainer.model import mlp
+
+GIB = 1 << 30
+OOM_TEXT = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139.72 GiB of which "
+            "1.05 GiB is free.")
+
+
+class RecordingCuda:
+    """Answers as ``torch.cuda`` would on a node with ``gpus`` GPUs (none: no CUDA) and records each call."""
+
+    def __init__(self, gpus: int = 0, free: int = 0, total: int = 140 * GIB) -> None:
+        self.gpus, self.free, self.total = gpus, free, total
+        self.calls: list[str] = []
+
+    def is_available(self) -> bool:
+        self.calls.append("is_available")
+        return self.gpus > 0
+
+    def device_count(self) -> int:
+        self.calls.append("device_count")
+        return self.gpus
+
+    def set_device(self, device: int) -> None:
+        self.calls.append(f"set_device {device}")
+
+    def mem_get_info(self, device: int) -> tuple[int, int]:
+        self.calls.append(f"mem_get_info {device}")
+        return self.free, self.total
+
+    def synchronize(self, device: int) -> None:
+        self.calls.append(f"synchronize {device}")
+
+
+def test_a_rank_makes_its_local_rank_s_gpu_the_current_one():
+    cuda = RecordingCuda(gpus=4)
+    assert select_device(2, cuda) == torch.device("cuda", 2)
+    assert cuda.calls == ["is_available", "device_count", "set_device 2"]
+
+
+def test_without_cuda_a_rank_computes_on_the_cpu_and_calls_nothing_else():
+    cuda = RecordingCuda(gpus=0)
+    assert select_device(3, cuda) == torch.device("cpu")
+    assert cuda.calls == ["is_available"]
+
+
+def test_a_local_rank_beyond_the_node_s_gpus_is_refused_before_any_gpu_is_selected():
+    cuda = RecordingCuda(gpus=2)
+    with pytest.raises(ConfigError, match=r"local rank 2 but its node shows 2 GPUs: give each worker as many GPUs "
+                                          r"as it runs ranks \(gpus_per_worker\)"):
+        select_device(2, cuda)
+    assert "set_device 2" not in " ".join(cuda.calls)
+
+
+@pytest.mark.parametrize(("rows", "model", "batch", "free", "where"), [
+    (10 * GIB, GIB, GIB // 8, 20 * GIB, "device"),
+    (10 * GIB, GIB, GIB // 8, 10 * GIB, "host"),  # the rows do not fit beside the model: batches copied over
+    (0, GIB, GIB // 8, GIB, "refuse"),  # not even the model, a batch and the reserve
+    (GIB, GIB, GIB, 3 * GIB + DEVICE_RESERVE_BYTES, "device"),  # exactly full
+    (GIB, GIB, GIB, 3 * GIB + DEVICE_RESERVE_BYTES - 1, "host"),
+    (GIB, GIB, GIB, 2 * GIB + DEVICE_RESERVE_BYTES - 1, "refuse"),
+])
+def test_where_the_rows_go_follows_the_gpu_s_free_memory(rows, model, batch, free, where):
+    assert placement(rows, model, batch, free) == where
+
+
+def test_a_cpu_rank_keeps_its_rows_where_they_are_without_asking_cuda():
+    cuda = RecordingCuda(gpus=0)
+    assert place_rows(torch.device("cpu"), cuda, 100 * GIB, GIB, GIB, 512, 2) is True
+    assert cuda.calls == []
+
+
+def test_a_gpu_rank_asks_its_own_gpu_and_streams_rows_that_do_not_fit(capsys):
+    fits = RecordingCuda(gpus=4, free=40 * GIB)
+    assert place_rows(torch.device("cuda", 3), fits, 30 * GIB, GIB, GIB // 4, 4096, 8) is True
+    assert fits.calls == ["mem_get_info 3"]
+    tight = RecordingCuda(gpus=4, free=10 * GIB)
+    assert place_rows(torch.device("cuda", 1), tight, 30 * GIB, GIB, GIB // 4, 4096, 8) is False
+    assert "30.0 GiB of rows do not fit in its 10.0 GiB free" in capsys.readouterr().out
+
+
+def test_a_gpu_without_room_for_the_model_and_a_batch_is_refused_saying_what_to_change():
+    cuda = RecordingCuda(gpus=1, free=GIB)
+    with pytest.raises(ConfigError) as refused:
+        place_rows(torch.device("cuda", 0), cuda, 5 * GIB, 2 * GIB, 256 << 20, 65536, 2)
+    assert str(refused.value) == (
+        "GPU 0 has 1.0 GiB free of 140.0 GiB, and training needs about 2.0 GiB for the model's state, 256 MiB for a "
+        "batch of 65536 rows and 1.0 GiB beside them (its rows would stay in host memory); use a smaller batch_size "
+        "or model, or a GPU no other process holds memory on")
+
+
+def test_a_model_s_training_state_counts_weights_gradients_momentum_fusion_and_buffers():
+    model = nn.Sequential(nn.Linear(10, 5), nn.BatchNorm1d(5))  # 55 + 10 parameters; 5 + 5 + 1 buffer values
+    buffers = 5 * 4 + 5 * 4 + 8  # running mean and var (float32), num_batches_tracked (int64)
+    assert training_state_bytes(model) == 65 * 16 + buffers
+
+
+def run_out_of_gpu_memory() -> None:
+    raise torch.cuda.OutOfMemoryError(OOM_TEXT)
+
+
+def test_a_cuda_out_of_memory_error_is_a_refusal_naming_batch_size_and_world_size():
+    with pytest.raises(ConfigError) as refused, out_of_memory_refused(torch.device("cuda", 0), 8192, 4):
+        run_out_of_gpu_memory()
+    assert isinstance(refused.value, PgtrainError)  # the trainer records PgtrainError as the verdict "refused"
+    assert isinstance(refused.value.__cause__, torch.cuda.OutOfMemoryError)
+    assert str(refused.value) == (
+        "device cuda:0 ran out of memory training batches of 8192 rows per rank on 4 ranks (CUDA out of memory); use "
+        "a smaller batch_size, a smaller model, or more ranks (world_size: fewer rows per GPU)")
+
+
+def test_other_errors_pass_through_unchanged():
+    with pytest.raises(RuntimeError, match="^peer closed$"), out_of_memory_refused(torch.device("cpu"), 64, 1):
+        raise RuntimeError("peer closed")
+
+
+class OutOfMemoryWhenTraining(nn.Module):
+    """Builds and passes the trainer's probe (eval mode), then runs out of GPU memory at the first training step:
+    what a batch too large for the GPU does. The ranks of tests/integration/horovod/test_device_order.py import it."""
+
+    def __init__(self, input_dim: int, output_dim: int) -> None:
+        super().__init__()
+        self.net = mlp(input_dim, output_dim, (4,))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            run_out_of_gpu_memory()
+        return self.net(x)
+
+
+def out_of_memory_when_training(input_dim: int, output_dim: int) -> nn.Module:
+    return OutOfMemoryWhenTraining(input_dim, output_dim)
