@@ -39,11 +39,15 @@ Figures, per table T (negative vs_ = pgtrain behind; for rmse, lower is better, 
   MLPClassifier's too); ``quality.T.targets_missed``: the missed ones, with the figures ("" when none);
 - ``quality.T.rows``, ``quality.T.validation_rows``, ``quality.T.epochs``, ``quality.T.train_seconds``,
   ``quality.T.roc_auc_from`` ("recorded" or "predictions"); ``quality.targets_met`` (tables meeting theirs) and
-  ``quality.tables``.
+  ``quality.tables``; ``quality.params``: the params set over the defaults ("" for the figures of record).
+
+To measure candidate defaults, ``PGTRAIN_BENCH_QUALITY_PARAMS='{"epochs": 50}'`` sets params (JSON) over them
+(with ``PGTRAIN_BENCH_RESULTS=/tmp/x.json`` to keep such figures out of results.json).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -125,12 +129,19 @@ TABLES = {t.name: t for t in (
 )}
 
 
+def extra_params() -> dict[str, object]:
+    """$PGTRAIN_BENCH_QUALITY_PARAMS: params (JSON) over the defaults, to measure candidate defaults; none for
+    the figures of record."""
+    return json.loads(os.environ.get("PGTRAIN_BENCH_QUALITY_PARAMS") or "{}")
+
+
 def config_for(table: Table) -> TrainingConfig:
     """pgtrain's defaults: only the source, its key, the target, the task and the features (and a model name)."""
     features = {"features_column": table.features_column} if table.features_column else {"feature_columns": "*"}
     return TrainingConfig.from_mapping({
         "source_table": ".".join(table.relation), "key_column": "id",
-        "label_column": table.target, "task": table.task, "model_name": f"quality-{table.name}", **features})
+        "label_column": table.target, "task": table.task, "model_name": f"quality-{table.name}", **features,
+        **extra_params()})
 
 
 def train(conn: psycopg.Connection, url: str, table: Table) -> tuple[record.Run, dict, float]:
@@ -351,7 +362,8 @@ def main(names: list[str]) -> None:
     unknown = [n for n in names if n not in TABLES]
     if unknown:
         raise SystemExit(f"unknown tables {unknown}: use some of {', '.join(TABLES)}")
-    print(f"quality benchmark: {', '.join(names)}; {machine()}", flush=True)
+    print(f"quality benchmark: {', '.join(names)}; params over the defaults: {extra_params() or 'none'}; "
+          f"{machine()}", flush=True)
     figures: dict[str, float | int | str | bool] = {}
     with bench_database() as (_, url), psycopg.connect(url, autocommit=True) as conn:
         for name in names:
@@ -361,6 +373,7 @@ def main(names: list[str]) -> None:
             print(f"  {name}: done in {took():.1f} s", flush=True)
     print_table({n: TABLES[n] for n in names}, figures)
     figures["quality.tables"] = len(names)
+    figures["quality.params"] = json.dumps(extra_params(), sort_keys=True) if extra_params() else ""
     figures["quality.targets_met"] = sum(bool(figures[f"quality.{n}.target_met"]) for n in names)
     report(figures)
 
