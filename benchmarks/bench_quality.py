@@ -1,8 +1,8 @@
 """Training quality (issue 19): pgtrain with its defaults against scikit-learn references on the same rows and the
 same train/validation split, on public tables that ship offline.
 
-    .venv/bin/python benchmarks/bench_quality.py [TABLE ...]   # every table (a few minutes); embedded PostgreSQL
-    PGTRAIN_BENCH_QUALITY_TABLES=iris,diabetes .venv/bin/python benchmarks/bench_quality.py   # what bench-quick runs
+    .venv/bin/python benchmarks/bench_quality.py [TABLE ...]   # every table (1-5 min); embedded PostgreSQL
+    PGTRAIN_BENCH_QUALITY_TABLES=iris,slid,diabetes .venv/bin/python benchmarks/bench_quality.py   # bench-quick's
 
 Tables (``TABLES``), each loaded into PostgreSQL with an integer key "id" by ``dev.examples``:
 
