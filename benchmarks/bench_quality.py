@@ -270,11 +270,13 @@ def pgtrain_figures(conn: psycopg.Connection, table: Table, run: record.Run, met
         own = regression_figures(y_val, np.asarray(predictor.predict(val_rows), np.float64))
         figures = {"r2": metrics["val_r2"], "rmse": metrics["val_rmse"]}
         for name in figures:
-            assert abs(own[name] - figures[name]) <= 1e-3 * max(1.0, abs(figures[name])), (name, own, figures)
+            assert abs(own[name] - figures[name]) <= 1e-3 * max(1.0, abs(figures[name])), \
+                f"{table.name}: the version records val_{name} {figures[name]}, its predictions give {own[name]}"
         return figures, "recorded"
     own = classification_figures(y_val, predictor.predict_proba(val_rows))
     # argmax of the same float32 logits: equal but for an exact tie
-    assert abs(own["accuracy"] - metrics["val_accuracy"]) <= 1.0 / len(y_val) + 1e-9, (own, metrics)
+    assert abs(own["accuracy"] - metrics["val_accuracy"]) <= 1.0 / len(y_val) + 1e-9, \
+        f"{table.name}: the version records val_accuracy {metrics['val_accuracy']}, its predictions give {own}"
     recorded = metrics.get("val_roc_auc")
     if recorded is not None:
         if abs(recorded - own["roc_auc"]) > 1e-4:
