@@ -22,4 +22,4 @@ def test_a_benchmark_script_imports_as_make_bench_starts_it(script):
 
 
 def test_the_benchmarks_are_found():
-    assert {"bench_dag_parse", "bench_loader", "bench_manifest", "bench_training"} <= set(SCRIPTS)
+    assert {"bench_dag_parse", "bench_loader", "bench_manifest", "bench_quality", "bench_training"} <= set(SCRIPTS)

