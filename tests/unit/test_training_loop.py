@@ -9,10 +9,11 @@ from torch import nn
 
 from pgtrain.config.params import TrainingConfig
 from pgtrain.core.cpus import usable_cpus
+from trainer.evaluate import Task
 from trainer.model import PgtrainModel
+from trainer.optim import Schedule
 from trainer.train import (
     Batches,
-    Task,
     batch_bounds,
     epoch_batches,
     epoch_order,
@@ -50,8 +51,9 @@ def test_an_epoch_steps_on_the_reference_batches_and_each_row_once(train_count, 
     largest = -(-train_count // steps)
     batches = Batches(x_train, y_train, largest, torch.device("cpu"))
     assert not batches.staged  # the rows are where the model is: gathered in place, nothing copied over
-    sums = train_epoch(model, optimizer, Task(False, 2, torch.device("cpu")), batches, order,
-                       batch_bounds(train_count, steps))
+    schedule = Schedule(TrainingConfig(epochs=epoch, lr_schedule="constant"), optimizer, 0.01, steps)
+    sums = train_epoch(model, optimizer, schedule, (epoch - 1) * steps, Task(False, 2, torch.device("cpu")), batches,
+                       order, batch_bounds(train_count, steps))
 
     reference = [b.tolist() for b in epoch_batches(np.arange(train_count), steps, seed, epoch, rank)]
     taken = [b for b in net.batches if not (len(b) == 2 and b == [0, 0])]  # the empty steps' zero probe
@@ -62,7 +64,7 @@ def test_an_epoch_steps_on_the_reference_batches_and_each_row_once(train_count, 
 
 
 def test_the_auto_batch_size_and_learning_rate():
-    auto = TrainingConfig(world_size=2)
+    auto = TrainingConfig(world_size=2, optimizer="sgd")
     assert (auto.batch_size, auto.learning_rate) == (None, None)
     assert auto.batch_size_for(804) == 32  # the digits of `make demo`: as before
     assert auto.learning_rate_for(32) == pytest.approx(0.05)
@@ -73,7 +75,15 @@ def test_the_auto_batch_size_and_learning_rate():
     assert auto.batch_size_for(10_000_000) == 2048
     assert auto.learning_rate_for(512) == pytest.approx(0.8)
     assert auto.learning_rate_for(2048) == pytest.approx(0.8)  # capped
-    assert TrainingConfig(world_size=1).learning_rate_for(512) == pytest.approx(0.4)
+    assert TrainingConfig(world_size=1, optimizer="sgd").learning_rate_for(512) == pytest.approx(0.4)
+    # AdamW (the default): 0.001 at a global batch of 64, with the square root of the batch, at most 0.01
+    adamw = TrainingConfig(world_size=2)
+    assert adamw.learning_rate_for(32) == pytest.approx(0.001)
+    assert adamw.learning_rate_for(200) == pytest.approx(0.001 * (400 / 64) ** 0.5)
+    assert adamw.learning_rate_for(2048) == pytest.approx(0.001 * 64 ** 0.5)
+    assert TrainingConfig(world_size=64).learning_rate_for(2048) == pytest.approx(0.01)  # capped
+    assert (adamw.weight_decay_value, auto.weight_decay_value, TrainingConfig(weight_decay=0.1).weight_decay_value) \
+        == (0.01, 0.0, 0.1)
     explicit = TrainingConfig(world_size=2, batch_size=16, learning_rate=0.3)
     assert (explicit.batch_size_for(90_000), explicit.learning_rate_for(16)) == (16, 0.3)
     assert TrainingConfig.from_mapping({"batch_size": None, "learning_rate": None}).batch_size is None

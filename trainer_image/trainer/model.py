@@ -121,13 +121,24 @@ class PgtrainModel(nn.Module):
         return self.target(self.standardized(x))
 
 
-def mlp(input_dim: int, output_dim: int, hidden_sizes: Sequence[int] = (50,)) -> nn.Sequential:
-    """Linear/ReLU layers, no activation after the output layer."""
-    dims = [input_dim, *hidden_sizes, output_dim]
+def mlp(input_dim: int, output_dim: int, hidden_sizes: Sequence[int] = (50,), dropout: float = 0.0,
+        normalization: str = "none") -> nn.Sequential:
+    """Hidden layers of Linear (then LayerNorm with ``normalization="layer"``), ReLU (then Dropout when ``dropout``),
+    and a Linear output layer. The defaults are the layout of versions made before these options existed, which
+    load with them (their spec records hidden_sizes only)."""
+    if normalization not in ("none", "layer"):
+        raise ConfigError(f"mlp: normalization={normalization!r} should be 'none' or 'layer'")
     layers: list[nn.Module] = []
-    for fan_in, fan_out in zip(dims, dims[1:], strict=False):
-        layers += [nn.Linear(fan_in, fan_out), nn.ReLU()]
-    return nn.Sequential(*layers[:-1])
+    fan_in = input_dim
+    for width in hidden_sizes:
+        layers.append(nn.Linear(fan_in, width))
+        if normalization == "layer":
+            layers.append(nn.LayerNorm(width))
+        layers.append(nn.ReLU())
+        if dropout:
+            layers.append(nn.Dropout(dropout))
+        fan_in = width
+    return nn.Sequential(*layers, nn.Linear(fan_in, output_dim))
 
 
 def resolve_factory(model_ref: str) -> Callable[..., nn.Module]:

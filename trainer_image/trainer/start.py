@@ -1,4 +1,5 @@
-"""Where a rank's weights start: a checkpoint of this run (its momentum and metrics too), a committed version
+"""Where a rank's weights start: a checkpoint of this run (its optimizer state, best epoch's parameters and metrics
+too), a committed version
 (``init_from``: warm start), or scratch. Rank 0 decides and every rank learns the outcome; rank 0 writes the
 checkpoints a retried train task resumes from.
 """
@@ -18,11 +19,14 @@ from pgtrain.core.errors import ConfigError, PgtrainError
 from pgtrain.runs import record
 from pgtrain.store import model_store, tensors
 from trainer.model import PgtrainModel, layout_problems
+from trainer.optim import OPTIMIZER_PREFIX, optimizer_arrays
 
-# Checkpoint tensor names: the model's state dict and SGD's momentum buffers, one array each.
+# Checkpoint tensor names: the model's state dict, the optimizer's state (trainer.optim.OPTIMIZER_PREFIX) and the
+# best epoch's state dict (early stopping), one array each.
 MODEL_PREFIX = "model."
-MOMENTUM_PREFIX = "momentum."
-CHECKPOINT_FORMAT = 1
+BEST_PREFIX = "best."
+# 2: optimizer state of any optimizer and the best epoch's parameters (1 held SGD's momentum only).
+CHECKPOINT_FORMAT = 2
 
 
 @dataclass
@@ -30,7 +34,8 @@ class Start:
     epoch: int = 0  # the last epoch already trained (from a checkpoint)
     init_version: int | None = None
     from_state: bool = False  # the model's buffers come from a checkpoint or version: no new statistics
-    momentum: dict[str, np.ndarray] = field(default_factory=dict)  # rank 0 only
+    optimizer: dict[str, np.ndarray] = field(default_factory=dict)  # rank 0 only
+    best: dict[str, np.ndarray] = field(default_factory=dict)  # rank 0 only: the best epoch's state dict
     history: list[dict[str, Any]] = field(default_factory=list)  # metrics of the epochs already trained
     note: str | None = None
     error: str | None = None
@@ -56,10 +61,12 @@ def resolve_start(conn: psycopg.Connection, run: record.Run, model: PgtrainModel
                                    "train from scratch")
             load_arrays(model, state)
             return Start(epoch, meta.get("init_version"), True,
-                         {k.removeprefix(MOMENTUM_PREFIX): v for k, v in arrays.items()
-                          if k.startswith(MOMENTUM_PREFIX)},
+                         {k: v for k, v in arrays.items() if k.startswith(OPTIMIZER_PREFIX)},
+                         {k.removeprefix(BEST_PREFIX): v for k, v in arrays.items() if k.startswith(BEST_PREFIX)},
                          list(meta.get("metrics", [])), f"resuming from the checkpoint of epoch {epoch}")
-        note = f"ignoring the checkpoint of epoch {epoch}: it was trained on another shard plan"
+        note = (f"ignoring the checkpoint of epoch {epoch}: "
+                + ("it was trained on another shard plan" if meta.get("plan") != fingerprint else
+                   "it was written by an older pgtrain"))
     else:
         note = None
     version = init_version(conn, run)
@@ -123,26 +130,14 @@ def agree_on_start(conn: psycopg.Connection, run: record.Run, model: PgtrainMode
     return start
 
 
-def set_momentum(optimizer: torch.optim.Optimizer, model: PgtrainModel, momentum: dict[str, np.ndarray]) -> None:
-    """Rank 0 of a resumed run: SGD's momentum buffers from the checkpoint (zero where it had none, which
-    SGD treats the same as no buffer yet), so that every trainable parameter has state to broadcast."""
-    for name, param in model.named_parameters():
-        if not param.requires_grad:
-            continue
-        saved = momentum.get(name)
-        buffer = torch.zeros_like(param) if saved is None else torch.from_numpy(
-            np.array(saved, dtype=saved.dtype.newbyteorder("="))).to(param.device)
-        optimizer.state[param]["momentum_buffer"] = buffer
-
-
 def write_checkpoint(conn: psycopg.Connection, run: record.Run, epoch: int, model: PgtrainModel,
                      optimizer: torch.optim.Optimizer, start: Start, history: list[dict[str, Any]],
-                     fingerprint: str) -> None:
+                     fingerprint: str, best: dict[str, torch.Tensor] | None) -> None:
+    """Rank 0: everything a retried task needs to go on exactly as if it had not stopped (the schedule's position
+    is the epoch; early stopping's state is in the metrics)."""
     arrays = {MODEL_PREFIX + name: t.detach().cpu().numpy() for name, t in model.state_dict().items()}
-    for name, param in model.named_parameters():
-        buffer = optimizer.state.get(param, {}).get("momentum_buffer")
-        if buffer is not None:
-            arrays[MOMENTUM_PREFIX + name] = buffer.detach().cpu().numpy()
+    arrays.update(optimizer_arrays(optimizer, model))
+    arrays.update({BEST_PREFIX + name: t.detach().cpu().numpy() for name, t in (best or {}).items()})
     meta = {"format": CHECKPOINT_FORMAT, "epoch": epoch, "init_version": start.init_version, "plan": fingerprint,
             "metrics": [record.json_safe(m) for m in history]}
     tensors.write_checkpoint(conn, run.run_id, epoch, arrays, meta)

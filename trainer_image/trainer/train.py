@@ -20,22 +20,21 @@ import horovod.torch as hvd
 import numpy as np
 import psycopg
 import torch
-import torch.nn.functional as F
 
 from pgtrain.config.params import TrainingConfig
 from pgtrain.core.cpus import usable_cpus
 from pgtrain.core.db import connect
 from pgtrain.core.errors import PgtrainError
 from pgtrain.data import loader, manifest
-from pgtrain.data.encoding import UNSEEN_CLASS
 from pgtrain.launch.lifetime import die_with_parent
 from pgtrain.runs import record
 from pgtrain.store import tensors
 from trainer.device import Cuda, out_of_memory_refused, place_rows, select_device, training_state_bytes
+from trainer.evaluate import Task, balanced_class_weights, epoch_figures
 from trainer.model import PgtrainModel, build_model, state_layout
-from trainer.start import Start, agree_on_start, plan_fingerprint, set_momentum, write_checkpoint
-
-MOMENTUM = 0.9
+from trainer.optim import Schedule, load_optimizer_arrays, make_optimizer
+from trainer.start import Start, agree_on_start, plan_fingerprint, write_checkpoint
+from trainer.stopping import BEST_EPOCH, EarlyStopping
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -126,74 +125,6 @@ def set_up_torch(environ: Mapping[str, str], local_size: int) -> None:
 
 
 # -- one epoch -------------------------------------------------------------------------------------------
-class Task:
-    """The loss, and the per-epoch sums every rank contributes to one allreduce, of a classification or regression."""
-
-    def __init__(self, regression: bool, output_dim: int, device: torch.device) -> None:
-        self.regression = regression
-        self.output_dim = output_dim
-        self.device = device
-
-    def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return F.mse_loss(out, y) if self.regression else F.cross_entropy(out, y)
-
-    def train_sums(self) -> torch.Tensor:
-        """[loss summed over rows, correct predictions] accumulated on the device, read once per epoch."""
-        return torch.zeros(2, dtype=torch.float64, device=self.device)
-
-    def add_train(self, sums: torch.Tensor, loss: torch.Tensor, out: torch.Tensor, y: torch.Tensor) -> None:
-        sums[0].add_(loss.detach(), alpha=len(y))
-        if not self.regression:
-            sums[1].add_((out.detach().argmax(1) == y).sum())
-
-    @torch.no_grad()
-    def validation_sums(self, model: PgtrainModel, x: torch.Tensor, y: torch.Tensor, y_scaled: torch.Tensor,
-                        chunk_rows: int = 65536) -> torch.Tensor:
-        """Classification: [loss, correct]. Regression: [loss (standardized), squared error, absolute error
-        (target units), target sum per column, target sum of squares per column]."""
-        d = self.output_dim
-        sums = torch.zeros(2 if not self.regression else 3 + 2 * d, dtype=torch.float64, device=self.device)
-        for start in range(0, len(x), chunk_rows):  # rows kept in host memory come over chunk by chunk
-            out = model.standardized(x[start:start + chunk_rows].to(self.device))
-            target = y_scaled[start:start + chunk_rows].to(self.device)
-            if not self.regression:
-                # A class only validation rows have (UNSEEN_CLASS) adds no loss and is never predicted: wrong.
-                sums[0] += F.cross_entropy(out, target, reduction="sum", ignore_index=UNSEEN_CLASS).double()
-                sums[1] += (out.argmax(1) == target).sum()
-                continue
-            sums[0] += F.mse_loss(out, target, reduction="sum").double() / d
-            values = y[start:start + chunk_rows].to(self.device)
-            error = (model.target(out) - values).double()
-            sums[1] += (error * error).sum()
-            sums[2] += error.abs().sum()
-            values = values.double()
-            sums[3:3 + d] += values.sum(0)
-            sums[3 + d:] += (values * values).sum(0)
-        return sums
-
-    def metrics(self, totals: torch.Tensor) -> dict[str, float | None]:
-        """The epoch's figures from the allreduced [train sums, train rows, validation sums, validation rows]."""
-        t = totals.tolist()
-        train_rows, val_rows = t[2], t[-1]
-        val = t[3:-1]
-        figures: dict[str, float | None] = {"train_loss": t[0] / train_rows if train_rows else math.nan}
-        if not self.regression:
-            figures["train_accuracy"] = t[1] / train_rows if train_rows else None
-            figures["val_loss"] = val[0] / val_rows if val_rows else None
-            figures["val_accuracy"] = val[1] / val_rows if val_rows else None
-            return figures
-        d = self.output_dim
-        elements = val_rows * d
-        figures["val_loss"] = val[0] / val_rows if val_rows else None
-        figures["val_rmse"] = math.sqrt(val[1] / elements) if val_rows else None
-        figures["val_mae"] = val[2] / elements if val_rows else None
-        # Pooled over the target's columns: 1 - SSE / sum of each column's squares about its own mean.
-        sums, squares = val[3:3 + d], val[3 + d:3 + 2 * d]
-        total = sum(sq - s * s / val_rows for s, sq in zip(sums, squares, strict=True)) if val_rows else 0.0
-        figures["val_r2"] = 1.0 - val[1] / total if total > 0 else None
-        return figures
-
-
 class Batches:
     """Gathers a step's rows into buffers allocated once (a step allocates nothing for its batch): on the device
     when the rows are there; else on the host, into a small page-locked buffer copied to the device."""
@@ -227,11 +158,12 @@ class Batches:
         return x, y
 
 
-def train_epoch(model: PgtrainModel, optimizer: torch.optim.Optimizer, task: Task, batches: Batches,
-                order: torch.Tensor, bounds: list[int]) -> torch.Tensor:
+def train_epoch(model: PgtrainModel, optimizer: torch.optim.Optimizer, schedule: Schedule, first_step: int,
+                task: Task, batches: Batches, order: torch.Tensor, bounds: list[int]) -> torch.Tensor:
     """One pass over this rank's shuffled rows; returns [loss sum, correct] on the device (no sync per step)."""
     sums = task.train_sums()
-    for lo, hi in zip(bounds, bounds[1:], strict=False):
+    for step, (lo, hi) in enumerate(zip(bounds, bounds[1:], strict=False), start=first_step):
+        schedule.set(step)
         optimizer.zero_grad()
         if hi == lo:  # still take part in the gradient allreduce, contributing nothing
             (model.standardized(torch.zeros(2, model.input_dim, device=task.device)).sum() * 0).backward()
@@ -359,61 +291,88 @@ def fit(conn: psycopg.Connection, run: record.Run, model: PgtrainModel, start: S
         rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], batch_size: int,
         learning_rate: float) -> int:
     """Train on ``rows`` (x_train, y_train, x_val, y_val: on ``device``, or in host memory with each batch copied
-    over) and (rank 0) stage the parameters."""
+    over) and (rank 0) stage the parameters: the best epoch's with early stopping, else the last one's."""
     rank, size, config = hvd.rank(), hvd.size(), run.config
     regression = config.task == "regression"
     output_dim = run.output_dim if run.output_dim is not None else run.num_classes
     x_train, y_train, x_val, y_val = rows
     model.to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=learning_rate, momentum=MOMENTUM)
+    steps = steps_per_epoch(shards, batch_size)
+    optimizer = make_optimizer(config, model, learning_rate)
     if size > 1:  # one rank has nothing to average: no gradient hooks, no wait on Horovod's cycle each step
+        # (a new optimizer over the same parameter groups: the state is loaded into it, below)
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
-    if rank == 0 and start.epoch > 0:
-        set_momentum(optimizer, model, start.momentum)
+    if start.epoch > 0:  # every rank loads rank 0's checkpointed state (a fresh optimizer has none to share)
+        load_optimizer_arrays(optimizer, model, hvd.broadcast_object(start.optimizer, 0, name="optimizer_state"))
+    schedule = Schedule(config, optimizer, learning_rate, steps)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
     # Regression trains on the standardized target (identity without standardize_target); once, not per step.
     y_train_fit = model.target.scale(y_train) if regression else y_train
     y_val_fit = model.target.scale(y_val) if regression else y_val
-    task = Task(regression, output_dim, device)
-    steps = steps_per_epoch(shards, batch_size)
+    weights = (balanced_class_weights(y_train, output_dim)
+               if not regression and config.class_weight == "balanced" else None)
+    task = Task(regression, output_dim, device, weights, (run.encoding or {}).get("classes"))
+    validation_rows = sum(s.row_count - s.train_count for s in shards)
+    stopping = EarlyStopping.for_run(config, validation_rows, start.history)  # rank 0 has the history
+    stopping.best_epoch = hvd.broadcast_object(stopping.best_epoch, 0, name="best_epoch")
+    best = {k: torch.from_numpy(np.array(v, dtype=v.dtype.newbyteorder("="))).to(device)
+            for k, v in start.best.items()} or None
     if rank == 0:
         auto = [name for name in ("batch_size", "learning_rate") if getattr(config, name) is None]
-        print(f"batch {batch_size} rows per rank (global {batch_size * size}), learning rate {learning_rate:g}, "
-              f"{steps} steps per epoch, {torch.get_num_threads()} threads per rank"
-              + (f" ({' and '.join(auto)} auto)" if auto else ""), flush=True)
+        print(f"{config.optimizer} at learning rate {learning_rate:g} ({config.lr_schedule} schedule), batch "
+              f"{batch_size} rows per rank (global {batch_size * size}), {steps} steps per epoch, "
+              f"{torch.get_num_threads()} threads per rank" + (f" ({' and '.join(auto)} auto)" if auto else ""),
+              flush=True)
+        if config.early_stopping_patience and not stopping.on:
+            print("early stopping is off: the run has no validation rows (validation_fraction 0)", flush=True)
     train_count = len(x_train)
     batches = Batches(x_train, y_train_fit, -(-train_count // steps), device)
     global_train_rows = sum(s.train_count for s in shards)
     history = list(start.history)
-    for epoch in range(start.epoch + 1, config.epochs + 1):
+    epoch = start.epoch
+    while epoch < config.epochs and not stopping.should_stop(epoch):
+        epoch += 1
         started = time.perf_counter()
         # Randomness inside the model (dropout) is seeded per epoch and rank too, so a resumed run repeats it.
         torch.manual_seed(int(np.random.SeedSequence([config.seed, epoch, rank]).generate_state(1)[0]))
         model.train()
         order = torch.from_numpy(epoch_order(train_count, config.seed, epoch, rank)).to(batches.rows_device)
-        train_sums = train_epoch(model, optimizer, task, batches, order, batch_bounds(train_count, steps))
+        train_sums = train_epoch(model, optimizer, schedule, (epoch - 1) * steps, task, batches, order,
+                                 batch_bounds(train_count, steps))
         if device.type == "cuda":
             cuda.synchronize(device.index)
         train_seconds = time.perf_counter() - started
         model.eval()
-        val_sums = task.validation_sums(model, x_val, y_val, y_val_fit)
-        rows = torch.tensor([len(x_train)], dtype=torch.float64, device=device)
+        gather = task.gathers(validation_rows)
+        val_sums, probabilities = task.validation(model, x_val, y_val, y_val_fit, gather)
+        counts = torch.tensor([len(x_train)], dtype=torch.float64, device=device)
         val_count = torch.tensor([len(x_val)], dtype=torch.float64, device=device)
-        totals = hvd.allreduce(torch.cat([train_sums, rows, val_sums, val_count]).cpu(), op=hvd.Sum,
+        totals = hvd.allreduce(torch.cat([train_sums, counts, val_sums, val_count]).cpu(), op=hvd.Sum,
                                name="epoch_totals")
-        metrics = task.metrics(totals)
+        metrics = epoch_figures(task, totals, task.exact_metrics(probabilities, y_val) if gather else None)
         metrics["seconds"] = time.perf_counter() - started
         metrics["samples_per_second"] = global_train_rows / train_seconds if train_seconds > 0 else None
+        # Rank 0 has the exact metrics: it decides, every rank follows (the same epochs everywhere).
+        improved = rank == 0 and stopping.update(epoch, metrics)
+        stopping.best_epoch = hvd.broadcast_object(stopping.best_epoch, 0, name="best_epoch")
+        if stopping.on:
+            metrics[BEST_EPOCH] = stopping.best_epoch
+            if improved and rank == 0:
+                best = {k: v.detach().clone() for k, v in model.state_dict().items()}
         history.append({"epoch": epoch, **metrics})
         if rank == 0:
             record.record_epoch(conn, run.run_id, epoch, metrics)
             print(epoch_line(epoch, config.epochs, metrics, steps, regression), flush=True)
             if config.checkpoint_every and epoch % config.checkpoint_every == 0 and epoch < config.epochs:
-                write_checkpoint(conn, run, epoch, model, optimizer, start, history, fingerprint)
+                write_checkpoint(conn, run, epoch, model, optimizer, start, history, fingerprint, best)
 
     if rank == 0:
+        if stopping.on and best is not None:
+            model.load_state_dict(best)
+            print(f"{'stopped early: ' if epoch < config.epochs else ''}the best epoch by "
+                  f"{stopping.metric.name} is {stopping.best_epoch} of {epoch} ({stopping.best_value:.6g}): its "
+                  "parameters are the run's", flush=True)
         state = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
         tensors.write_staged(conn, run.run_id, state)
         record.set_status(conn, run.run_id, "trained")

@@ -34,7 +34,17 @@ _DATA, _MODEL, _TRAINING, _CLUSTER = "Data", "Model", "Training", "Cluster"
 # tables (the digits: 804 rows a rank -> 32) train as before; the learning rate scales linearly with the global
 # batch from 0.05 at 64 (2 ranks x 32), capped.
 AUTO_MIN_BATCH, AUTO_MAX_BATCH, AUTO_STEPS_PER_EPOCH = 32, 2048, 50
-BASE_LEARNING_RATE, BASE_GLOBAL_BATCH, MAX_AUTO_LEARNING_RATE = 0.05, 64, 0.8
+# The auto learning rate of each optimizer at BASE_GLOBAL_BATCH rows, and how it scales with the global batch:
+# SGD linearly (Goyal et al.), AdamW with the square root (its update is normalized per parameter), each capped.
+BASE_GLOBAL_BATCH = 64
+OPTIMIZERS = ("adamw", "sgd")
+BASE_LEARNING_RATE = {"sgd": 0.05, "adamw": 0.001}
+MAX_AUTO_LEARNING_RATE = {"sgd": 0.8, "adamw": 0.01}
+# The auto weight decay of each optimizer: AdamW's decoupled decay (its usual 0.01); none for SGD, as before.
+AUTO_WEIGHT_DECAY = {"sgd": 0.0, "adamw": 0.01}
+LR_SCHEDULES = ("constant", "cosine", "one_cycle")
+CLASS_WEIGHTS = ("none", "balanced")
+NORMALIZATIONS = ("none", "layer")
 _OPTIONAL_NUMBER = {"type": ["number", "null"]}
 # The features when neither features_column nor feature_columns is given (the example data's array column).
 DEFAULT_FEATURES_COLUMN = "features"
@@ -69,9 +79,18 @@ class TrainingConfig:
     hidden_sizes: tuple[int, ...] = field(default=(50,))
     init_from: str | int = "scratch"
     standardize_target: bool = True
+    dropout: float = 0.0
+    normalization: str = "none"
     epochs: int = 10
     batch_size: int | None = None
+    optimizer: str = "adamw"
     learning_rate: float | None = None
+    weight_decay: float | None = None
+    lr_schedule: str = "cosine"
+    warmup_epochs: float = 1.0
+    early_stopping_patience: int = 5
+    early_stopping_metric: str = "val_loss"
+    class_weight: str = "none"
     seed: int = 0
     checkpoint_every: int = 1
     force: bool = False
@@ -89,6 +108,7 @@ class TrainingConfig:
 
     def __post_init__(self) -> None:
         problems = quality_gate_problems(vars(self), self.task)
+        problems += [f"early_stopping_metric: {p}" for p in metric_problems(self.early_stopping_metric, self.task)]
         if problems:
             raise ConfigError("invalid quality gate: " + "; ".join(problems))
 
@@ -125,7 +145,8 @@ class TrainingConfig:
     def model_options_for_build(self) -> dict[str, Any]:
         """The keyword arguments the model is built with (the mlp's come from hidden_sizes)."""
         if self.model == "mlp":
-            return {"hidden_sizes": list(self.hidden_sizes)}
+            return {"hidden_sizes": list(self.hidden_sizes), "dropout": self.dropout,
+                    "normalization": self.normalization}
         return dict(self.model_options)
 
     def batch_size_for(self, largest_train_rows: int) -> int:
@@ -135,11 +156,17 @@ class TrainingConfig:
         return min(AUTO_MAX_BATCH, max(AUTO_MIN_BATCH, largest_train_rows // AUTO_STEPS_PER_EPOCH))
 
     def learning_rate_for(self, batch_size: int) -> float:
-        """``learning_rate``, or the linearly scaled one for ``world_size`` ranks of ``batch_size`` rows."""
+        """``learning_rate``, or the optimizer's auto rate for ``world_size`` ranks of ``batch_size`` rows."""
         if self.learning_rate is not None:
             return self.learning_rate
-        scaled = BASE_LEARNING_RATE * self.world_size * batch_size / BASE_GLOBAL_BATCH
-        return min(MAX_AUTO_LEARNING_RATE, scaled)
+        ratio = self.world_size * batch_size / BASE_GLOBAL_BATCH
+        scaled = BASE_LEARNING_RATE[self.optimizer] * (ratio if self.optimizer == "sgd" else ratio ** 0.5)
+        return min(MAX_AUTO_LEARNING_RATE[self.optimizer], scaled)
+
+    @property
+    def weight_decay_value(self) -> float:
+        """``weight_decay``, or the optimizer's auto one."""
+        return AUTO_WEIGHT_DECAY[self.optimizer] if self.weight_decay is None else self.weight_decay
 
     @property
     def init_version(self) -> int | None:
@@ -233,17 +260,50 @@ PARAMETERS: dict[str, dict[str, Any]] = _with_defaults({
                   "description": "scratch, head (the model's current version), or a version number"},
     "standardize_target": {"type": "boolean", "section": _MODEL, "title": "Standardize target",
                            "description": "regression: train on the standardized target, predict in its units"},
+    "dropout": {"type": "number", "minimum": 0, "maximum": 0.9, "section": _MODEL, "title": "Dropout",
+                "description": "mlp: the share of each hidden layer's units dropped while training"},
+    "normalization": {"type": "string", "enum": list(NORMALIZATIONS), "section": _MODEL, "title": "Normalization",
+                      "description": "mlp: none, or layer (LayerNorm after each hidden Linear; per row, so any "
+                                     "number of ranks trains the same model)"},
     "epochs": {"type": "integer", "minimum": 1, "maximum": 10000, "section": _TRAINING,
-               "title": "Epochs", "description": "passes over the training rows"},
+               "title": "Epochs", "description": "the most passes over the training rows (early stopping may "
+                                                 "end sooner)"},
     "batch_size": {"type": ["integer", "null"], "minimum": 1, "maximum": 1048576,
                    "section": _TRAINING, "title": "Batch size per rank",
                    "description": "rows per rank per step (global batch = world_size x batch_size); empty = "
                                   f"auto: the largest shard's training rows / {AUTO_STEPS_PER_EPOCH}, between "
                                   f"{AUTO_MIN_BATCH} and {AUTO_MAX_BATCH}"},
+    "optimizer": {"type": "string", "enum": list(OPTIMIZERS), "section": _TRAINING, "title": "Optimizer",
+                  "description": "adamw (decoupled weight decay) or sgd (momentum 0.9)"},
     "learning_rate": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 10,
                       "section": _TRAINING, "title": "Learning rate",
-                      "description": f"SGD with momentum 0.9; empty = {BASE_LEARNING_RATE} x global batch / "
-                                     f"{BASE_GLOBAL_BATCH} (linear scaling), at most {MAX_AUTO_LEARNING_RATE}"},
+                      "description": "the peak rate of the schedule; empty = auto: adamw "
+                                     f"{BASE_LEARNING_RATE['adamw']} x sqrt(global batch / {BASE_GLOBAL_BATCH}), "
+                                     f"at most {MAX_AUTO_LEARNING_RATE['adamw']}; sgd {BASE_LEARNING_RATE['sgd']} "
+                                     f"x global batch / {BASE_GLOBAL_BATCH}, at most {MAX_AUTO_LEARNING_RATE['sgd']}"},
+    "weight_decay": {"type": ["number", "null"], "minimum": 0, "maximum": 1, "section": _TRAINING,
+                     "title": "Weight decay",
+                     "description": f"empty = auto: adamw {AUTO_WEIGHT_DECAY['adamw']}, sgd {AUTO_WEIGHT_DECAY['sgd']}"},
+    "lr_schedule": {"type": "string", "enum": list(LR_SCHEDULES), "section": _TRAINING,
+                    "title": "Learning-rate schedule",
+                    "description": "constant; cosine (linear warm-up over warmup_epochs, then cosine decay to 0 at "
+                                   "the last epoch); one_cycle (up from rate/25 over 30% of the steps, then cosine "
+                                   "down to rate/1e4, as torch's OneCycleLR)"},
+    "warmup_epochs": {"type": "number", "minimum": 0, "maximum": 1000, "section": _TRAINING,
+                      "title": "Warm-up epochs",
+                      "description": "cosine: epochs of linear warm-up from 0 to the learning rate (at most half "
+                                     "of the steps)"},
+    "early_stopping_patience": {"type": "integer", "minimum": 0, "maximum": 10000, "section": _TRAINING,
+                                "title": "Early stopping patience",
+                                "description": "stop after this many epochs without a better "
+                                               "early_stopping_metric and keep the best epoch's parameters; 0 = "
+                                               "off (also off without validation rows)"},
+    "early_stopping_metric": {"type": "string", "enum": list(METRICS), "section": _TRAINING,
+                              "title": "Early stopping metric",
+                              "description": "the validation metric early stopping and the best epoch follow"},
+    "class_weight": {"type": "string", "enum": list(CLASS_WEIGHTS), "section": _TRAINING, "title": "Class weight",
+                     "description": "classification: none, or balanced (each class weighs training rows / "
+                                    "(classes x its rows), from the training rows of all ranks)"},
     "seed": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1, "section": _TRAINING,
              "title": "Seed", "description": "initialization, split and shuffling seed"},
     "checkpoint_every": {"type": "integer", "minimum": 0, "maximum": 10000, "section": _TRAINING,

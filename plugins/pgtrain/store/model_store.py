@@ -134,11 +134,14 @@ def commit_run(conn: psycopg.Connection, run_id: str, owner: Mapping[str, Any] |
 
 
 def version_metrics(epochs: list[dict[str, Any]], infos: list[tensors.TensorInfo]) -> dict[str, Any]:
-    """The last epoch's figures, plus epochs, total training seconds and parameter count."""
+    """The figures of the epoch whose parameters the run staged (the best one, ``best_epoch``, with early stopping;
+    else the last), plus epochs trained, total training seconds and parameter count."""
     metrics: dict[str, Any] = {}
     if epochs:
-        last = epochs[-1]
-        metrics.update({k: _finite_or_none(v) for k, v in last.items() if k != "seconds"})
+        best = epochs[-1].get("best_epoch")
+        chosen = next((e for e in epochs if best is not None and e.get("epoch") == best), epochs[-1])
+        metrics.update({k: _finite_or_none(v) for k, v in chosen.items() if k != "seconds"})
+        metrics["epoch"] = epochs[-1].get("epoch", metrics.get("epoch"))
         metrics["epochs"] = len(epochs)
         metrics["training_seconds"] = _finite_or_none(sum(e.get("seconds") or 0.0 for e in epochs))
     metrics["parameter_count"] = int(sum(math.prod(i.shape) for i in infos))

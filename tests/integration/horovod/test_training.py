@@ -20,7 +20,8 @@ from pgtrain.store import tensors
 from pgtrain.store.model_spec import ModelSpec
 from tests.support import make_mixed_table, mixed_params, planned_run, run_job, seed_samples
 from trainer.model import build_model
-from trainer.train import MOMENTUM, batch_and_rate, epoch_batches, parse_args, steps_per_epoch
+from trainer.optim import Schedule, make_optimizer
+from trainer.train import batch_and_rate, epoch_batches, parse_args, steps_per_epoch
 
 pytestmark = pytest.mark.horovod
 
@@ -39,9 +40,11 @@ def seed_regression(conn: psycopg.Connection, rows: int, dim: int, seed: int = 0
     return price
 
 
-def reference_training(autocommit: psycopg.Connection, run: record.Run, loss_of) -> tuple[torch.nn.Module, list]:
+def reference_training(autocommit: psycopg.Connection, run: record.Run, loss_of,
+                       snapshots: list[dict[str, torch.Tensor]] | None = None) -> tuple[torch.nn.Module, list]:
     """One process replaying the ranks' epochs: per step, the mean over ranks of each rank's batch loss
-    (what averaging the ranks' gradients computes), on the same seeded batches and global statistics."""
+    (what averaging the ranks' gradients computes), on the same seeded batches and global statistics, with the
+    run's optimizer and learning-rate schedule (every epoch: the runs compared with it stop no earlier)."""
     config = run.config
     shards = record.get_manifest(autocommit, run.run_id)
     source = manifest.source_for(autocommit, run)
@@ -61,17 +64,21 @@ def reference_training(autocommit: psycopg.Connection, run: record.Run, loss_of)
         model.target.mean.copy_(targets.mean(0).float())
         model.target.std.copy_(targets.std(0, unbiased=False).float())
     batch_size, learning_rate = batch_and_rate(config, shards)  # the run's, or the auto ones
-    optimizer = torch.optim.SGD(model.parameters(), lr=learning_rate, momentum=MOMENTUM)
+    optimizer = make_optimizer(config, model, learning_rate)
     steps = steps_per_epoch(shards, batch_size)
+    schedule = Schedule(config, optimizer, learning_rate, steps)
     for epoch in range(1, config.epochs + 1):
         per_rank = [epoch_batches(train[r], steps, config.seed, epoch, r) for r in range(len(shards))]
         for step in range(steps):
+            schedule.set((epoch - 1) * steps + step)
             optimizer.zero_grad()
             total = sum(loss_of(model, torch.from_numpy(data[r].features[per_rank[r][step]]),
                                 torch.from_numpy(data[r].labels[per_rank[r][step]]))
                         for r in range(len(shards)) if len(per_rank[r][step]))
             (total / len(shards)).backward()
             optimizer.step()
+        if snapshots is not None:  # the parameters at the end of each epoch
+            snapshots.append({k: v.detach().clone() for k, v in model.state_dict().items()})
     return model, data
 
 
@@ -141,15 +148,16 @@ def test_two_rank_sgd_equals_single_process_on_the_same_global_batches(autocommi
 
 
 def test_the_auto_batch_and_learning_rate_train_as_the_reference_does(autocommit, db_url):
-    """batch_size and learning_rate left empty: 2,000 training rows a rank -> 40 rows a step and a learning rate
-    of 0.05 x 80 / 64, the same in the ranks as in the single-process reference."""
+    """batch_size and learning_rate left empty: 2,000 training rows a rank -> 40 rows a step and AdamW's learning
+    rate of 0.001 x sqrt(80 / 64), the same in the ranks as in the single-process reference."""
     seed_samples(autocommit, rows=4000, dim=6, classes=3, seed=5)
     run = planned_run(autocommit, world_size=2, epochs=1, hidden_sizes=[5], validation_fraction=0.0, seed=2)
     assert (run.config.batch_size, run.config.learning_rate) == (None, None)
     output = run_job(run, db_url)
-    assert batch_and_rate(run.config, record.get_manifest(autocommit, run.run_id)) == (40, 0.0625)
-    assert any("batch 40 rows per rank (global 80), learning rate 0.0625, 50 steps per epoch" in line
-               for line in output)
+    assert batch_and_rate(run.config, record.get_manifest(autocommit, run.run_id)) == (40, 0.001 * 1.25 ** 0.5)
+    assert any("adamw at learning rate 0.00111803 (cosine schedule), batch 40 rows per rank (global 80), 50 steps "
+               "per epoch" in line for line in output)
+    assert any("early stopping is off: the run has no validation rows" in line for line in output)
     model, _ = reference_training(autocommit, run, lambda m, x, y: F.cross_entropy(m(x), y))
     assert_same_parameters(tensors.read_staged(autocommit, run.run_id), model, run)
 
@@ -160,6 +168,7 @@ def test_two_rank_regression_equals_single_process_and_reports_its_metrics(autoc
     price = seed_regression(autocommit, rows=120, dim=5, seed=2)
     run = planned_run(autocommit, world_size=2, epochs=2, batch_size=10, hidden_sizes=[6],
                       validation_fraction=0.25, learning_rate=0.05, seed=1, source_table="public.houses",
+                      early_stopping_patience=0, optimizer="sgd", lr_schedule="constant",
                       label_column="price", task="regression", model_name="houses")
     assert (run.output_dim, run.num_classes) == (1, None)
     output = run_job(run, db_url)
@@ -204,6 +213,7 @@ def test_two_rank_sgd_on_scalar_feature_columns_equals_single_process(autocommit
                         [(i + 1, float(size[i]), int(rooms[i]), float(age[i]), int(label[i])) for i in range(rows)])
     run = planned_run(autocommit, world_size=2, epochs=2, batch_size=8, hidden_sizes=[6], validation_fraction=0.2,
                       learning_rate=0.1, seed=4, source_table="public.flats", features_column=None,
+                      early_stopping_patience=0,
                       feature_columns=["rooms", "age", "size"], label_column="kind", model_name="flats")
     assert (run.input_dim, run.output_dim) == (3, 3)
     run_job(run, db_url)
@@ -241,7 +251,7 @@ def test_two_rank_training_on_categories_and_imputed_nulls_equals_single_process
     """Text, varchar, char(1), enum and boolean columns, a date, NULLs imputed, a text label: 2 ranks == 1 process."""
     make_mixed_table(autocommit, 240)
     run = planned_run(autocommit, world_size=2, epochs=2, batch_size=8, hidden_sizes=[6], validation_fraction=0.2,
-                      learning_rate=0.1, seed=4, **mixed_params())
+                      learning_rate=0.1, seed=4, early_stopping_patience=0, **mixed_params())
     assert run.encoding["classes"] == ["Adelie", "Chinstrap", "Gentoo"]
     assert any(c["missing"] for c in run.encoding["columns"])  # body_mass: imputed, with its "was missing" input
     run_job(run, db_url)
@@ -249,3 +259,83 @@ def test_two_rank_training_on_categories_and_imputed_nulls_equals_single_process
     model, _ = reference_training(autocommit, run, lambda m, x, y: F.cross_entropy(m(x), y))
     assert_same_parameters(distributed, model, run)
     assert distributed["net.0.weight"].shape[1] == 5 + 5 + 4 + 6 + 7  # numbers + missing, then one-hot levels
+
+
+def balanced_weights(data: list, classes: int) -> torch.Tensor:
+    """class_weight=balanced from every rank's training rows, computed here independently of the trainer."""
+    labels = np.concatenate([d.labels[~d.is_validation] for d in data])
+    counts = np.bincount(labels, minlength=classes).astype(np.float64)
+    return torch.from_numpy(len(labels) / (classes * counts)).float()
+
+
+@pytest.mark.parametrize("optimizer,schedule", [("adamw", "cosine"), ("sgd", "one_cycle")])
+def test_two_ranks_with_each_optimizer_schedule_class_weights_and_early_stopping_equal_one_process(
+        autocommit, db_url, optimizer, schedule):
+    """AdamW or SGD, a warm-up schedule, balanced class weights and early stopping: the staged parameters are the
+    best epoch's (by val_loss) of a single process stepping on the same global batches, and the recorded metrics
+    are that epoch's, computed here from the reference's snapshots."""
+    seed_samples(autocommit, rows=240, dim=6, classes=3, seed=11)
+    autocommit.execute("UPDATE public.samples SET label = 0 WHERE id % 5 <> 0 AND label <> 0")  # imbalanced
+    run = planned_run(autocommit, world_size=2, epochs=6, batch_size=8, hidden_sizes=[6], validation_fraction=0.25,
+                      seed=4, optimizer=optimizer, lr_schedule=schedule, warmup_epochs=1, class_weight="balanced",
+                      early_stopping_patience=2, learning_rate=0.05 if optimizer == "sgd" else 0.01)
+    output = run_job(run, db_url)
+    distributed = tensors.read_staged(autocommit, run.run_id)
+    metrics = record.epoch_metrics(autocommit, run.run_id)
+
+    weights: list[torch.Tensor] = []
+
+    def loss(m, x, y):
+        return F.cross_entropy(m(x), y, weight=weights[0], reduction="sum") / len(y)
+
+    shards = record.get_manifest(autocommit, run.run_id)
+    source = manifest.source_for(autocommit, run)
+    data = [loader.load_shard(autocommit, source, s, run.input_dim, 0.25, 4) for s in shards]
+    weights.append(balanced_weights(data, 3))
+    snapshots: list[dict[str, torch.Tensor]] = []
+    model, data = reference_training(autocommit, run, loss, snapshots)
+    # The reference's validation log loss after each epoch: its best epoch is the run's.
+    x = torch.from_numpy(np.concatenate([d.features[d.is_validation] for d in data]))
+    y = torch.from_numpy(np.concatenate([d.labels[d.is_validation] for d in data]))
+    losses = []
+    for state in snapshots:
+        model.load_state_dict(state)
+        with torch.no_grad():
+            losses.append(float(F.cross_entropy(model(x), y)))
+    trained = len(metrics)
+    best = int(np.argmin(losses[:trained])) + 1
+    assert [m["epoch"] for m in metrics] == list(range(1, trained + 1))
+    assert metrics[-1]["best_epoch"] == best
+    np.testing.assert_allclose([m["val_loss"] for m in metrics], losses[:trained], rtol=1e-4)
+    if trained < 6:  # stopped early: patience epochs without a better val_loss
+        assert trained - best == 2 and any("stopped early" in line for line in output)
+    model.load_state_dict(snapshots[best - 1])
+    assert_same_parameters(distributed, model, run)
+
+
+def test_early_stopping_keeps_the_best_epoch_when_validation_worsens(autocommit, db_url):
+    """Random labels: the validation loss rises once the model memorizes. The run stops after patience epochs
+    without improvement, records best_epoch, and stages exactly what a run of best_epoch epochs stages."""
+    rng = np.random.default_rng(3)
+    autocommit.execute("CREATE TABLE public.noise (id bigint PRIMARY KEY, features real[] NOT NULL, "
+                       "label integer NOT NULL)")
+    with autocommit.cursor() as cur:
+        cur.executemany("INSERT INTO public.noise VALUES (%s, %s, %s)",
+                        [(i + 1, rng.normal(size=8).tolist(), int(rng.integers(0, 2))) for i in range(160)])
+    params = dict(source_table="public.noise", world_size=2, batch_size=8, hidden_sizes=[64],
+                  validation_fraction=0.3, seed=1, lr_schedule="constant", learning_rate=0.02)
+    stopped = planned_run(autocommit, "stopped", epochs=40, early_stopping_patience=3, **params)
+    output = run_job(stopped, db_url)
+    metrics = record.epoch_metrics(autocommit, stopped.run_id)
+    best = metrics[-1]["best_epoch"]
+    losses = [m["val_loss"] for m in metrics]
+    assert len(metrics) < 40 and len(metrics) == best + 3  # it stopped, patience epochs after its best
+    assert losses[best - 1] == min(losses) and losses[-1] > losses[best - 1]
+    assert any(f"the best epoch by val_loss is {best} of {len(metrics)}" in line for line in output)
+
+    fixed = planned_run(autocommit, "fixed", epochs=best, early_stopping_patience=0, **params)
+    run_job(fixed, db_url)
+    expected = tensors.read_staged(autocommit, fixed.run_id)
+    staged = tensors.read_staged(autocommit, stopped.run_id)
+    for name in expected:
+        np.testing.assert_array_equal(staged[name], expected[name], err_msg=name)
