@@ -283,7 +283,8 @@ PARAMETERS: dict[str, dict[str, Any]] = _with_defaults({
                                      f"x global batch / {BASE_GLOBAL_BATCH}, at most {MAX_AUTO_LEARNING_RATE['sgd']}"},
     "weight_decay": {"type": ["number", "null"], "minimum": 0, "maximum": 1, "section": _TRAINING,
                      "title": "Weight decay",
-                     "description": f"empty = auto: adamw {AUTO_WEIGHT_DECAY['adamw']}, sgd {AUTO_WEIGHT_DECAY['sgd']}"},
+                     "description": f"empty = auto: adamw {AUTO_WEIGHT_DECAY['adamw']}, "
+                                    f"sgd {AUTO_WEIGHT_DECAY['sgd']}"},
     "lr_schedule": {"type": "string", "enum": list(LR_SCHEDULES), "section": _TRAINING,
                     "title": "Learning-rate schedule",
                     "description": "constant; cosine (linear warm-up over warmup_epochs, then cosine decay to 0 at "
