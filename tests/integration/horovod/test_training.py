@@ -339,3 +339,41 @@ def test_early_stopping_keeps_the_best_epoch_when_validation_worsens(autocommit,
     staged = tensors.read_staged(autocommit, stopped.run_id)
     for name in expected:
         np.testing.assert_array_equal(staged[name], expected[name], err_msg=name)
+
+
+def test_the_recorded_classification_metrics_are_scikit_learn_s_on_every_rank_s_validation_rows(autocommit, db_url):
+    """val_accuracy, val_loss, balanced accuracy, F1 / precision / recall (macro), ROC AUC (one-vs-rest) and the
+    confusion matrix of the last epoch: over the validation rows of both ranks, as scikit-learn computes them from
+    the staged model's predictions."""
+    from sklearn import metrics as sk
+
+    seed_samples(autocommit, rows=300, dim=6, classes=3, seed=21)
+    run = planned_run(autocommit, world_size=2, epochs=2, batch_size=8, hidden_sizes=[6], validation_fraction=0.3,
+                      seed=2, early_stopping_patience=0)
+    run_job(run, db_url)
+    last = record.epoch_metrics(autocommit, run.run_id)[-1]
+    model = build_model(run.config.model, run.input_dim, run.output_dim, run.config.model_options_for_build, 0)
+    staged = tensors.read_staged(autocommit, run.run_id)
+    model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in staged.items()})
+    model.eval()
+    source = manifest.source_for(autocommit, run)
+    data = [loader.load_shard(autocommit, source, s, run.input_dim, 0.3, 2)
+            for s in record.get_manifest(autocommit, run.run_id)]
+    x = torch.from_numpy(np.concatenate([d.features[d.is_validation] for d in data]))
+    y = np.concatenate([d.labels[d.is_validation] for d in data])
+    with torch.no_grad():
+        probabilities = model(x).softmax(1).numpy()
+    predicted = probabilities.argmax(1)
+    assert len(y) > 50 and len(set(predicted)) > 1  # a real comparison: several classes predicted
+    expected = {
+        "val_accuracy": sk.accuracy_score(y, predicted),
+        "val_loss": sk.log_loss(y, probabilities, labels=[0, 1, 2]),
+        "val_balanced_accuracy": sk.balanced_accuracy_score(y, predicted),
+        "val_f1_macro": sk.f1_score(y, predicted, average="macro", zero_division=0),
+        "val_precision_macro": sk.precision_score(y, predicted, average="macro", zero_division=0),
+        "val_recall_macro": sk.recall_score(y, predicted, average="macro", zero_division=0),
+        "val_roc_auc": sk.roc_auc_score(y, probabilities, multi_class="ovr", average="macro"),
+    }
+    for name, value in expected.items():
+        assert last[name] == pytest.approx(value, abs=1e-6), name
+    assert last["confusion_matrix"]["counts"] == sk.confusion_matrix(y, predicted, labels=[0, 1, 2]).tolist()
