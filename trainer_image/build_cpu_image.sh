@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# make image-cpu: the trainer image's CPU variant (trainer_image/Dockerfile with TORCH_VARIANT=cpu), built
+# without a daemon or a registry: Debian bookworm from Debian's archive by mmdebstrap (its Python 3.11 matches
+# the local torch and Horovod wheels), imported into buildah, and the Dockerfile built on it by buildah.
+#
+# usage: build_cpu_image.sh [PYTHON]
+#   PYTHON  the interpreter whose pip configuration (find-links, extra index) the build hands to pip inside
+#           the image, with those local directories mounted read-only (default: python3)
+# Environment: PGTRAIN_IMAGE_CACHE (default ~/.cache/pgtrain: buildah's store and its storage.conf, the base's
+# tarball),
+# WHEEL_CACHE (default $PGTRAIN_IMAGE_CACHE/wheels: build_horovod.sh's cache, mounted so its wheel is reused).
+# An image already built from the same inputs (label pgtrain.inputs) is kept. Prints the image's name last.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python=${1:-python3}
+cache=${PGTRAIN_IMAGE_CACHE:-$HOME/.cache/pgtrain}
+wheels=${WHEEL_CACHE:-$cache/wheels}
+base=localhost/pgtrain-debian:bookworm
+image=localhost/pgtrain-trainer:cpu
+for tool in buildah mmdebstrap; do
+  command -v "$tool" >/dev/null || { echo "$tool is missing: make image-tools (apt-get install buildah mmdebstrap)" >&2; exit 1; }
+done
+mkdir -p "$cache/buildah" "$wheels"
+# buildah's store for these images, vfs (no overlay mounts needed): use it with
+#   CONTAINERS_STORAGE_CONF=~/.cache/pgtrain/buildah/storage.conf buildah from localhost/pgtrain-trainer:cpu
+export CONTAINERS_STORAGE_CONF=$cache/buildah/storage.conf
+printf '[storage]\ndriver = "vfs"\ngraphroot = "%s"\nrunroot = "%s"\n' \
+    "$cache/buildah/storage" "$cache/buildah/run" > "$CONTAINERS_STORAGE_CONF"
+
+if ! buildah inspect --type image "$base" >/dev/null 2>&1; then
+  tarball=$cache/debian-bookworm.tar
+  if [ ! -s "$tarball" ]; then
+    echo "image: Debian bookworm base from Debian's archive (mmdebstrap)" >&2
+    mmdebstrap --quiet --variant=minbase --format=tar bookworm "$tarball.part" >&2
+    mv "$tarball.part" "$tarball"
+  fi
+  container=$(buildah from scratch)
+  buildah add "$container" "$tarball" / >&2
+  buildah config --cmd /bin/bash "$container"
+  buildah commit --rm "$container" "$base" >&2
+fi
+
+# pip's settings on this machine (pip config list shows where they come from): the same find-links and extra
+# indexes inside the build, their local directories mounted read-only at the same paths. Without them pip
+# would resolve torch from PyPI, whose Linux wheel is a CUDA build of several GB.
+setting() { "$python" -m pip config list | sed -n "s/^[^=]*\.$1='\(.*\)'$/\1/p" | tail -n1; }
+find_links=$(setting find-links)
+extra_index=$(setting extra-index-url)
+volumes=()
+for location in $find_links $extra_index; do
+  path=${location#file://}
+  if [ "${path:0:1}" = / ] && [ -d "$path" ]; then
+    volumes+=(--volume "$path:$path:ro")
+  fi
+done
+
+args=(--build-arg BASE_IMAGE="$base" --build-arg TORCH_VARIANT=cpu --build-arg TORCH_INDEX= --build-arg NCCL_PIN=
+      --build-arg PIP_FIND_LINKS="$find_links" --build-arg PIP_EXTRA_INDEX_URL="$extra_index"
+      --build-arg HOROVOD_WHEELS=/var/cache/pgtrain/wheels)
+# What the build reads: the Dockerfile, its context (Dockerfile.dockerignore's files) and these arguments.
+inputs=$( { printf '%s\n' "${args[@]}"; git ls-files -z --cached --others --exclude-standard -- \
+    trainer_image/Dockerfile trainer_image/Dockerfile.dockerignore pyproject.toml constraints.txt \
+    trainer_image/requirements.txt trainer_image/build_horovod.sh trainer_image/trainer plugins/pgtrain \
+    ':!plugins/pgtrain/airflow' | sort -z | while IFS= read -r -d '' path; do
+      if [ -L "$path" ]; then echo "$path -> $(readlink "$path")"; else sha256sum "$path"; fi
+    done; } | sha256sum | cut -c1-16)
+built=$(buildah inspect --type image --format '{{index .OCIv1.Config.Labels "pgtrain.inputs"}}' "$image" \
+    2>/dev/null || true)
+if [ "$built" = "$inputs" ]; then
+  echo "image: $image is built from these inputs already" >&2
+else
+  echo "image: building $image (buildah, vfs storage in $cache/buildah)" >&2
+  # One working container for every step (no intermediate layers: vfs copies the whole tree per layer).
+  buildah bud --isolation chroot --network host --layers=false --pull=never \
+      -f trainer_image/Dockerfile --ignorefile trainer_image/Dockerfile.dockerignore \
+      "${args[@]}" "${volumes[@]}" --volume "$wheels:/var/cache/pgtrain/wheels" \
+      --label pgtrain.inputs="$inputs" -t "$image" . >&2
+  buildah rmi --prune >/dev/null  # the image this one replaced
+fi
+echo "$image"
