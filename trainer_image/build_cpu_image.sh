@@ -40,23 +40,28 @@ if ! buildah inspect --type image "$base" >/dev/null 2>&1; then
   buildah commit --rm "$container" "$base" >&2
 fi
 
-# pip's settings on this machine (pip config list shows where they come from): the same find-links and extra
-# indexes inside the build, their local directories mounted read-only at the same paths. Without them pip
-# would resolve torch from PyPI, whose Linux wheel is a CUDA build of several GB.
+# pip's settings on this machine (pip config list shows where they come from): the same indexes, find-links and
+# CA bundle inside the build, their local paths mounted read-only at the same places. Without them pip would
+# resolve torch from PyPI, whose Linux wheel is a CUDA build of several GB.
 setting() { "$python" -m pip config list | sed -n "s/^[^=]*\.$1='\(.*\)'$/\1/p" | tail -n1; }
-find_links=$(setting find-links)
-extra_index=$(setting extra-index-url)
-volumes=()
-for location in $find_links $extra_index; do
-  path=${location#file://}
-  if [ "${path:0:1}" = / ] && [ -d "$path" ]; then
-    volumes+=(--volume "$path:$path:ro")
-  fi
-done
-
 args=(--build-arg BASE_IMAGE="$base" --build-arg TORCH_VARIANT=cpu --build-arg TORCH_INDEX= --build-arg NCCL_PIN=
-      --build-arg PIP_FIND_LINKS="$find_links" --build-arg PIP_EXTRA_INDEX_URL="$extra_index"
       --build-arg HOROVOD_WHEELS=/var/cache/pgtrain/wheels)
+volumes=()
+for name in index-url extra-index-url find-links cert; do
+  value=$(setting "$name")
+  [ -n "$value" ] || continue
+  if [ "$name" = cert ]; then  # beside the image's own CA bundle, which its ca-certificates package writes
+    volumes+=(--volume "$value:/run/pgtrain-pip-cert.pem:ro")
+    value=/run/pgtrain-pip-cert.pem
+  fi
+  args+=(--build-arg "PIP_$(echo "$name" | tr 'a-z-' 'A-Z_')=$value")
+  for location in $value; do
+    path=${location#file://}
+    if [ "$name" != cert ] && [ "${path:0:1}" = / ] && [ -e "$path" ]; then
+      volumes+=(--volume "$path:$path:ro")
+    fi
+  done
+done
 # What the build reads: the Dockerfile, its context (Dockerfile.dockerignore's files) and these arguments.
 inputs=$( { printf '%s\n' "${args[@]}"; git ls-files -z --cached --others --exclude-standard -- \
     trainer_image/Dockerfile trainer_image/Dockerfile.dockerignore pyproject.toml constraints.txt \
