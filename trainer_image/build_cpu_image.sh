@@ -31,7 +31,11 @@ if ! buildah inspect --type image "$base" >/dev/null 2>&1; then
   tarball=$cache/debian-bookworm.tar
   if [ ! -s "$tarball" ]; then
     echo "image: Debian bookworm base from Debian's archive (mmdebstrap)" >&2
-    mmdebstrap --quiet --variant=minbase --format=tar bookworm "$tarball.part" >&2
+    # dpkg without fsync, no documentation, apt without translations: as Debian's own container images
+    mmdebstrap --quiet --variant=minbase --format=tar --dpkgopt=force-unsafe-io \
+        --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
+        --dpkgopt='path-exclude=/usr/share/locale/*' --aptopt='Acquire::Languages "none"' \
+        bookworm "$tarball.part" >&2
     mv "$tarball.part" "$tarball"
   fi
   container=$(buildah from scratch)
@@ -57,6 +61,8 @@ for name in index-url extra-index-url find-links cert; do
   args+=(--build-arg "PIP_$(echo "$name" | tr 'a-z-' 'A-Z_')=$value")
   for location in $value; do
     path=${location#file://}
+    # a local index's pages link to its files beside them (simple/NAME/ -> ../../files/): mount its root
+    case $name in index-url | extra-index-url) path=$(dirname "$path") ;; esac
     if [ "$name" != cert ] && [ "${path:0:1}" = / ] && [ -e "$path" ]; then
       volumes+=(--volume "$path:$path:ro")
     fi
@@ -76,7 +82,7 @@ if [ "$built" = "$inputs" ]; then
 else
   echo "image: building $image (buildah, vfs storage in $cache/buildah)" >&2
   # One working container for every step (no intermediate layers: vfs copies the whole tree per layer).
-  buildah bud --isolation chroot --network host --layers=false --pull=never \
+  buildah bud --format docker --isolation chroot --network host --layers=false --pull=never \
       -f trainer_image/Dockerfile --ignorefile trainer_image/Dockerfile.dockerignore \
       "${args[@]}" "${volumes[@]}" --volume "$wheels:/var/cache/pgtrain/wheels" \
       --label pgtrain.inputs="$inputs" -t "$image" . >&2

@@ -50,9 +50,9 @@ def image() -> str:
     return result.stdout.splitlines()[-1]
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def container(image: str) -> Iterator[str]:
-    """A working container of the image; removed after the test."""
+    """One working container of the image for these tests (vfs copies the whole image for each); removed after."""
     created = buildah("from", "--pull=never", image)
     assert created.returncode == 0, created.stderr
     name = created.stdout.strip().splitlines()[-1]
@@ -98,10 +98,11 @@ def test_ssh_on_port_2222_for_root_and_for_mpiuser(container):
     try:
         os.chown(keys, 1000, 1000)  # as the operator's Secret, readable by the pod's user
         port = free_port()  # host network: 2222 may be taken on this machine; the config's port is checked below
-        script = ("set -e; cd ~; id -un; ssh-keygen -q -t rsa -N '' -f .ssh/id_rsa; "
+        # The operator's Secret holds one key pair: the host key, the client key and the authorized key.
+        script = ("set -e; cd /home/mpiuser; id -un; ssh-keygen -q -t rsa -N '' -f .ssh/id_rsa; "
                   "cp .ssh/id_rsa.pub .ssh/authorized_keys; "
-                  "/usr/sbin/sshd -T -f .sshd_config | grep '^port '; "
-                  f"/usr/sbin/sshd -f .sshd_config -p {port}; "
+                  "/usr/sbin/sshd -T -f /home/mpiuser/.sshd_config | grep '^port '; "
+                  f"/usr/sbin/sshd -f /home/mpiuser/.sshd_config -p {port}; "
                   f"ssh -p {port} -o BatchMode=yes 127.0.0.1 'id -un; id -u'; kill $(cat sshd.pid)")
         result = run_in(container, "bash", "-c", script, user="mpiuser", volumes=(f"{keys}:/home/mpiuser/.ssh",))
     finally:
