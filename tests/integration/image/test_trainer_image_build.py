@@ -32,6 +32,9 @@ pytestmark = pytest.mark.image
 
 CACHE = Path.home() / ".cache" / "pgtrain"  # build_cpu_image.sh's default: a second run reuses the image
 BUILD_SECONDS = 1800  # a cold build on 2 cores takes minutes (measured in the report of issue 22)
+# A pod's hostname resolves (the kubelet writes it into /etc/hosts); Horovod's Gloo process sets look it up
+# (a name that does not resolve crashes hvd.init), so the container gets one that does, as a pod has.
+HOSTNAME = "trainer-pod"
 
 
 def buildah(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -53,7 +56,7 @@ def image() -> str:
 @pytest.fixture(scope="module")
 def container(image: str) -> Iterator[str]:
     """One working container of the image for these tests (vfs copies the whole image for each); removed after."""
-    created = buildah("from", "--pull=never", image)
+    created = buildah("from", "--pull=never", f"--add-host={HOSTNAME}:127.0.0.1", image)
     assert created.returncode == 0, created.stderr
     name = created.stdout.strip().splitlines()[-1]
     try:
@@ -65,7 +68,8 @@ def container(image: str) -> Iterator[str]:
 def run_in(container: str, *command: str, user: str | None = None, volumes: tuple[str, ...] = (),
            env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     """``command`` in the container, on the host's network (the test PostgreSQL, a port on localhost)."""
-    options = ["--isolation", "chroot", "--network", "host", *(["--user", user] if user else [])]
+    options = ["--isolation", "chroot", "--network", "host", "--hostname", HOSTNAME]
+    options += ["--user", user] if user else []
     options += [f"--volume={volume}" for volume in volumes]
     options += [f"--env={name}={value}" for name, value in (env or {}).items()]
     return buildah("run", *options, container, "--", *command, timeout=timeout)
@@ -129,7 +133,9 @@ def test_two_ranks_train_inside_the_image_and_the_version_commits(container, aut
         (secret / Path(DATABASE_URL_FILE).name).write_text(db_url)
         command = ["horovodrun", "--gloo", "-np", "2", "-H", "localhost:2", *horovodrun_options(),
                    *trainer_argv(run.run_id, attempt)]
-        result = run_in(container, *command, volumes=(f"{secret}:{DATABASE_MOUNT_PATH}:ro",
+        # /var/run is a link to /run in the image: buildah mounts a volume only at the link's target
+        mount_path = DATABASE_MOUNT_PATH.replace("/var/run/", "/run/", 1)
+        result = run_in(container, *command, volumes=(f"{secret}:{mount_path}:ro",
                                                       *database_volumes(db_url)),
                         env={DATABASE_URL_FILE_ENV: DATABASE_URL_FILE})
     finally:
