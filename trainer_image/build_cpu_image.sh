@@ -21,11 +21,26 @@ for tool in buildah mmdebstrap; do
   command -v "$tool" >/dev/null || { echo "$tool is missing: make image-tools (apt-get install buildah mmdebstrap)" >&2; exit 1; }
 done
 mkdir -p "$cache/buildah" "$wheels"
-# buildah's store for these images, vfs (no overlay mounts needed): use it with
+# buildah's store for these images: use it with
 #   CONTAINERS_STORAGE_CONF=~/.cache/pgtrain/buildah/storage.conf buildah from localhost/pgtrain-trainer:cpu
+# overlay where this machine can mount it (a container of a 2 GB image in a second), else vfs (no mounts
+# needed, but every container and every layer is a full copy: a minute each here).
 export CONTAINERS_STORAGE_CONF=$cache/buildah/storage.conf
-printf '[storage]\ndriver = "vfs"\ngraphroot = "%s"\nrunroot = "%s"\n' \
-    "$cache/buildah/storage" "$cache/buildah/run" > "$CONTAINERS_STORAGE_CONF"
+store() { printf '[storage]\ndriver = "%s"\ngraphroot = "%s"\nrunroot = "%s"\n' "$1" "$2/storage" "$2/run" \
+    > "$CONTAINERS_STORAGE_CONF"; }
+if [ ! -s "$CONTAINERS_STORAGE_CONF" ]; then
+  probe=$cache/buildah/probe
+  store overlay "$probe"
+  if container=$(buildah from scratch 2>/dev/null) && buildah mount "$container" >/dev/null 2>&1; then
+    driver=overlay
+  else
+    driver=vfs
+  fi
+  buildah rm --all >/dev/null 2>&1 || true
+  rm -rf "$probe"
+  store "$driver" "$cache/buildah/$driver"
+  echo "image: buildah stores images with the $driver driver in $cache/buildah/$driver" >&2
+fi
 
 if ! buildah inspect --type image "$base" >/dev/null 2>&1; then
   tarball=$cache/debian-bookworm.tar
@@ -80,8 +95,8 @@ built=$(buildah inspect --type image --format '{{index .OCIv1.Config.Labels "pgt
 if [ "$built" = "$inputs" ]; then
   echo "image: $image is built from these inputs already" >&2
 else
-  echo "image: building $image (buildah, vfs storage in $cache/buildah)" >&2
-  # One working container for every step (no intermediate layers: vfs copies the whole tree per layer).
+  echo "image: building $image with buildah" >&2
+  # One working container for every step, one layer (fewer copies where the store is vfs).
   buildah bud --format docker --isolation chroot --network host --layers=false --pull=never \
       -f trainer_image/Dockerfile --ignorefile trainer_image/Dockerfile.dockerignore \
       "${args[@]}" "${volumes[@]}" --volume "$wheels:/var/cache/pgtrain/wheels" \
