@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 WHEEL_CACHE ?= $(HOME)/.cache/pgtrain/wheels
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint bench bench-quick load-digits load-slid load-computers render-mpijob stop-db clean ui stop-ui browser test-stack
+.PHONY: install demo test lint image-tools image-cpu bench bench-quick load-digits load-slid load-computers render-mpijob stop-db clean ui stop-ui browser test-stack
 
 install: $(STAMP)
 
@@ -26,7 +26,7 @@ $(STAMP): requirements.txt requirements-dev.txt trainer_image/requirements.txt t
 demo: install
 	bash scripts/demo.sh
 
-test: install browser
+test: install browser image-tools
 	bash scripts/test.sh
 
 lint: install
@@ -69,6 +69,14 @@ browser:  # Debian's Chromium and chromedriver, for the browser test only (tests
 	command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
 	  $(if $(filter 0,$(shell id -u)),,sudo) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(if $(filter 0,$(shell id -u)),,sudo) apt-get install -y -qq chromium chromium-driver >/dev/null; }
+
+image-tools:  # Debian's buildah and mmdebstrap: build the trainer image without a daemon or a registry; apt-get, as root
+	command -v buildah >/dev/null && command -v mmdebstrap >/dev/null || { \
+	  $(if $(filter 0,$(shell id -u)),,sudo) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(if $(filter 0,$(shell id -u)),,sudo) apt-get install -y -qq buildah mmdebstrap >/dev/null; }
+
+image-cpu: install image-tools  # the trainer image's CPU variant as localhost/pgtrain-trainer:cpu in ~/.cache/pgtrain/buildah
+	bash trainer_image/build_cpu_image.sh $(PY)
 
 test-stack: install browser  # only the tests that start the real Airflow stack (REST API, models page in Chromium)
 	bash scripts/test.sh -m stack

@@ -89,14 +89,60 @@ def test_hadolint_is_clean():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_cuda_devel_base_with_open_mpi_ssh_and_nccl(dockerfile):
+def build_args(dockerfile: str) -> dict[str, str]:
+    """The Dockerfile's build arguments and their defaults."""
+    return dict(re.findall(r"^ARG (\w+)=(\S*)", dockerfile, re.MULTILINE))
+
+
+def test_base_and_torch_variant_are_build_arguments_with_open_mpi_and_ssh(dockerfile):
     steps = instructions(dockerfile)
-    base = re.search(r"ARG CUDA_IMAGE=(\S+)", dockerfile).group(1)
-    assert re.fullmatch(r"nvidia/cuda:[\d.]+-(cudnn-)?devel-ubuntu[\d.]+", base)
-    assert steps[1] == ("FROM", "${CUDA_IMAGE}")
-    apt = " ".join(args for keyword, args in steps if keyword == "RUN" and "apt-get install" in args)
-    for package in ("openmpi-bin", "libopenmpi-dev", "openssh-server", "openssh-client", "libnccl2", "libnccl-dev"):
+    args = build_args(dockerfile)
+    assert re.fullmatch(r"nvidia/cuda:[\d.]+-(cudnn-)?devel-ubuntu[\d.]+", args["BASE_IMAGE"])
+    assert steps[1] == ("FROM", "${BASE_IMAGE}")
+    assert args["TORCH_INDEX"] == "https://download.pytorch.org/whl/${TORCH_VARIANT}"
+    apt = " ".join(a for keyword, a in steps if keyword == "RUN" and "apt-get install" in a)
+    for package in ("openmpi-bin", "libopenmpi-dev", "openssh-server", "openssh-client"):
         assert package in apt
+    # The base's NCCL stays as it is: reinstalling it unpinned pulls a build for another CUDA version.
+    assert "libnccl" not in apt
+
+
+def test_cuda_torch_and_nccl_versions_are_in_step(dockerfile):
+    """The default GPU variant is one published build of the pinned torch: the base's CUDA major.minor is the
+    variant's, and NCCL_PIN is the NCCL wheel that build requires, for the same CUDA major."""
+    torch_version = re.search(r"^torch==([\d.]+)$", (REPO / "constraints.txt").read_text(), re.MULTILINE).group(1)
+    builds = tomllib.loads((REPO / "trainer_image" / "torch_builds.toml").read_text())
+    assert torch_version in builds, (f"torch {torch_version} (constraints.txt) has no row in "
+                                     "trainer_image/torch_builds.toml: add its published builds first")
+    args = build_args(dockerfile)
+    variant = builds[torch_version]["variants"].get(args["TORCH_VARIANT"])
+    assert variant is not None and "cuda" in variant, \
+        f"TORCH_VARIANT={args['TORCH_VARIANT']} is not a CUDA build of torch {torch_version}"
+    cuda = re.match(r"nvidia/cuda:(\d+\.\d+)\.", args["BASE_IMAGE"]).group(1)
+    assert cuda == variant["cuda"], \
+        f"{args['BASE_IMAGE']} is CUDA {cuda}, the {args['TORCH_VARIANT']} build is CUDA {variant['cuda']}"
+    assert args["NCCL_PIN"] == variant["nccl"]
+    assert re.fullmatch(rf"nvidia-nccl-cu{cuda.split('.')[0]}==[\d.]+", args["NCCL_PIN"])
+    # Horovod compiles and links against that wheel's NCCL: one NCCL in a rank's process, checked in the build.
+    build = next(a for keyword, a in instructions(dockerfile) if keyword == "RUN" and "build_horovod.sh" in a)
+    for setting in ("HOROVOD_NCCL_HOME=\"$nccl\"", "HOROVOD_NCCL_LINK=SHARED", "import nvidia.nccl", "/proc/self/maps"):
+        assert setting in build
+    # The CPU variant the tests build (trainer_image/build_cpu_image.sh) is a published one too.
+    script = (REPO / "trainer_image" / "build_cpu_image.sh").read_text()
+    assert "TORCH_VARIANT=cpu" in script and "cpu" in builds[torch_version]["variants"]
+
+
+def test_the_image_supports_the_operators_non_root_mode(dockerfile):
+    """mpiuser (uid 1000) with its own sshd config on port 2222, as the MPI Operator's examples; root's sshd
+    and every ssh client on the same port."""
+    run = next(a for keyword, a in instructions(dockerfile) if keyword == "RUN" and "apt-get install" in a)
+    assert build_args(dockerfile)["SSH_PORT"] == "2222"
+    assert "useradd --create-home --uid 1000 --shell /bin/bash mpiuser" in run
+    for line in ("PidFile /home/mpiuser/sshd.pid", "HostKey /home/mpiuser/.ssh/id_rsa", "StrictModes no", "Port %s"):
+        assert line in run
+    assert "> /home/mpiuser/.sshd_config" in run and "chown mpiuser:mpiuser /home/mpiuser/.sshd_config" in run
+    assert 'echo "Port $SSH_PORT" >> /etc/ssh/sshd_config' in run
+    assert ("EXPOSE", "2222") in instructions(dockerfile)
 
 
 def test_torch_and_horovod_are_built_as_locally(dockerfile):
@@ -107,8 +153,8 @@ def test_torch_and_horovod_are_built_as_locally(dockerfile):
     build = next(args for keyword, args in instructions(dockerfile) if keyword == "RUN" and "build_horovod.sh" in args)
     for flag in ("HOROVOD_GPU_OPERATIONS=NCCL", "HOROVOD_WITH_MPI=1", "bash trainer_image/build_horovod.sh"):
         assert flag in build
-    for check in ("horovodrun --check-build", r"\[X\] NCCL", r"\[X\] MPI", r"\[X\] Gloo", r"\[X\] PyTorch"):
-        assert check in build
+    assert "horovodrun --check-build" in build and r'grep -q "\[X\] $check"' in build
+    assert 'checks="PyTorch Gloo MPI NCCL"' in build and 'checks="PyTorch Gloo"' in build  # the GPU and CPU sets
     assert "CMAKE_CXX_STANDARD 17" in (REPO / "trainer_image" / "build_horovod.sh").read_text()
 
 
