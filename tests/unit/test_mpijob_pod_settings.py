@@ -201,7 +201,7 @@ def test_non_root_mode_follows_the_operators_pi_example_under_restricted_pod_sec
                                                        "capabilities": {"drop": ["ALL"]}}
     assert_valid_mpijob(widened)
     root = spec.build_mpijob(settings())
-    assert root["spec"]["sshAuthMountPath"] == "/root/.ssh" and "--ssh-port" not in trainer(root, "Launcher")["command"]
+    assert root["spec"]["sshAuthMountPath"] == "/root/.ssh" and "--ssh-port" in trainer(root, "Launcher")["command"]
 
 
 # --- pod templates ---

@@ -28,20 +28,22 @@ SSH_AUTH_MOUNT_PATH = "/root/.ssh"
 DATABASE_VOLUME = "pgtrain-database"
 DATABASE_MOUNT_PATH = "/var/run/secrets/pgtrain"
 DATABASE_URL_FILE = f"{DATABASE_MOUNT_PATH}/url"
-WORKER_COMMAND = ["/usr/sbin/sshd", "-De"]  # workers only serve SSH; the launcher starts ranks on them
+# The workers' sshd port in both modes (trainer_image/Dockerfile's SSH_PORT, as the MPI Operator's own images):
+# unprivileged, so one image serves root and non-root pods; horovodrun --ssh-port reaches it.
+SSH_PORT = 2222
+WORKER_COMMAND = ["/usr/sbin/sshd", "-De", "-p", str(SSH_PORT)]  # workers only serve SSH; the launcher starts ranks
 # Non-root mode (restricted Pod Security), as the MPI Operator's examples/v2beta1/pi: the image's user NON_ROOT_USER
 # (uid/gid NON_ROOT_UID, home NON_ROOT_HOME; trainer_image/Dockerfile creates it) runs sshd on an unprivileged
-# port with the job's key (mounted at NON_ROOT_HOME/.ssh) as its host key; horovodrun --ssh-port reaches it.
+# port (SSH_PORT) with the job's key (mounted at NON_ROOT_HOME/.ssh) as its host key.
 NON_ROOT_USER = "mpiuser"
 NON_ROOT_UID = 1000
 NON_ROOT_HOME = f"/home/{NON_ROOT_USER}"
 NON_ROOT_SSH_AUTH_MOUNT_PATH = f"{NON_ROOT_HOME}/.ssh"
-NON_ROOT_SSH_PORT = 2222
 # Options on the command line rather than an sshd_config of the image's: the image only needs the user.
 # UsePAM=no as in the pi example's config (PAM's account checks need root); StrictModes=no because the key
 # files are the Secret's (owned by root).
 NON_ROOT_WORKER_COMMAND = [
-    "/usr/sbin/sshd", "-De", "-p", str(NON_ROOT_SSH_PORT),
+    "/usr/sbin/sshd", "-De", "-p", str(SSH_PORT),
     "-o", f"HostKey={NON_ROOT_SSH_AUTH_MOUNT_PATH}/id_rsa", "-o", f"PidFile={NON_ROOT_HOME}/sshd.pid",
     "-o", "StrictModes=no", "-o", "UsePAM=no",
 ]

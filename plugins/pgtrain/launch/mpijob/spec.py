@@ -36,7 +36,6 @@ from pgtrain.launch.mpijob.api import (
     JOB_ROLE_LABEL,
     KIND,
     NON_ROOT_SSH_AUTH_MOUNT_PATH,
-    NON_ROOT_SSH_PORT,
     NON_ROOT_UID,
     NON_ROOT_WORKER_COMMAND,
     QUEUE_NAME_LABEL,
@@ -44,6 +43,7 @@ from pgtrain.launch.mpijob.api import (
     SHM_MOUNT_PATH,
     SHM_VOLUME,
     SSH_AUTH_MOUNT_PATH,
+    SSH_PORT,
     WORKER_COMMAND,
 )
 from pgtrain.launch.mpijob.validation import validate_mpijob
@@ -174,16 +174,16 @@ def _longest_suffix(workers: int) -> int:
     return max(len("-launcher"), len(f"-worker-{workers - 1}"))
 
 
-def launcher_command(run_id: str, world_size: int, attempt: int, *, ssh_port: int | None = None) -> list[str]:
+def launcher_command(run_id: str, world_size: int, attempt: int) -> list[str]:
     """``horovodrun`` over the MPI Operator's hostfile: MPI (+NCCL) in the GPU image, Gloo where MPI is absent.
 
     horovodrun passes the launcher's environment to every rank (``mpirun -x NAME``, or ``env K=V`` on
     the ranks' command lines with Gloo); the database URL is not in it, only the path of the file the
-    Secret is mounted as on every pod. ``ssh_port``: the workers' sshd port when it is not 22 (non-root mode);
-    horovodrun hands it to its SSH check, to mpirun (``plm_rsh_args``) and to Gloo's remote commands.
+    Secret is mounted as on every pod. horovodrun hands ``--ssh-port`` (the workers' sshd, SSH_PORT) to its SSH
+    check, to mpirun (``plm_rsh_args``) and to Gloo's remote commands.
     """
-    port = ["--ssh-port", str(ssh_port)] if ssh_port else []
-    return ["horovodrun", "-np", str(world_size), "--hostfile", HOSTFILE, *port, *horovodrun_options(),
+    return ["horovodrun", "-np", str(world_size), "--hostfile", HOSTFILE, "--ssh-port", str(SSH_PORT),
+            *horovodrun_options(),
             *trainer_argv(run_id, attempt)]
 
 
@@ -366,8 +366,7 @@ def build_mpijob(settings: MPIJobSettings, pod: Mapping[str, Any] | None = None)
         worker_affinity = _one_per_node(worker_affinity or (pod.get("spec") or {}).get("affinity") or {}, name)
     launcher = _replica_template(
         pod, settings, labels, annotations,
-        command=launcher_command(settings.run_id, settings.world_size, settings.attempt,
-                                 ssh_port=NON_ROOT_SSH_PORT if settings.non_root else None),
+        command=launcher_command(settings.run_id, settings.world_size, settings.attempt),
         requests={"cpu": settings.launcher_cpu, "memory": settings.launcher_memory},
         limits={"memory": settings.launcher_memory}, gpus=0, shm_size=None, affinity=settings.launcher_affinity,
         node_selector=settings.launcher_node_selector, templates=(settings.pod_template,
