@@ -149,3 +149,17 @@ def test_every_metric_a_run_records_is_in_the_registry():
     assert SKLEARN | {"val_rmse", "val_mae", "val_r2"} == set(METRICS)
     assert [m.higher_is_better for m in map(METRICS.get, ("val_roc_auc", "val_loss", "val_rmse", "val_r2"))] == [
         True, False, False, True]
+
+
+def test_a_version_keeps_the_metrics_of_the_epoch_whose_parameters_it_holds():
+    """Early stopping stages the best epoch's parameters: the version's figures are that epoch's, with best_epoch and
+    the epochs trained; without early stopping (no best_epoch) they are the last epoch's."""
+    from pgtrain.store.model_store import version_metrics
+
+    epochs = [{"epoch": 1, "val_loss": 0.9, "seconds": 1.0, "best_epoch": 1},
+              {"epoch": 2, "val_loss": 0.5, "seconds": 1.0, "best_epoch": 2},
+              {"epoch": 3, "val_loss": 0.7, "seconds": 1.0, "best_epoch": 2}]
+    kept = version_metrics(epochs, [])
+    assert (kept["val_loss"], kept["best_epoch"], kept["epochs"], kept["training_seconds"]) == (0.5, 2, 3, 3.0)
+    plain = version_metrics([{k: v for k, v in e.items() if k != "best_epoch"} for e in epochs], [])
+    assert (plain["val_loss"], plain["epochs"], "best_epoch" in plain) == (0.7, 3, False)

@@ -77,13 +77,13 @@ def _validation_keys(metrics: Mapping[str, Any]) -> list[str]:
 
 
 def _label(key: str) -> str:
-    return METRICS[key].label if key in METRICS else key.removeprefix("val_")
+    return METRICS[key].label if key in METRICS else key.removeprefix("val_").replace("_", " ")
 
 
 def metrics_text(metrics: Mapping[str, Any] | None) -> str:
     """The validation figures first, then epochs; a short line."""
     metrics = metrics or {}
-    keys = _validation_keys(metrics) + [k for k in ("epochs",) if k in metrics]
+    keys = _validation_keys(metrics) + [k for k in ("best_epoch", "epochs") if k in metrics]
     return ", ".join(f"{e(_label(k))} {number(metrics[k])}" for k in keys) or "-"
 
 
@@ -94,6 +94,10 @@ def metrics_table(metrics: Mapping[str, Any] | None) -> str:
         f'<tr data-metric="{e(k)}"><th>{e(_label(k))}</th><td>{number(metrics[k])}</td><td>'
         f"{e(METRICS[k].better if k in METRICS else None)}</td><td><code>{e(k)}</code></td></tr>"
         for k in _validation_keys(metrics))
+    if rows and metrics.get("best_epoch") is not None:  # early stopping: the figures are the best epoch's
+        rows += (f'<tr data-metric="best_epoch"><th>best epoch</th><td>{number(metrics["best_epoch"])} of '
+                 f'{number(metrics.get("epochs"))}</td><td>its parameters are the version\'s</td>'
+                 "<td><code>best_epoch</code></td></tr>")
     return f'<table id="metrics">{rows}</table>' if rows else "<p>No validation metrics recorded.</p>"
 
 
