@@ -107,6 +107,8 @@ def test_ssh_on_port_2222_for_root_and_for_mpiuser(container):
                   "cp .ssh/id_rsa.pub .ssh/authorized_keys; "
                   "/usr/sbin/sshd -T -f /home/mpiuser/.sshd_config | grep '^port '; "
                   f"/usr/sbin/sshd -f /home/mpiuser/.sshd_config -p {port}; "
+                  # sshd daemonizes before it listens; it writes its pid file once it listens
+                  "for i in $(seq 600); do [ -s sshd.pid ] && break; sleep 0.1; done; "
                   f"ssh -p {port} -o BatchMode=yes 127.0.0.1 'id -un; id -u'; kill $(cat sshd.pid)")
         result = run_in(container, "bash", "-c", script, user="mpiuser", volumes=(f"{keys}:/home/mpiuser/.ssh",))
     finally:
