@@ -69,6 +69,12 @@ volumes=()
 for name in index-url extra-index-url find-links cert; do
   value=$(setting "$name")
   [ -n "$value" ] || continue
+  # A build argument is in the image's history for anyone who pulls it: no index password may become one.
+  if printf '%s' "$value" | grep -Eq '://[^/@ ]+:[^/@ ]*@'; then
+    echo "build_cpu_image.sh: pip's $name holds a URL with a user and password; a build argument would keep it" \
+         "in the image's history. Use a keyring, a netrc on a --volume, or an index without credentials" >&2
+    exit 2
+  fi
   if [ "$name" = cert ]; then  # beside the image's own CA bundle, which its ca-certificates package writes
     volumes+=(--volume "$value:/run/pgtrain-pip-cert.pem:ro")
     value=/run/pgtrain-pip-cert.pem

@@ -159,11 +159,18 @@ def test_nccl_environment_follows_pgtrains_own_in_both_templates():
     ("1BAD", "is not an environment variable name"),
 ])
 def test_env_that_is_pgtrains_or_a_secret_is_refused(name, words):
+    """By name; a value that is a URL with a password is refused whatever its name (test below)."""
     with pytest.raises(ConfigError, match=re.escape(f"env: {name if name != '1BAD' else repr(name)}")) as error:
         settings(env={name: "x"})
     assert words in str(error.value)
     with pytest.raises(ConfigError, match=re.escape(words)):  # the operator's path: KubernetesPodOperator's env_vars
         MPIJobOperator(task_id="t", world_size=1, env={name: "x"})
+
+
+def test_an_env_value_with_a_url_password_is_refused_whatever_its_name():
+    with pytest.raises(ConfigError, match="env: MY_DSN holds a URL with a user and password"):
+        settings(env={"MY_DSN": "postgresql://trainer:s3cret@db:5432/x"})
+    assert settings(env={"MY_ENDPOINT": "https://metrics.example:443/push"}).env  # no credentials: fine
 
 
 # --- non-root ---

@@ -111,7 +111,7 @@ def test_a_gpu_without_room_for_the_model_and_a_batch_is_refused_saying_what_to_
 def test_a_model_s_training_state_counts_weights_gradients_momentum_fusion_and_buffers():
     model = nn.Sequential(nn.Linear(10, 5), nn.BatchNorm1d(5))  # 55 + 10 parameters; 5 + 5 + 1 buffer values
     buffers = 5 * 4 + 5 * 4 + 8  # running mean and var (float32), num_batches_tracked (int64)
-    assert training_state_bytes(model) == 65 * 16 + buffers
+    assert training_state_bytes(model) == 65 * 24 + buffers
 
 
 def run_out_of_gpu_memory() -> None:

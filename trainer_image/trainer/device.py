@@ -51,8 +51,8 @@ def select_device(local_rank: int, cuda: Cuda) -> torch.device:
 
 
 def training_state_bytes(model: torch.nn.Module) -> int:
-    """The model's memory while it trains: each parameter with its gradient, momentum and Horovod's fusion copy,
-    and its buffers."""
+    """The model's memory while it trains: each parameter with its gradient, the optimizer's state, Horovod's
+    fusion copy and the best epoch's copy (TRAINING_BYTES_PER_PARAMETER), and its buffers."""
     parameters = sum(p.numel() for p in model.parameters())
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
     return parameters * TRAINING_BYTES_PER_PARAMETER + buffers

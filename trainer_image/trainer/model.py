@@ -20,10 +20,12 @@ import importlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pgtrain.config.params import NORMALIZATIONS
 from pgtrain.core.errors import ConfigError
 from pgtrain.core.memory import available_bytes
 from pgtrain.data.encoding import Layout, layout_of
@@ -126,8 +128,8 @@ def mlp(input_dim: int, output_dim: int, hidden_sizes: Sequence[int] = (50,), dr
     """Hidden layers of Linear (then LayerNorm with ``normalization="layer"``), ReLU (then Dropout when ``dropout``),
     and a Linear output layer. The defaults are the layout of versions made before these options existed, which
     load with them (their spec records hidden_sizes only)."""
-    if normalization not in ("none", "layer"):
-        raise ConfigError(f"mlp: normalization={normalization!r} should be 'none' or 'layer'")
+    if normalization not in NORMALIZATIONS:
+        raise ConfigError(f"mlp: normalization={normalization!r} should be one of {', '.join(NORMALIZATIONS)}")
     layers: list[nn.Module] = []
     fan_in = input_dim
     for width in hidden_sizes:
@@ -252,6 +254,11 @@ def _probe(model: PgtrainModel, model_ref: str) -> None:
                           f"needs [2, {model.output_dim}] (output_dim={model.output_dim})")
     if out.dtype != torch.float32:
         raise ConfigError(f"model {model_ref!r}: the output is {out.dtype}, the run needs torch.float32")
+
+
+def writable_tensor(array: Any) -> torch.Tensor:
+    """A stored array (a read-only little-endian view) as a tensor of its own native-order memory."""
+    return torch.from_numpy(np.array(array, dtype=array.dtype.newbyteorder("=")))
 
 
 def state_layout(model: nn.Module) -> dict[str, dict[str, Any]]:

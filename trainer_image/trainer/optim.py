@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from pgtrain.config.params import TrainingConfig
+from trainer.model import writable_tensor
 
 MOMENTUM = 0.9  # sgd
 ONE_CYCLE_RISE, ONE_CYCLE_START, ONE_CYCLE_END = 0.3, 25.0, 1e4  # torch's OneCycleLR defaults
@@ -90,6 +91,6 @@ def load_optimizer_arrays(optimizer: torch.optim.Optimizer, model: torch.nn.Modu
     for key, array in arrays.items():
         state_key, _, name = key.removeprefix(OPTIMIZER_PREFIX).partition(".")
         param = by_name[name]
-        value = torch.from_numpy(np.array(array, dtype=array.dtype.newbyteorder("=")))
+        value = writable_tensor(array)
         # AdamW keeps its step count on the CPU (capturable=False); the moments live with the parameter.
         optimizer.state[param][state_key] = value if state_key == "step" else value.to(param.device)

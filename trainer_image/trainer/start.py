@@ -18,7 +18,7 @@ import torch
 from pgtrain.core.errors import ConfigError, PgtrainError
 from pgtrain.runs import record
 from pgtrain.store import model_store, tensors
-from trainer.model import PgtrainModel, layout_problems
+from trainer.model import PgtrainModel, layout_problems, writable_tensor
 from trainer.optim import OPTIMIZER_PREFIX, optimizer_arrays
 
 # Checkpoint tensor names: the model's state dict, the optimizer's state (trainer.optim.OPTIMIZER_PREFIX) and the
@@ -106,7 +106,7 @@ def init_version(conn: psycopg.Connection, run: record.Run) -> int | None:
 
 def load_arrays(model: torch.nn.Module, arrays: dict[str, np.ndarray]) -> None:
     # Stored arrays are read-only little-endian views; torch wants writable native-order memory.
-    model.load_state_dict({name: torch.from_numpy(np.array(a, dtype=a.dtype.newbyteorder("=")))
+    model.load_state_dict({name: writable_tensor(a)
                            for name, a in arrays.items()}, strict=True)
 
 

@@ -7,6 +7,7 @@ a resumed run recovers its best epoch and its patience from them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -38,9 +39,9 @@ class EarlyStopping:
         return self.patience > 0
 
     def update(self, epoch: int, figures: Mapping[str, Any]) -> bool:
-        """Take the epoch's figures; True when it is the best so far (an undefined metric never is)."""
+        """Take the epoch's figures; True when it is the best so far (an undefined or non-finite metric never is)."""
         value = figures.get(self.metric.name)
-        if not self.on or value is None:
+        if not self.on or value is None or not math.isfinite(value):
             return False
         if self.best_value is None or self.metric.worse(self.best_value, value):
             self.best_epoch, self.best_value = epoch, float(value)
@@ -48,5 +49,7 @@ class EarlyStopping:
         return False
 
     def should_stop(self, epoch: int) -> bool:
-        """Patience epochs in a row without a better metric (counted from the best, or from the start)."""
-        return self.on and epoch - (self.best_epoch or 0) >= self.patience
+        """Patience epochs in a row without a better metric than the best one. A metric that was never defined
+        (ROC AUC with a class missing from the validation rows, R² of constant targets) stops nothing: the run
+        trains its epochs and keeps the last one's parameters."""
+        return self.on and self.best_epoch is not None and epoch - self.best_epoch >= self.patience

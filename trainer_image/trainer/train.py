@@ -31,7 +31,7 @@ from pgtrain.runs import record
 from pgtrain.store import tensors
 from trainer.device import Cuda, out_of_memory_refused, place_rows, select_device, training_state_bytes
 from trainer.evaluate import Task, balanced_class_weights, epoch_figures
-from trainer.model import PgtrainModel, build_model, state_layout
+from trainer.model import PgtrainModel, build_model, state_layout, writable_tensor
 from trainer.optim import Schedule, load_optimizer_arrays, make_optimizer
 from trainer.start import Start, agree_on_start, plan_fingerprint, write_checkpoint
 from trainer.stopping import BEST_EPOCH, EarlyStopping
@@ -316,8 +316,7 @@ def fit(conn: psycopg.Connection, run: record.Run, model: PgtrainModel, start: S
     validation_rows = sum(s.row_count - s.train_count for s in shards)
     stopping = EarlyStopping.for_run(config, validation_rows, start.history)  # rank 0 has the history
     stopping.best_epoch = hvd.broadcast_object(stopping.best_epoch, 0, name="best_epoch")
-    best = {k: torch.from_numpy(np.array(v, dtype=v.dtype.newbyteorder("="))).to(device)
-            for k, v in start.best.items()} or None
+    best = {k: writable_tensor(v).to(device) for k, v in start.best.items()} or None
     if rank == 0:
         auto = [name for name in ("batch_size", "learning_rate") if getattr(config, name) is None]
         print(f"{config.optimizer} at learning rate {learning_rate:g} ({config.lr_schedule} schedule), batch "
@@ -368,7 +367,10 @@ def fit(conn: psycopg.Connection, run: record.Run, model: PgtrainModel, start: S
                 write_checkpoint(conn, run, epoch, model, optimizer, start, history, fingerprint, best)
 
     if rank == 0:
-        if stopping.on and best is not None:
+        if stopping.on and stopping.best_epoch is None:
+            print(f"early stopping had no {stopping.metric.name} to follow (undefined in every epoch): the last "
+                  "epoch's parameters are the run's", flush=True)
+        elif stopping.on and best is not None:
             model.load_state_dict(best)
             print(f"{'stopped early: ' if epoch < config.epochs else ''}the best epoch by "
                   f"{stopping.metric.name} is {stopping.best_epoch} of {epoch} ({stopping.best_value:.6g}): its "

@@ -38,7 +38,7 @@ AUTO_MIN_BATCH, AUTO_MAX_BATCH, AUTO_STEPS_PER_EPOCH = 32, 2048, 50
 # SGD linearly (Goyal et al.), AdamW with the square root (its update is normalized per parameter), each capped.
 BASE_GLOBAL_BATCH = 64
 OPTIMIZERS = ("adamw", "sgd")
-BASE_LEARNING_RATE = {"sgd": 0.05, "adamw": 0.001}
+BASE_LEARNING_RATE = {"sgd": 0.05, "adamw": 0.004}
 MAX_AUTO_LEARNING_RATE = {"sgd": 0.8, "adamw": 0.01}
 # The auto weight decay of each optimizer: AdamW's decoupled decay (its usual 0.01); none for SGD, as before.
 AUTO_WEIGHT_DECAY = {"sgd": 0.0, "adamw": 0.01}
@@ -81,7 +81,7 @@ class TrainingConfig:
     standardize_target: bool = True
     dropout: float = 0.0
     normalization: str = "none"
-    epochs: int = 10
+    epochs: int = 50
     batch_size: int | None = None
     optimizer: str = "adamw"
     learning_rate: float | None = None
@@ -108,9 +108,11 @@ class TrainingConfig:
 
     def __post_init__(self) -> None:
         problems = quality_gate_problems(vars(self), self.task)
-        problems += [f"early_stopping_metric: {p}" for p in metric_problems(self.early_stopping_metric, self.task)]
         if problems:
             raise ConfigError("invalid quality gate: " + "; ".join(problems))
+        problems = [f"early_stopping_metric: {p}" for p in metric_problems(self.early_stopping_metric, self.task)]
+        if problems:
+            raise ConfigError("invalid training parameters: " + "; ".join(problems))
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any]) -> TrainingConfig:

@@ -15,9 +15,10 @@ _CGROUP_FILES = (
 )
 _MEMINFO = Path("/proc/meminfo")
 
-# Bytes a float32 parameter costs while training: the weight, its gradient, the momentum buffer, and
-# Horovod's fusion copy of the gradient.
-TRAINING_BYTES_PER_PARAMETER = 4 * 4
+# Bytes a float32 parameter costs while training: the weight, its gradient, AdamW's two moments (the default
+# optimizer; SGD keeps one momentum), Horovod's fusion copy of the gradient, and early stopping's copy of the
+# best epoch's weights.
+TRAINING_BYTES_PER_PARAMETER = 6 * 4
 
 
 def available_bytes() -> int | None:

@@ -20,7 +20,7 @@ import pytest
 
 from pgtrain.core.database_url import DATABASE_URL_FILE_ENV
 from pgtrain.launch.attempt import start_attempt
-from pgtrain.launch.mpijob.api import DATABASE_MOUNT_PATH, DATABASE_URL_FILE
+from pgtrain.launch.mpijob.api import DATABASE_MOUNT_PATH, DATABASE_URL_FILE, NON_ROOT_WORKER_COMMAND, SSH_PORT
 from pgtrain.launch.trainer_command import horovodrun_options, trainer_argv
 from pgtrain.runs import record
 from pgtrain.store.model_spec import ModelSpec
@@ -94,27 +94,28 @@ def free_port() -> int:
 
 
 def test_ssh_on_port_2222_for_root_and_for_mpiuser(container):
-    """Root mode: sshd and ssh on 2222. Non-root mode (runAsUser 1000, sshAuthMountPath /home/mpiuser/.ssh):
-    mpiuser's sshd starts from its own config with the mounted key and lets the launcher's key log in."""
+    """Root mode: sshd and ssh on 2222. Non-root mode (runAsUser 1000, sshAuthMountPath /home/mpiuser/.ssh): the
+    MPIJob's non-root worker command starts mpiuser's sshd with the mounted key and lets the launcher's key in."""
     root = run_in(container, "bash", "-c", "ssh -G worker | grep '^port '; /usr/sbin/sshd -T | grep '^port '")
     assert root.stdout.split() == ["port", "2222", "port", "2222"], output_of(root)
     keys = Path(tempfile.mkdtemp(prefix="pgtrain-image-ssh-"))
     try:
         os.chown(keys, 1000, 1000)  # as the operator's Secret, readable by the pod's user
-        port = free_port()  # host network: 2222 may be taken on this machine; the config's port is checked below
+        port = free_port()  # host network: 2222 may be taken on this machine (root's port is checked above)
         # The operator's Secret holds one key pair: the host key, the client key and the authorized key.
+        # The MPIJob's non-root worker command, as rendered, on a free port of the host network.
+        worker = " ".join(str(port) if part == str(SSH_PORT) else part for part in NON_ROOT_WORKER_COMMAND)
         script = ("set -e; cd /home/mpiuser; id -un; ssh-keygen -q -t rsa -N '' -f .ssh/id_rsa; "
                   "cp .ssh/id_rsa.pub .ssh/authorized_keys; "
-                  "/usr/sbin/sshd -T -f /home/mpiuser/.sshd_config | grep '^port '; "
-                  f"/usr/sbin/sshd -f /home/mpiuser/.sshd_config -p {port}; "
-                  # sshd daemonizes before it listens; it writes its pid file once it listens
+                  f"{worker} & "
+                  # sshd writes its pid file once it listens
                   "for i in $(seq 600); do [ -s sshd.pid ] && break; sleep 0.1; done; "
                   f"ssh -p {port} -o BatchMode=yes 127.0.0.1 'id -un; id -u'; kill $(cat sshd.pid)")
         result = run_in(container, "bash", "-c", script, user="mpiuser", volumes=(f"{keys}:/home/mpiuser/.ssh",))
     finally:
         shutil.rmtree(keys)
     assert result.returncode == 0, output_of(result)
-    assert result.stdout.split() == ["mpiuser", "port", "2222", "mpiuser", "1000"], output_of(result)
+    assert result.stdout.split() == ["mpiuser", "mpiuser", "1000"], output_of(result)
 
 
 def database_volumes(db_url: str) -> list[str]:

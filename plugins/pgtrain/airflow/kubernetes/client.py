@@ -48,6 +48,16 @@ def _resource() -> dict[str, str]:
     return {"group": api.API_GROUP, "version": api.API_VERSION, "plural": api.PLURAL}
 
 
+def absent_job(exc: Exception) -> None:
+    """A failed read of one MPIJob (either client's ApiException): None when the job does not exist; raises
+    ``errors.MPIOperatorMissing`` when MPIJobs are not served at all (a 404 naming no object), else ``exc``."""
+    if getattr(exc, "status", None) == 404:
+        if names_an_object(getattr(exc, "body", None)):
+            return None
+        raise errors.mpi_operator_missing() from exc
+    raise exc
+
+
 class MPIJobClient:
     def __init__(self, hook: KubernetesHook, namespace: str) -> None:
         self.hook = hook
@@ -64,11 +74,7 @@ class MPIJobClient:
         try:
             return self._call("get_namespaced_custom_object", name=name)
         except ApiException as exc:
-            if exc.status == 404:
-                if names_an_object(exc.body):
-                    return None
-                raise errors.mpi_operator_missing() from exc
-            raise
+            return absent_job(exc)
 
     def list(self, label_selector: str) -> list[dict[str, Any]]:
         try:
@@ -139,11 +145,7 @@ class AsyncMPIJobClient:
         try:
             return await self.custom.get_namespaced_custom_object(**_resource(), namespace=self.namespace, name=name)
         except AsyncApiException as exc:
-            if exc.status == 404:
-                if names_an_object(exc.body):
-                    return None
-                raise errors.mpi_operator_missing() from exc
-            raise
+            return absent_job(exc)
 
     async def pods_and_events(self, name: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """The job's pods and the events of those that may explain why they wait, in API form (what

@@ -16,8 +16,6 @@ MPI_OPERATOR_VERSION = "v0.6.0"  # first release with launcherCreationPolicy; se
 # Labels the MPI Operator puts on the pods it creates.
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 JOB_ROLE_LABEL = "training.kubeflow.org/job-role"
-# Kueue's label naming the LocalQueue a job waits in.
-QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
 
 GPU_RESOURCE = "nvidia.com/gpu"
 CONTAINER_NAME = "trainer"

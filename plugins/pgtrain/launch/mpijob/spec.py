@@ -194,6 +194,7 @@ OPERATOR_ONLY_SETTINGS = ("startup_timeout_seconds", "deferrable")
 _RESERVED_ENV = re.compile(r"^(PGTRAIN_|PYTHONUNBUFFERED$|OMPI_ALLOW_RUN_AS_ROOT)")
 _SECRET_ENV = re.compile(r"PASSWORD|PASSWD|SECRET|TOKEN|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|^PGPASS",
                          re.IGNORECASE)
+_URL_WITH_CREDENTIALS = re.compile(r"://[^/@\s]+:[^/@\s]*@")  # scheme://user:password@
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -230,6 +231,10 @@ def env_problems(env: Mapping[str, Any], key: str = "env") -> list[str]:
                             "Kubernetes Secret (KubernetesPodOperator's `secrets` in your own DAG)")
         elif not isinstance(value, str):
             problems.append(f"{key}: {name}={value!r} should be a string (quote it in YAML)")
+        elif _URL_WITH_CREDENTIALS.search(value):
+            problems.append(f"{key}: {name} holds a URL with a user and password; settings are no place for one "
+                            "(and horovodrun copies the environment onto the ranks' command lines): mount it from "
+                            "a Kubernetes Secret")
     return problems
 
 
