@@ -76,12 +76,11 @@ def test_the_auto_batch_size_and_learning_rate():
     assert auto.learning_rate_for(512) == pytest.approx(0.8)
     assert auto.learning_rate_for(2048) == pytest.approx(0.8)  # capped
     assert TrainingConfig(world_size=1, optimizer="sgd").learning_rate_for(512) == pytest.approx(0.4)
-    # AdamW (the default): 0.004 at a global batch of 64, with the square root of the batch, at most 0.01
+    # AdamW (the default): 0.008 at a global batch of 64, with the square root of the batch, at most 0.01
     adamw = TrainingConfig(world_size=2)
-    assert adamw.learning_rate_for(32) == pytest.approx(0.004)
-    assert adamw.learning_rate_for(200) == pytest.approx(0.004 * (400 / 64) ** 0.5)
-    assert adamw.learning_rate_for(2048) == pytest.approx(0.01)  # 0.004 x 8, capped
-    assert TrainingConfig(world_size=1).learning_rate_for(128) == pytest.approx(0.004 * 2 ** 0.5)
+    assert adamw.learning_rate_for(32) == pytest.approx(0.008)
+    assert TrainingConfig(world_size=1).learning_rate_for(16) == pytest.approx(0.008 * (16 / 64) ** 0.5)
+    assert adamw.learning_rate_for(50) == pytest.approx(0.01)  # 0.008 x sqrt(100 / 64), capped
     assert TrainingConfig(world_size=64).learning_rate_for(2048) == pytest.approx(0.01)  # capped
     assert (adamw.weight_decay_value, auto.weight_decay_value, TrainingConfig(weight_decay=0.1).weight_decay_value) \
         == (0.01, 0.0, 0.1)

@@ -38,7 +38,7 @@ AUTO_MIN_BATCH, AUTO_MAX_BATCH, AUTO_STEPS_PER_EPOCH = 32, 2048, 50
 # SGD linearly (Goyal et al.), AdamW with the square root (its update is normalized per parameter), each capped.
 BASE_GLOBAL_BATCH = 64
 OPTIMIZERS = ("adamw", "sgd")
-BASE_LEARNING_RATE = {"sgd": 0.05, "adamw": 0.004}
+BASE_LEARNING_RATE = {"sgd": 0.05, "adamw": 0.008}
 MAX_AUTO_LEARNING_RATE = {"sgd": 0.8, "adamw": 0.01}
 # The auto weight decay of each optimizer: AdamW's decoupled decay (its usual 0.01); none for SGD, as before.
 AUTO_WEIGHT_DECAY = {"sgd": 0.0, "adamw": 0.01}

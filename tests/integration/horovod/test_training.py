@@ -149,13 +149,13 @@ def test_two_rank_sgd_equals_single_process_on_the_same_global_batches(autocommi
 
 def test_the_auto_batch_and_learning_rate_train_as_the_reference_does(autocommit, db_url):
     """batch_size and learning_rate left empty: 2,000 training rows a rank -> 40 rows a step and AdamW's learning
-    rate of 0.004 x sqrt(80 / 64), the same in the ranks as in the single-process reference."""
+    rate of 0.008 x sqrt(80 / 64), the same in the ranks as in the single-process reference."""
     seed_samples(autocommit, rows=4000, dim=6, classes=3, seed=5)
     run = planned_run(autocommit, world_size=2, epochs=1, hidden_sizes=[5], validation_fraction=0.0, seed=2)
     assert (run.config.batch_size, run.config.learning_rate) == (None, None)
     output = run_job(run, db_url)
-    assert batch_and_rate(run.config, record.get_manifest(autocommit, run.run_id)) == (40, 0.004 * 1.25 ** 0.5)
-    assert any("adamw at learning rate 0.00447214 (cosine schedule), batch 40 rows per rank (global 80), 50 steps "
+    assert batch_and_rate(run.config, record.get_manifest(autocommit, run.run_id)) == (40, 0.008 * 1.25 ** 0.5)
+    assert any("adamw at learning rate 0.00894427 (cosine schedule), batch 40 rows per rank (global 80), 50 steps "
                "per epoch" in line for line in output)
     assert any("early stopping is off: the run has no validation rows" in line for line in output)
     model, _ = reference_training(autocommit, run, lambda m, x, y: F.cross_entropy(m(x), y))
