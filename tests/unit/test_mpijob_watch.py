@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from pgtrain.airflow.kubernetes import errors
 from pgtrain.airflow.kubernetes.client import events_of, names_an_object
 from pgtrain.launch.mpijob import api, watch
@@ -135,3 +137,19 @@ def test_a_404_naming_an_object_is_a_gone_job_one_naming_none_a_missing_crd():
     message = str(errors.mpi_operator_missing())
     assert f"install the MPI Operator {api.MPI_OPERATOR_VERSION}" in message
     assert f"kubeflow/mpi-operator/{api.MPI_OPERATOR_VERSION}/deploy/v2beta1/mpi-operator.yaml" in message
+
+
+def test_a_trigger_serialized_before_the_queue_aware_watch_still_loads():
+    """Triggers of deferred tasks survive an upgrade: the old kwargs (an absolute startup_deadline) load, the
+    remaining time becoming the timeout; new triggers serialize startup_timeout."""
+    import time
+
+    from pgtrain.airflow.kubernetes.trigger import MPIJobTrigger
+
+    old = MPIJobTrigger(name="job", namespace="ml", startup_deadline=time.time() + 300)
+    assert 290 < old.startup_timeout <= 300
+    assert MPIJobTrigger(name="job", namespace="ml", startup_deadline=time.time() - 5).startup_timeout == 1.0
+    _, kwargs = MPIJobTrigger(name="job", namespace="ml", startup_timeout=600).serialize()
+    assert kwargs["startup_timeout"] == 600 and "startup_deadline" not in kwargs
+    with pytest.raises(TypeError, match="needs startup_timeout"):
+        MPIJobTrigger(name="job", namespace="ml")

@@ -15,9 +15,10 @@ from pgtrain.data.encoding import UNSEEN_CLASS
 from pgtrain.data.metrics import classification_metrics
 from trainer.model import PgtrainModel
 
-# Classification metrics gather every validation row's class probabilities on rank 0; above this many values
-# (rows x classes, float32: 256 MiB) only accuracy and log loss are computed, from sums.
-GATHER_LIMIT = 1 << 26
+# Classification metrics gather every validation row's class probabilities (an allgather: on every rank, for rank 0
+# to compute them); above this many values (rows x classes, float32: 64 MiB a rank) only accuracy and log loss are
+# computed, from sums, and early stopping on another metric stops nothing.
+GATHER_LIMIT = 1 << 24
 
 
 def balanced_class_weights(labels: torch.Tensor, classes: int) -> torch.Tensor:
@@ -116,8 +117,8 @@ class Task:
         return not self.regression and validation_rows * self.output_dim <= GATHER_LIMIT
 
     def exact_metrics(self, probabilities: list[torch.Tensor], labels: torch.Tensor) -> dict[str, Any] | None:
-        """Every rank's validation probabilities and labels on rank 0 (an allgather, which every rank joins):
-        the classification metrics of ``pgtrain.data.metrics`` there, None on the other ranks."""
+        """Every rank's validation probabilities and labels (an allgather, which every rank joins and every rank
+        receives): the classification metrics of ``pgtrain.data.metrics`` on rank 0, None on the other ranks."""
         local = torch.cat(probabilities) if probabilities else torch.zeros(0, self.output_dim)
         scores = hvd.allgather(local, name="val_probabilities")
         truth = hvd.allgather(labels.cpu().long(), name="val_labels")

@@ -32,6 +32,8 @@ class MPIJobTrigger(BaseTrigger):
 
     :param startup_timeout: seconds the job may take to run, counted from its creation or from when it left its
         queue (``watch.startup_clock``)
+    :param startup_deadline: what a trigger serialized by an earlier pgtrain 0.1.0 carries instead (an absolute time):
+        it still loads after an upgrade, its remaining time taken as the timeout
     """
 
     def __init__(
@@ -39,7 +41,8 @@ class MPIJobTrigger(BaseTrigger):
         *,
         name: str,
         namespace: str,
-        startup_timeout: float,
+        startup_timeout: float | None = None,
+        startup_deadline: float | None = None,
         kubernetes_conn_id: str | None = None,
         connection_extras: dict | None = None,
         config_dict: dict | None = None,
@@ -51,6 +54,10 @@ class MPIJobTrigger(BaseTrigger):
         super().__init__()
         self.name = name
         self.namespace = namespace
+        if startup_timeout is None:
+            if startup_deadline is None:
+                raise TypeError("MPIJobTrigger needs startup_timeout")
+            startup_timeout = max(1.0, startup_deadline - time.time())
         self.startup_timeout = startup_timeout
         self.kubernetes_conn_id = kubernetes_conn_id
         self.connection_extras = connection_extras
