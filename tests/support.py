@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psycopg
 
 from dev import examples
@@ -21,6 +22,16 @@ from pgtrain.runs import record
 def seed_samples(conn: psycopg.Connection, rows: int, dim: int = 8, classes: int = 4, seed: int = 0) -> None:
     features, labels = examples.synthetic(rows, dim, classes, seed)
     examples.insert_samples(conn, features, labels)
+
+
+def seed_noise(conn: psycopg.Connection, rows: int, dim: int = 8, seed: int = 3) -> None:
+    """public.noise (id, features real[], label 0/1): labels independent of the features, so a model's validation
+    loss rises once it memorizes its training rows (what early stopping is for)."""
+    rng = np.random.default_rng(seed)
+    conn.execute("CREATE TABLE public.noise (id bigint PRIMARY KEY, features real[] NOT NULL, label integer NOT NULL)")
+    with conn.cursor() as cur:
+        cur.executemany("INSERT INTO public.noise VALUES (%s, %s, %s)",
+                        [(i + 1, rng.normal(size=dim).tolist(), int(rng.integers(0, 2))) for i in range(rows)])
 
 
 def planned_run(conn: psycopg.Connection, dag_run_id: str = "test-run", **params) -> record.Run:

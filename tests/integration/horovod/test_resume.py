@@ -16,7 +16,7 @@ from pgtrain.core.errors import TrainingFailed, TrainingInputError
 from pgtrain.runs import record
 from pgtrain.store import tensors
 from pgtrain.store.model_store import commit_run, load_tensors
-from tests.support import planned_run, run_job, seed_samples, wait_for
+from tests.support import planned_run, run_job, seed_noise, seed_samples, wait_for
 
 pytestmark = pytest.mark.horovod
 
@@ -32,13 +32,30 @@ def trainer_rank(run_id: str, rank: int) -> psutil.Process | None:
     return None
 
 
-def test_a_retried_run_resumes_from_its_checkpoint_and_ends_where_an_uninterrupted_run_does(autocommit, db_url):
-    seed_samples(autocommit, rows=200, dim=8, classes=4, seed=5)
-    params = dict(world_size=2, epochs=4, batch_size=16, hidden_sizes=[8], learning_rate=0.05, checkpoint_every=1)
+STOPS_AFTER_RESUMING = dict(source_table="public.noise", world_size=2, epochs=12, batch_size=8, hidden_sizes=[64],
+                            learning_rate=0.02, lr_schedule="constant", early_stopping_patience=2, checkpoint_every=1)
+
+
+@pytest.mark.parametrize("params", [
+    dict(world_size=2, epochs=4, batch_size=16, hidden_sizes=[8], learning_rate=0.05, checkpoint_every=1),
+    STOPS_AFTER_RESUMING,
+], ids=["adamw-cosine", "stops-early-after-resuming"])
+def test_a_retried_run_resumes_from_its_checkpoint_and_ends_where_an_uninterrupted_run_does(autocommit, db_url,
+                                                                                           params):
+    """The defaults (AdamW, cosine schedule, early stopping): the optimizer's state, the schedule's position, the
+    best epoch's parameters and the patience left all come back from the epoch-2 checkpoint. In the second case
+    the best epoch is at most 2 and the run stops after resuming, staging the checkpoint's best parameters."""
+    if params is STOPS_AFTER_RESUMING:
+        seed_noise(autocommit, 160)
+    else:
+        seed_samples(autocommit, rows=200, dim=8, classes=4, seed=5)
     full = planned_run(autocommit, "full", **params)
     run_job(full, db_url)
     expected = tensors.read_staged(autocommit, full.run_id)
     expected_metrics = record.epoch_metrics(autocommit, full.run_id)
+    trained = [m["epoch"] for m in expected_metrics]
+    if params is STOPS_AFTER_RESUMING:  # the case this parameter is for: best before the checkpoint, stop after
+        assert expected_metrics[-1]["best_epoch"] <= 2 and 3 <= len(trained) < params["epochs"], expected_metrics
 
     resumed = planned_run(autocommit, "resumed", **params)
     # Hold rank 0 at its epoch-3 metrics (an uncommitted row with that key makes its upsert wait): the
@@ -73,17 +90,18 @@ def test_a_retried_run_resumes_from_its_checkpoint_and_ends_where_an_uninterrupt
 
     lines = run_job(resumed, db_url)  # the retry: a new attempt of the same run
     assert any("resuming from the checkpoint of epoch 2" in line for line in lines)
-    assert not any("epoch 2/4:" in line for line in lines)  # epochs 1 and 2 were not trained again
+    assert not any(f"epoch 2/{params['epochs']}:" in line for line in lines)  # epochs 1 and 2 were not trained again
     actual = tensors.read_staged(autocommit, resumed.run_id)
     assert set(actual) == set(expected)
     for name in expected:
         np.testing.assert_allclose(actual[name], expected[name], atol=1e-5, rtol=0, err_msg=name)
     # Every epoch's metrics are there, the resumed ones kept in the checkpoint across the retry's cleanup.
     metrics = record.epoch_metrics(autocommit, resumed.run_id)
-    assert [m["epoch"] for m in metrics] == [1, 2, 3, 4]
+    assert [m["epoch"] for m in metrics] == trained
     for got, want in zip(metrics, expected_metrics, strict=True):
         assert got["train_loss"] == pytest.approx(want["train_loss"], rel=1e-5)
         assert got["val_accuracy"] == pytest.approx(want["val_accuracy"], rel=1e-5)
+        assert got.get("best_epoch") == want.get("best_epoch")
     # The staged parameters supersede the checkpoint.
     assert autocommit.execute("SELECT count(*) FROM pgtrain.checkpoints WHERE run_id = %s",
                               (resumed.run_id,)).fetchone() == (0,)

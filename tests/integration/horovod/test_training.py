@@ -18,7 +18,7 @@ from pgtrain.launch import local as launch_local
 from pgtrain.runs import record
 from pgtrain.store import tensors
 from pgtrain.store.model_spec import ModelSpec
-from tests.support import make_mixed_table, mixed_params, planned_run, run_job, seed_samples
+from tests.support import make_mixed_table, mixed_params, planned_run, run_job, seed_noise, seed_samples
 from trainer.model import build_model
 from trainer.optim import Schedule, make_optimizer
 from trainer.train import batch_and_rate, epoch_batches, parse_args, steps_per_epoch
@@ -316,12 +316,7 @@ def test_two_ranks_with_each_optimizer_schedule_class_weights_and_early_stopping
 def test_early_stopping_keeps_the_best_epoch_when_validation_worsens(autocommit, db_url):
     """Random labels: the validation loss rises once the model memorizes. The run stops after patience epochs
     without improvement, records best_epoch, and stages exactly what a run of best_epoch epochs stages."""
-    rng = np.random.default_rng(3)
-    autocommit.execute("CREATE TABLE public.noise (id bigint PRIMARY KEY, features real[] NOT NULL, "
-                       "label integer NOT NULL)")
-    with autocommit.cursor() as cur:
-        cur.executemany("INSERT INTO public.noise VALUES (%s, %s, %s)",
-                        [(i + 1, rng.normal(size=8).tolist(), int(rng.integers(0, 2))) for i in range(160)])
+    seed_noise(autocommit, 160)
     params = dict(source_table="public.noise", world_size=2, batch_size=8, hidden_sizes=[64],
                   validation_fraction=0.3, seed=1, lr_schedule="constant", learning_rate=0.02)
     stopped = planned_run(autocommit, "stopped", epochs=40, early_stopping_patience=3, **params)
