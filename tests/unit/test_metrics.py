@@ -163,3 +163,16 @@ def test_a_version_keeps_the_metrics_of_the_epoch_whose_parameters_it_holds():
     assert (kept["val_loss"], kept["best_epoch"], kept["epochs"], kept["training_seconds"]) == (0.5, 2, 3, 3.0)
     plain = version_metrics([{k: v for k, v in e.items() if k != "best_epoch"} for e in epochs], [])
     assert (plain["val_loss"], plain["epochs"], "best_epoch" in plain) == (0.7, 3, False)
+
+
+def test_the_run_summary_shows_the_kept_epoch_s_figures_and_a_long_curve_shortened():
+    from pgtrain.runs.report import format_summary
+
+    summary = {"run_id": "d/r", "status": "committed", "status_reason": None, "rows_per_rank": [10],
+               "train_rows_per_rank": [9], "excluded_rows": 0, "loss_per_epoch": [1.0 / e for e in range(1, 21)],
+               "validation": {"val_loss": 0.25}, "best_epoch": 15, "version": 3, "is_head": True, "model_name": "m",
+               "wall_seconds": 1.0}
+    text = format_summary(summary)
+    assert "loss per epoch    1.0000 0.5000 0.3333 0.2500 0.2000 0.1667 ... 0.0667 0.0625" in text
+    assert "validation        loss 0.2500 (best epoch 15 of 20)" in text
+    assert "1.0000 0.5000" in format_summary({**summary, "loss_per_epoch": [1.0, 0.5], "best_epoch": None})

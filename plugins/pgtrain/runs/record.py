@@ -206,6 +206,15 @@ def epoch_metrics(conn: psycopg.Connection, run_id: str) -> list[dict[str, Any]]
     return [_merged(row) for row in rows]
 
 
+def kept_epoch(epochs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The metrics of the epoch whose parameters the run staged: the best one (``best_epoch``, recorded while early
+    stopping is on), else the last; {} without epochs."""
+    if not epochs:
+        return {}
+    best = epochs[-1].get("best_epoch")
+    return next((e for e in epochs if best is not None and e.get("epoch") == best), epochs[-1])
+
+
 def _merged(row: dict[str, Any]) -> dict[str, Any]:
     """The JSON copy, overlaid with the columns that hold a value: they keep non-finite values JSON cannot hold.
     A column that is NULL and absent from the JSON does not apply to the task (val_accuracy of a regression)."""

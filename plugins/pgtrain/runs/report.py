@@ -36,6 +36,7 @@ def build_summary(conn: psycopg.Connection, run_id: str) -> dict[str, Any]:
         raise PgtrainError(f"training run {run_id!r} does not exist; `python -m pgtrain.runs.report` lists the latest")
     epochs = record.epoch_metrics(conn, run_id)
     last = epochs[-1] if epochs else {}
+    kept = record.kept_epoch(epochs)  # the staged parameters' epoch: the best one with early stopping
     return {
         "run_id": run_id,
         "model_name": row["model_name"],
@@ -45,8 +46,9 @@ def build_summary(conn: psycopg.Connection, run_id: str) -> dict[str, Any]:
         "train_rows_per_rank": [m["train_count"] for m in manifest],
         "excluded_rows": row["excluded_rows"] or 0,
         "loss_per_epoch": [round(e["train_loss"], 5) for e in epochs],
-        "val_accuracy": last.get("val_accuracy"),
-        "validation": {k: v for k, v in last.items() if k.startswith("val_") and v is not None},
+        "val_accuracy": kept.get("val_accuracy"),
+        "validation": {k: v for k, v in kept.items() if k.startswith("val_") and v is not None},
+        "best_epoch": last.get("best_epoch"),
         "samples_per_second": last.get("samples_per_second"),
         "version": row["version"],
         "is_head": bool(row["is_head"]),
@@ -61,14 +63,22 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"run               {summary['run_id']} ({summary['status']})",
         f"rows per rank     {summary['rows_per_rank']} (training: {summary['train_rows_per_rank']})"
         + (f", {summary['excluded_rows']} bad rows excluded" if summary["excluded_rows"] else ""),
-        "loss per epoch    " + " ".join(f"{loss:.4f}" for loss in summary["loss_per_epoch"]),
+        "loss per epoch    " + _curve(summary["loss_per_epoch"]),
         "validation        " + (", ".join(f"{k.removeprefix('val_')} {v:.4f}" for k, v in validation.items())
-                                 or "n/a"),
+                                 or "n/a")
+        + (f" (best epoch {summary['best_epoch']} of {len(summary['loss_per_epoch'])})"
+           if summary.get("best_epoch") else ""),
         f"committed version {summary['model_name']} v{summary['version']}{head}" if summary["version"]
         else f"committed version none ({summary['status_reason'] or 'not committed'})",
         f"wall time         {summary['wall_seconds']} s",
     ]
     return "\n".join(lines)
+
+
+def _curve(losses: list[float], shown: int = 6) -> str:
+    """The training loss of every epoch, or of the first and last ``shown`` of a long run."""
+    text = [f"{loss:.4f}" for loss in losses]
+    return " ".join(text if len(text) <= 2 * shown else [*text[:shown], "...", *text[-shown:]])
 
 
 def latest_run_id(conn: psycopg.Connection) -> str | None:

@@ -20,7 +20,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from pgtrain.core.errors import CommitRejected, PgtrainError, StaleLockToken
-from pgtrain.runs.record import epoch_metrics, get_run, set_status
+from pgtrain.runs.record import epoch_metrics, get_run, kept_epoch, set_status
 from pgtrain.store import tensors
 from pgtrain.store.commit_checks import (
     architecture_change,
@@ -138,9 +138,7 @@ def version_metrics(epochs: list[dict[str, Any]], infos: list[tensors.TensorInfo
     else the last), plus epochs trained, total training seconds and parameter count."""
     metrics: dict[str, Any] = {}
     if epochs:
-        best = epochs[-1].get("best_epoch")
-        chosen = next((e for e in epochs if best is not None and e.get("epoch") == best), epochs[-1])
-        metrics.update({k: _finite_or_none(v) for k, v in chosen.items() if k != "seconds"})
+        metrics.update({k: _finite_or_none(v) for k, v in kept_epoch(epochs).items() if k != "seconds"})
         metrics["epoch"] = epochs[-1].get("epoch", metrics.get("epoch"))
         metrics["epochs"] = len(epochs)
         metrics["training_seconds"] = _finite_or_none(sum(e.get("seconds") or 0.0 for e in epochs))
