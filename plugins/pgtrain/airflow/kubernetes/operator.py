@@ -379,6 +379,9 @@ class MPIJobOperator(KubernetesPodOperator):
             if news:
                 self.log.info("%s", news)
             if verdict.done:
+                if launcher is not None and self.get_logs and container_started(launcher) \
+                        and launcher.metadata.name not in followed:  # it ran and ended between two looks
+                    self._stream_launcher_log(launcher, follow=False)
                 return verdict
             if verdict.outcome == "running" and launcher is not None and self.get_logs \
                     and container_started(launcher) and launcher.metadata.name not in followed:
