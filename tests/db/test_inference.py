@@ -122,6 +122,24 @@ def test_predict_names_a_recorded_feature_column_the_source_lacks(aconn):
     assert aconn.execute("SELECT to_regclass('scores')").fetchone() == (None,), "nothing is written"
 
 
+def test_predict_never_writes_into_pgtrains_own_schema(aconn):
+    """pgtrain's schema holds the migrations' tables only: a target there, named or reached through the
+    search_path, is refused before anything is created."""
+    commit_random_model(aconn, "reg", 5, 2, hidden_sizes=(7,), task="regression")
+    aconn.execute("CREATE TABLE public.houses (id bigint PRIMARY KEY, features real[], label real[])")
+    aconn.execute("INSERT INTO public.houses VALUES (1, '{1,2,3,4,5}', '{0,0}')")
+    for into in ("pgtrain.scores", '"pgtrain"."Scores"'):
+        with pytest.raises(PgtrainError, match="is in pgtrain's own schema 'pgtrain'.*e.g. public.scores"):
+            predict(aconn, "reg", "head", "houses", "id", into)
+    aconn.execute("SET search_path TO pgtrain, public")
+    with pytest.raises(PgtrainError, match="is in pgtrain's own schema"):
+        predict(aconn, "reg", "head", "public.houses", "id", "scores")
+    aconn.execute("RESET search_path")
+    assert aconn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'pgtrain' "
+                         "AND tablename ILIKE 'scores'").fetchone() == (0,)
+    assert predict(aconn, "reg", "head", "houses", "id", "public.scores").rows == 1
+
+
 def test_predict_refuses_a_key_without_a_unique_index(aconn):
     # Keyset pages on a key that may repeat would skip the repeats at a page boundary: refused, with the fix.
     commit_random_model(aconn, "clf", 2, 2, features_column=None, feature_columns=("a", "b"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pgtrain.config.params import PARAMETERS, TrainingConfig, unknown_keys
+from pgtrain.config.params import END, PARAMETERS, TrainingConfig, unknown_keys
 from pgtrain.config.settings import AuthorSettings, load_settings
 from pgtrain.core.errors import ConfigError
 from pgtrain.data import policy
@@ -23,6 +23,9 @@ def test_a_conf_that_picks_where_the_job_runs_is_refused(key):
 
 def test_a_typo_names_the_closest_param():
     assert unknown_keys({"epoch": 3}) == ["'epoch' is not a param of this DAG; did you mean 'epochs'?"]
+    # Equally close to two params: both are named, the one the user meant among them.
+    [message] = unknown_keys({"feature_column": ["a"]})
+    assert "'feature_columns'" in message and "'features_column'" in message, message
 
 
 @pytest.mark.parametrize("name", ["digits-mlp\n", "digits-mlp\nDROP", "", "-leading-dash", "a" * 64])
@@ -39,8 +42,23 @@ def test_model_references_must_match_whole(reference):
 
 def test_every_pattern_is_anchored_at_both_ends():
     for name, schema in PARAMETERS.items():
-        if "pattern" in schema:
-            assert schema["pattern"].startswith("^") and schema["pattern"].endswith("$"), name
+        for pattern in [s["pattern"] for s in [schema, *schema.get("anyOf", [])] if "pattern" in s]:
+            assert pattern.startswith("^") and pattern.endswith(END) and not pattern.endswith("$"), name
+
+
+@pytest.mark.parametrize(("name", "value"), [("model_name", "digits-mlp\n"), ("model", "mlp\n"),
+                                             ("feature_columns", "*\n"), ("init_from", "5\n")])
+def test_airflows_own_param_refuses_a_trailing_newline(name, value):
+    """The trigger form's and the REST API's check (Airflow's Param, which searches the pattern), not only plan_run."""
+    from airflow.sdk import Param
+
+    from pgtrain.airflow.dag.params import dag_params
+
+    param = dag_params()[name]
+    assert isinstance(param, Param)
+    with pytest.raises(Exception, match="does not match|is not valid"):
+        param.resolve(value)
+    param.resolve(value.rstrip("\n"))  # the same value without the newline is fine
 
 
 @pytest.mark.parametrize("params, where", [

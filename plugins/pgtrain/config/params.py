@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,9 +17,13 @@ from typing import Any
 from pgtrain.config.metrics import METRICS, metric_problems
 from pgtrain.core.errors import ConfigError
 
-_MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+# The end of the string in every pattern: Airflow's Param and jsonschema search a pattern with re.search, whose `$`
+# also matches before a final newline ("digits-mlp\n"); a lookahead for no character at all does not (nor in the
+# trigger form's JavaScript).
+END = r"(?![\s\S])"
+_MODEL_NAME = rf"^[A-Za-z0-9][A-Za-z0-9_.-]{{0,62}}{END}"
 _DOTTED = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
-MODEL_REFERENCE = rf"^(?:mlp|{_DOTTED}:[A-Za-z_][A-Za-z0-9_]*)$"
+MODEL_REFERENCE = rf"^(?:mlp|{_DOTTED}:[A-Za-z_][A-Za-z0-9_]*){END}"
 INIT_FROM_WORDS = ("scratch", "head")
 TASKS = ("classification", "regression")
 # The most Horovod ranks any run may have; a DAG's author may allow fewer (max_world_size).
@@ -200,7 +203,7 @@ PARAMETERS: dict[str, dict[str, Any]] = _with_defaults({
                         "title": "Features column (array)",
                         "description": "one real[], double precision[] or bytea (packed float32) column; empty = "
                                        f"{DEFAULT_FEATURES_COLUMN!r} unless feature_columns is given"},
-    "feature_columns": {"type": ["array", "string", "null"], "minItems": 1, "pattern": r"^\*$",
+    "feature_columns": {"type": ["array", "string", "null"], "minItems": 1, "pattern": rf"^\*{END}",
                         "items": {"type": "string", "minLength": 1}, "section": _DATA,
                         "title": "Feature columns",
                         "description": "\"*\" (every column but the key, the target and exclude_columns) or a "
@@ -257,7 +260,7 @@ PARAMETERS: dict[str, dict[str, Any]] = _with_defaults({
                      "title": "Hidden layers", "description": "hidden layer widths of the mlp model"},
     "init_from": {"type": ["string", "integer"], "section": _MODEL, "title": "Start from",
                   "anyOf": [{"type": "string", "enum": list(INIT_FROM_WORDS)},
-                            {"type": "string", "pattern": r"^[1-9][0-9]{0,8}$"},
+                            {"type": "string", "pattern": rf"^[1-9][0-9]{{0,8}}{END}"},
                             {"type": "integer", "minimum": 1}],
                   "description": "scratch, head (the model's current version), or a version number"},
     "standardize_target": {"type": "boolean", "section": _MODEL, "title": "Standardize target",
@@ -369,8 +372,11 @@ def unknown_keys(values: dict[str, Any], known: dict[str, Any] = PARAMETERS) -> 
     """One message per key that is not a param, with the closest param name when there is one."""
     messages = []
     for key in sorted(set(values) - set(known)):
-        close = difflib.get_close_matches(key, PARAMETERS, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else f"; the params are: {', '.join(PARAMETERS)}"
+        # Two candidates: a typo is often equally close to two params (feature_column: features_column or
+        # feature_columns), and naming the wrong one alone misleads.
+        close = difflib.get_close_matches(key, PARAMETERS, n=2)
+        hint = (f"; did you mean {' or '.join(map(repr, close))}?" if close
+                else f"; the params are: {', '.join(PARAMETERS)}")
         messages.append(f"{key!r} is not a param of this DAG{hint}")
     return messages
 
@@ -392,25 +398,10 @@ def param_problems(values: dict[str, Any]) -> list[str]:
     for error in sorted(validator.iter_errors(known), key=lambda e: list(e.absolute_path)):
         where = ".".join(str(p) for p in error.absolute_path) or "params"
         problems.append(f"{where}: {_short(error)}")
-    return problems + _pattern_tails(known)
+    return problems
 
 
 def _short(error: Any) -> str:
     if error.validator == "anyOf":
         return f"{error.instance!r} is not valid: {error.schema.get('description', 'see the param description')}"
     return error.message
-
-
-def _pattern_tails(values: dict[str, Any]) -> list[str]:
-    """JSON schema patterns are searched, and Python's ``$`` matches before a final newline: check full matches."""
-    problems = []
-    for name, value in values.items():
-        schema = _SCHEMA["properties"][name]
-        patterns = [s["pattern"] for s in [schema, *schema.get("anyOf", [])] if "pattern" in s]
-        if not patterns or not isinstance(value, str):
-            continue
-        searched = any(re.search(p, value) for p in patterns)  # what jsonschema checked (and reported)
-        if searched and not any(re.fullmatch(p.removeprefix("^").removesuffix("$"), value) for p in patterns):
-            if "anyOf" not in schema or not any(value in s.get("enum", ()) for s in schema["anyOf"]):
-                problems.append(f"{name}: {value!r} does not match {' or '.join(patterns)}")
-    return problems

@@ -13,6 +13,7 @@ import psycopg
 from pgtrain.core.errors import PgtrainError
 
 SQL_DIR_ENV = "PGTRAIN_SQL_DIR"
+SCHEMA = "pgtrain"  # the schema every migration's table lives in (sql/)
 _FILE_PATTERN = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
 # Serializes concurrent provision_tables runs (any constant works; this one spells "pgtrain").
 _MIGRATION_LOCK_KEY = 0x7067747261696E

@@ -23,6 +23,7 @@ from psycopg.pq import TransactionStatus
 
 from pgtrain.core import db
 from pgtrain.core.errors import PgtrainError, SourceError
+from pgtrain.core.migrations import SCHEMA as PGTRAIN_SCHEMA
 from pgtrain.data import copy_binary, encoding
 from pgtrain.data.source.resolve import (
     CATEGORY,
@@ -364,6 +365,11 @@ def _target_table(conn: psycopg.Connection, into: str, source: Source, predictio
         raise PgtrainError(f"--into {into!r} is not a valid table name: {error.diag.message_primary}") from None
     if len(parts) > 2:
         raise PgtrainError(f"--into {into!r}: give a table or schema.table")
+    schema = parts[0] if len(parts) == 2 else conn.execute("SELECT current_schema()").fetchone()[0]
+    if schema == PGTRAIN_SCHEMA:  # its tables are the migrations' (sql/): scores live with the user's data
+        raise PgtrainError(f"--into {into!r} is in pgtrain's own schema {PGTRAIN_SCHEMA!r}, which holds only the "
+                           "tables of its migrations; write the predictions to a table of another schema "
+                           "(e.g. public.scores)")
     target = sql.Identifier(*parts)
     key_type = sql.SQL(source.key_type)  # format_type() of the source's key, from the catalog
     extra = sql.SQL(", {} double precision[] NOT NULL").format(sql.Identifier(PROBABILITIES_COLUMN)) if (
