@@ -1,5 +1,6 @@
--- pgtrain core schema. Migrations only add; user data is never dropped.
-CREATE SCHEMA IF NOT EXISTS pgtrain;
+-- pgtrain core schema. Migrations only add; user data is never dropped. The schema pgtrain itself is created by
+-- the runner (pgtrain.core.migrations), only when it is missing: CREATE SCHEMA IF NOT EXISTS would need CREATE on
+-- the database even where the schema exists.
 
 -- One row per DAG run: the config snapshot the trainer reads, and what became of it.
 CREATE TABLE IF NOT EXISTS pgtrain.training_runs (
