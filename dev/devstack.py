@@ -235,10 +235,16 @@ def _write_password_file(path: Path) -> None:
         json.dump({USERNAME: secrets.token_urlsafe(12)}, file)
 
 
-def _fernet_key() -> str:
-    from cryptography.fernet import Fernet
+def fernet_key(path: Path) -> str:
+    """The stack's Fernet key, made once and kept in ``path`` (0600): the metadata database outlives a stop, and
+    what it holds encrypted (a watcher's trigger kwargs, connections) must still decrypt at the next start."""
+    if not path.exists():
+        from cryptography.fernet import Fernet
 
-    return Fernet.generate_key().decode()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as file:
+            file.write(Fernet.generate_key().decode())
+    return path.read_text().strip()
 
 
 def start(state_dir: Path | str, *, metadata_url: str, training_url: str, port: int | None = None,
@@ -256,7 +262,7 @@ def start(state_dir: Path | str, *, metadata_url: str, training_url: str, port: 
     _write_password_file(state_dir / "passwords.json")
     port = port or free_port()
     env = airflow_environment(state_dir, port=port, metadata_url=metadata_url, training_url=training_url,
-                              jwt_secret=secrets.token_urlsafe(32), fernet_key=_fernet_key(), extra=extra_env)
+                              jwt_secret=secrets.token_urlsafe(32), fernet_key=fernet_key(state_dir / "fernet.key"), extra=extra_env)
     airflow = str(Path(sys.executable).parent / "airflow")
     stack = Stack(state_dir, f"http://127.0.0.1:{port}", USERNAME)
 

@@ -56,3 +56,16 @@ def test_stop_signals_the_group_its_pid_file_names(tmp_path, unrelated):
     assert devstack.stop(tmp_path, timeout=5) == ["triggerer"]
     assert unrelated.wait(timeout=10) is not None
     assert not devstack._pid_file(tmp_path, "triggerer").exists()
+
+
+def test_the_fernet_key_is_made_once_and_kept_private(tmp_path):
+    """A stop/start cycle must not change the key: the metadata database keeps what it encrypted with it (an
+    unpaused watcher's trigger kwargs), and a new key made the triggerer die with InvalidToken."""
+    from cryptography.fernet import Fernet
+
+    path = tmp_path / "fernet.key"
+    first = devstack.fernet_key(path)
+    token = Fernet(first.encode()).encrypt(b"trigger kwargs")
+    assert devstack.fernet_key(path) == first  # the next start
+    assert Fernet(devstack.fernet_key(path).encode()).decrypt(token) == b"trigger kwargs"
+    assert path.stat().st_mode & 0o777 == 0o600
