@@ -262,7 +262,8 @@ def start(state_dir: Path | str, *, metadata_url: str, training_url: str, port: 
     _write_password_file(state_dir / "passwords.json")
     port = port or free_port()
     env = airflow_environment(state_dir, port=port, metadata_url=metadata_url, training_url=training_url,
-                              jwt_secret=secrets.token_urlsafe(32), fernet_key=fernet_key(state_dir / "fernet.key"), extra=extra_env)
+                              jwt_secret=secrets.token_urlsafe(32), fernet_key=fernet_key(state_dir / "fernet.key"),
+                              extra=extra_env)
     airflow = str(Path(sys.executable).parent / "airflow")
     stack = Stack(state_dir, f"http://127.0.0.1:{port}", USERNAME)
 
