@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import psycopg
+import pytest
 
 from dev.devdb import database_url_for
 from pgtrain.airflow.dag.connection import database_url
@@ -30,3 +31,17 @@ def test_airflow_connection_passes_libpq_settings_from_extras(monkeypatch):
     assert psycopg.conninfo.conninfo_to_dict(database_url("pgtrain_tcp")) == {
         "host": "db.internal", "port": "6432", "sslmode": "verify-full", "dbname": "train", "user": "bob",
         "password": "p@ss"}
+
+
+def test_a_missing_connection_is_bad_settings_that_say_how_to_define_it(monkeypatch):
+    """Not a crash to retry: the DAG's retry policy fails a ConfigError for good."""
+    from airflow.sdk import RetryAction
+
+    from pgtrain.airflow.dag.failures import RETRY_POLICY
+    from pgtrain.core.errors import ConfigError
+
+    monkeypatch.delenv("AIRFLOW_CONN_PGTRAIN_NOWHERE", raising=False)
+    with pytest.raises(ConfigError, match=r"isn't defined: define the training database's Airflow connection, e\.g\. "
+                                          r"the environment variable AIRFLOW_CONN_PGTRAIN_NOWHERE=") as error:
+        database_url("pgtrain_nowhere")
+    assert RETRY_POLICY.evaluate(error.value, try_number=1, max_tries=3).action == RetryAction.FAIL

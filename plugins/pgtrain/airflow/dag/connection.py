@@ -10,13 +10,24 @@ DEFAULT_CONN_ID = "pgtrain_db"
 
 
 def database_url(conn_id: str = DEFAULT_CONN_ID) -> str:
-    """A libpq connection string built from the connection's fields (password included: never log it)."""
+    """A libpq connection string built from the connection's fields (password included: never log it). A connection
+    that is not defined is a ConfigError saying how to define it: no retry defines it."""
     from airflow.providers.postgres.hooks.postgres import PostgresHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
     from psycopg.conninfo import make_conninfo
     from psycopg.pq import Conninfo
 
+    from pgtrain.core.errors import ConfigError
+
     hook = PostgresHook(postgres_conn_id=conn_id)
-    connection = hook.connection
+    try:
+        connection = hook.connection
+    except AirflowNotFoundException as error:
+        raise ConfigError(
+            f"{error}: define the training database's Airflow connection, e.g. the environment variable "
+            f"AIRFLOW_CONN_{conn_id.upper()}='postgresql://USER@HOST:5432/DBNAME' on the scheduler and workers, "
+            f"`airflow connections add {conn_id} --conn-uri ...`, or your secrets backend (the password from "
+            "the backend, never in the DAG files)") from None
     extras = connection.extra_dejson or {}
     login, password, port = connection.login, connection.password, connection.port
     if extras.get("iam"):
