@@ -13,6 +13,7 @@ swallows their exceptions.
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from airflow.listeners import hookimpl
@@ -66,11 +67,18 @@ def _note_in(session: Any, dag_run: Any) -> None:
         if not failed:
             return
         outcome = f"failed in {', '.join(failed)}: see the task log"
-    note = str(outcome)
+    note = markdown_inert(str(outcome))
     if dag_run.note and not dag_run.note.endswith(note):
         note = f"{dag_run.note}\n{note}"
     dag_run.note = note[:NOTE_LIMIT]
     log.info("DAG run %s note: %s", dag_run.run_id, note)
+
+
+def markdown_inert(text: str) -> str:
+    """``text`` for a note Airflow renders as Markdown, with the characters that open links, images and autolinks
+    (``[``, ``]``, ``<``) backslash-escaped: a conf's column name such as ``![x](http://host/t.png)`` must not make
+    every viewer's browser fetch that URL. It reads the same (a backslash escape renders as the character)."""
+    return re.sub(r"([\\\[\]<])", r"\\\1", text)
 
 
 class _Row:
