@@ -28,8 +28,6 @@ operator's loop and in the trigger.
 from __future__ import annotations
 
 import collections
-import dataclasses
-import time
 from collections.abc import Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -40,7 +38,6 @@ from airflow.providers.cncf.kubernetes.utils.pod_manager import OnFinishAction, 
 from airflow.providers.common.compat.sdk import AirflowNotFoundException
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowFailException
-from kubernetes.client import V1Pod
 from kubernetes.client import models as k8s
 from kubernetes.client.exceptions import ApiException
 
@@ -48,6 +45,7 @@ from pgtrain.airflow.dag import train_run
 from pgtrain.airflow.kubernetes import errors
 from pgtrain.airflow.kubernetes.client import MPIJobClient, container_started
 from pgtrain.airflow.kubernetes.trigger import MISSING_OPERATOR, MPIJobTrigger
+from pgtrain.airflow.kubernetes.watching import MPIJobWatch
 from pgtrain.core.errors import ConfigError, TrainingFailed
 from pgtrain.launch.mpijob import api, cli, spec, watch
 
@@ -71,7 +69,7 @@ def _to_pod_operator_arguments(kwargs: dict[str, Any], env: dict[str, str]) -> N
                               else [*env_vars, *(k8s.V1EnvVar(name=k, value=v) for k, v in env.items())])
 
 
-class MPIJobOperator(KubernetesPodOperator):
+class MPIJobOperator(MPIJobWatch, KubernetesPodOperator):
     """Run ``python -m trainer --run-id RUN`` under Horovod as an MPIJob (kubeflow.org/v2beta1).
 
     :param training_run_id: the training run (default: ``<dag_id>/<dag run id>``, as plan_run names it)
@@ -361,80 +359,6 @@ class MPIJobOperator(KubernetesPodOperator):
             self._finish(verdict, context)
         finally:
             self._cleanup(verdict)
-
-    def _wait(self) -> watch.WatchVerdict:
-        """Poll the job until ``watch_step`` says it is done; follow each launcher pod's log while it runs."""
-        verdict = watch.WatchVerdict("waiting")
-        followed: set[str] = set()
-        while True:
-            job = self.read_mpijob()
-            launcher = self.jobs.launcher_pod(self.job_name)
-            state = verdict.state
-            if launcher is not None and container_started(launcher):
-                state = dataclasses.replace(state, started=True)
-            pods = [] if state.started else self.jobs.pod_dicts(self.job_name)
-            previous, verdict = verdict, watch.watch_step(job, pods, time.time(), self.startup_timeout_seconds,
-                                                          state, self.jobs.pod_events(pods))
-            news = watch.queue_news(job, previous, verdict)
-            if news:
-                self.log.info("%s", news)
-            if verdict.done:
-                if launcher is not None and self.get_logs and container_started(launcher) \
-                        and launcher.metadata.name not in followed:  # it ran and ended between two looks
-                    self._stream_launcher_log(launcher, follow=False)
-                return verdict
-            if verdict.outcome == "running" and launcher is not None and self.get_logs \
-                    and container_started(launcher) and launcher.metadata.name not in followed:
-                followed.add(launcher.metadata.name)
-                self._stream_launcher_log(launcher, follow=True)
-                continue  # the launcher ended: read the job's verdict right away
-            time.sleep(self.poll_interval)
-
-    def _finish(self, verdict: watch.WatchVerdict, context: Context) -> None:
-        """Act on a finished watch: log success, or delete a job that cannot start and raise, or raise the failure."""
-        if verdict.outcome == "succeeded":
-            self.log.info("MPIJob %s/%s succeeded: %s", self.job_namespace, self.job_name, verdict.message)
-            return
-        if verdict.outcome in ("cannot_start", "timeout"):
-            self.delete_mpijob("it did not start")
-            if verdict.outcome == "cannot_start":
-                raise errors.cannot_start(self.job_namespace, self.job_name, verdict.message,
-                                            self.database_secret, self.database_secret_key)
-            raise errors.not_started(self.job_namespace, self.job_name, self.startup_timeout_seconds, verdict)
-        self._raise_if_failed(verdict, context)
-
-    def _stream_launcher_log(self, pod: V1Pod, *, follow: bool) -> None:
-        try:
-            self.pod_manager.fetch_container_logs(
-                pod=pod, container_name=self.base_container_name, follow=follow,
-                container_name_log_prefix_enabled=False, log_formatter=self._tee_log_line)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            self.log.warning("Launcher pod %s disappeared while its log was read.", pod.metadata.name)
-
-    def _tee_log_line(self, container_name: str, message: str) -> str:
-        self._tail.extend(message.splitlines() or [""])
-        if self.log_formatter is not None:
-            return self.log_formatter(container_name, message)
-        return f"[launcher] {message}"
-
-    def trainer_verdict(self, context: Context) -> tuple[str, str] | None:
-        """(status, reason) the trainer recorded for its run when it stopped ('refused' or 'failed'), if known.
-
-        The trainer records it in its database; this operator cannot read it (TrainingRunMPIJobOperator does).
-        """
-        return None
-
-    def _raise_if_failed(self, verdict: watch.WatchVerdict, context: Context) -> None:
-        exit_status = ""
-        launcher = self.jobs.launcher_pod(self.job_name) if self.job_name else None
-        for status in (launcher.status.container_statuses or []) if launcher and launcher.status else []:
-            terminated = status.state.terminated if status.state else None
-            if terminated is not None:
-                exit_status = f"\nlauncher container exited with code {terminated.exit_code} ({terminated.reason})"
-        raise errors.job_failed(self.job_namespace, self.job_name, verdict, self.trainer_verdict(context),
-                                  exit_status, list(self._tail))
 
     def _cleanup(self, verdict: watch.WatchVerdict | None) -> None:
         if self._killed or self._deleted or not self.job_name:
