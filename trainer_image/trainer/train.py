@@ -293,8 +293,7 @@ def fit(conn: psycopg.Connection, run: record.Run, model: PgtrainModel, start: S
     """Train on ``rows`` (x_train, y_train, x_val, y_val: on ``device``, or in host memory with each batch copied
     over) and (rank 0) stage the parameters: the best epoch's with early stopping, else the last one's."""
     rank, size, config = hvd.rank(), hvd.size(), run.config
-    regression = config.task == "regression"
-    output_dim = run.output_dim if run.output_dim is not None else run.num_classes
+    regression, output_dim = config.task == "regression", model.output_dim
     x_train, y_train, x_val, y_val = rows
     model.to(device)
     steps = steps_per_epoch(shards, batch_size)
