@@ -104,13 +104,13 @@ def model_facts(version: Mapping[str, Any]) -> dict[str, Any]:
 def data_facts(version: Mapping[str, Any]) -> dict[str, Any]:
     """What the version was trained on: source, rows planned, watermark."""
     spec = version.get("spec") or {}
-    watermark = spec.get("watermark") or {}
+    watermark, planned = spec.get("watermark") or {}, version.get("planned_at")
     return {"source table": spec.get("source_table"), "key column": spec.get("key_column"),
             "rows": version.get("rows"), "training rows": version.get("train_rows"),
             "validation rows": version.get("val_rows"), "excluded rows (bad)": version.get("excluded_rows"),
             "ranks": version.get("world_size"), "watermark: largest key": watermark.get("max_key"),
             "watermark: snapshot": watermark.get("snapshot"),
-            "planned at": planned.isoformat(sep=" ", timespec="seconds") if (planned := version.get("planned_at")) else None}
+            "planned at": planned.isoformat(sep=" ", timespec="seconds") if planned else None}
 
 
 def _shown(value: Any) -> str:
