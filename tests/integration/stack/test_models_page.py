@@ -191,7 +191,7 @@ def test_a_regression_model_gets_a_chart_per_metric_each_versions_details_and_a_
     assert (params["learning_rate"], params["epochs"], params["task"]) == ("0.01", "3", '"regression"')
     data = {r.get_attribute("data-field"): r.find_element(By.TAG_NAME, "td").text
             for r in browser.find_elements(By.CSS_SELECTOR, "#data tr[data-field]")}
-    assert data["source table"] == ".".join(REGRESSION_TABLE) and data["rows"] == "442", data
+    assert data["source table"] == '"public"."stack_diabetes"' and data["rows"] == "442", data
     assert data["watermark: largest key"] == "442" and int(data["training rows"]) + int(data["validation rows"]) == 442
     assert browser.find_element(By.CSS_SELECTOR, '#model-spec tr[data-field="target_column"] td').text == "progression"
     assert not browser.find_elements(By.ID, "confusion-matrix"), "a regression has no confusion matrix"
