@@ -9,6 +9,8 @@ from urllib.parse import urlencode
 import numpy as np
 import pytest
 
+from pgtrain.airflow.ui import charts
+from pgtrain.airflow.ui import html as ui_html
 from pgtrain.airflow.ui import render as ui_render
 from pgtrain.config.metrics import CONFUSION_MATRIX, METRICS
 from pgtrain.data.encoding import UNSEEN_CLASS
@@ -37,12 +39,25 @@ def test_catalog_lists_models_versions_head_moves_and_runs(db_url, autocommit):
     assert [(h["previous_version"], h["version"], h["action"]) for h in catalog.head_history(autocommit, MODEL)] == [
         (None, 1, "commit"), (1, 2, "commit"), (2, 1, "promote")]
 
+    with autocommit.transaction():  # the rows compute_shards planned for the first run, over two ranks
+        for rank, (rows, train, val) in enumerate([(60, 48, 12), (59, 47, 12)]):
+            autocommit.execute("INSERT INTO pgtrain.shard_manifest (run_id, rank, world_size, key_lo, key_hi, "
+                               "row_count, train_count, val_count) VALUES (%s, %s, 2, %s, %s, %s, %s, %s)",
+                               (first, rank, str(rank * 60 + 1), str(rank * 60 + rows), rows, train, val))
+    second_detail, first_detail = catalog.version_details(autocommit, MODEL, [2, 1, 7])
+    assert (first_detail["version"], first_detail["is_head"], second_detail["is_head"]) == (1, True, False)
+    assert (first_detail["rows"], first_detail["train_rows"], first_detail["val_rows"],
+            first_detail["world_size"]) == (119, 95, 24, 2)
+    assert second_detail["rows"] is None, "no manifest: no rows to show"
+    assert first_detail["config"]["model_name"] == MODEL and [e["epoch"] for e in first_detail["epochs"]] == [1, 2]
+    assert first_detail["spec"]["source_table"] and "watermark" in first_detail["spec"]
+
     run = catalog.run_overview(autocommit, second)
     assert (run["version"], run["status"], run["dag_run_id"]) == (2, "committed", "manual__2")
     assert [e["epoch"] for e in run["epochs"]] == [1, 2] and run["config"]["model_name"] == MODEL
     html = ui_render.run_page(run, "/pgtrain", "")
     assert 'href="/dags/pgtrain_training/runs/manual__2"' in html and f'href="/pgtrain/models/{MODEL}"' in html
-    assert html.count('class="point"') == 2 * 3  # train_loss, val_loss, val_accuracy: one point per epoch each
+    assert html.count('class="point"') == 2 * 4  # train_ and val_ loss and accuracy: one point per epoch each
 
 
 def test_pages_escape_what_they_show_and_draw_one_point_per_epoch():
@@ -55,9 +70,9 @@ def test_pages_escape_what_they_show_and_draw_one_point_per_epoch():
 
     epochs = [{"epoch": i, "train_loss": 1.0 / i, "val_loss": 1.2 / i, "val_accuracy": 0.5 + i / 20}
               for i in range(1, 6)]
-    svg = ui_render.curves(epochs)
+    svg = charts.metric_charts([("", epochs)])
     for series in ("train_loss", "val_loss", "val_accuracy"):
-        group = re.search(rf'<g class="series" data-series="{series}">(.*?)</g>', svg).group(1)
+        group = re.search(rf'<g class="series[^"]*" data-series="{series}"[^>]*>(.*?)</g>', svg).group(1)
         assert re.findall(r'data-epoch="(\d+)"', group) == ["1", "2", "3", "4", "5"], series
     assert "<script" not in svg and "http" not in svg.replace("http://www.w3.org/2000/svg", "")
 
@@ -182,3 +197,27 @@ def test_a_version_shows_its_validation_metrics_and_confusion_matrix(db_url, aut
     assert "val_loss" in out and "(loss, lower is better)" in out
     assert "true \\ predicted  <b>cat</b> dog emu" in out
     assert re.search(r"\n  dog\s+0\s+2\s+0\n", out) and re.search(r"\(not in training\)\s+0\s+0\s+1", out)
+
+
+def test_the_app_compares_versions_and_sends_its_content_security_policy(db_url, autocommit, page_client_of):
+    for dag_run_id in ("manual__1", "manual__2"):
+        commit_run(autocommit, prepare_run(db_url, dag_run_id), owner=OWNER, lock_timeout=5)
+    client, token = page_client_of(db_url)
+    logged_in = {"Authorization": f"Bearer {token}", "Accept": "text/html"}
+
+    compared = client.get(f"/pgtrain/models/{MODEL}/compare", params=[("v", 2), ("v", 1)], headers=logged_in)
+    assert compared.status_code == 200, compared.text
+    assert compared.headers["content-security-policy"] == ui_html.CONTENT_SECURITY_POLICY
+    assert re.findall(r'data-series="val_loss" data-version="(v\d)"', compared.text) == ["v2", "v1"]
+    assert 'id="compare-metrics"' in compared.text and 'data-param="params.model_name"' in compared.text
+    for asked, status in (([("v", 1)], 400), ([("v", 1), ("v", 1)], 400), ([("v", 1), ("v", 5)], 404)):
+        answer = client.get(f"/pgtrain/models/{MODEL}/compare", params=asked, headers=logged_in)
+        assert answer.status_code == status, (asked, answer.text)
+        assert answer.headers["content-security-policy"] == ui_html.CONTENT_SECURITY_POLICY
+    assert "takes 2 to 12 different versions (got 1)" in client.get(
+        f"/pgtrain/models/{MODEL}/compare", params={"v": 1}, headers=logged_in).text
+
+    older = client.get(f"/pgtrain/models/{MODEL}", params={"version": 1}, headers=logged_in).text
+    assert re.search(r'<h2 id="version" data-version="1">', older)
+    assert 'data-param="model_name"' in older and 'data-field="source table"' in older
+    assert f'href="/pgtrain/models/{MODEL}/compare?v=2&amp;v=1"' in older, "the older version's compare-with-head link"

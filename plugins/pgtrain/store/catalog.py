@@ -66,3 +66,29 @@ def run_overview(conn: psycopg.Connection, run_id: str) -> dict[str, Any]:
             "model_name": run.model_name, "status": run.status, "status_reason": run.status_reason,
             "base_version": run.base_version, "config": run.config.to_dict(),
             "version": made["version"] if made else None, "epochs": record.epoch_metrics(conn, run_id)}
+
+
+def version_details(conn: psycopg.Connection, model_name: str, versions: list[int]) -> list[dict[str, Any]]:
+    """The given versions of a model, in the order asked, each with what it was made of: its spec (model, task,
+    feature columns, source table, watermark, ...), its run's config snapshot, the rows the run planned (all,
+    training, validation, and excluded as bad) and its epochs. A version not in the store is left out."""
+    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(
+            """SELECT v.version, v.run_id, v.metrics, v.spec, v.created_at, h.version IS NOT NULL AS is_head,
+                      r.config, r.dag_id, r.dag_run_id, p.excluded_rows, p.planned_at,
+                      m.rows, m.train_rows, m.val_rows, m.world_size
+               FROM pgtrain.model_versions v
+               LEFT JOIN pgtrain.model_heads h ON h.model_name = v.model_name AND h.version = v.version
+               LEFT JOIN pgtrain.training_runs r ON r.run_id = v.run_id
+               LEFT JOIN pgtrain.shard_plans p ON p.run_id = v.run_id
+               LEFT JOIN LATERAL (
+                   SELECT sum(row_count)::bigint AS rows, sum(train_count)::bigint AS train_rows,
+                          sum(val_count)::bigint AS val_rows, max(world_size) AS world_size
+                   FROM pgtrain.shard_manifest s WHERE s.run_id = v.run_id) m ON true
+               WHERE v.model_name = %s AND v.version = ANY(%s)""",
+            (model_name, versions),
+        ).fetchall()
+        found = {row["version"]: row for row in rows}
+        for row in found.values():
+            row["epochs"] = record.epoch_metrics(conn, row["run_id"]) if row["run_id"] else []
+    return [found[v] for v in dict.fromkeys(versions) if v in found]

@@ -11,9 +11,11 @@ api-server calls. (No ``from __future__ import annotations`` here: FastAPI resol
 which name classes imported inside ``create_app``.)
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
+from pgtrain.airflow.ui import html as ui_html
 from pgtrain.airflow.ui import render as ui_render
+from pgtrain.airflow.ui import versions as ui_versions
 
 if TYPE_CHECKING:
     import psycopg
@@ -53,7 +55,7 @@ def create_app() -> "FastAPI":
     import psycopg
     import psycopg.errors
     from airflow.api_fastapi.core_api.security import requires_authenticated
-    from fastapi import Depends, FastAPI, HTTPException, Request
+    from fastapi import Depends, FastAPI, HTTPException, Query, Request
     from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
     from pgtrain.core.errors import PgtrainError
@@ -62,6 +64,14 @@ def create_app() -> "FastAPI":
     # Airflow's own authentication: the dependency Airflow's routes use to resolve the user (401 without one).
     app = FastAPI(title="pgtrain models", dependencies=[Depends(requires_authenticated())],
                   docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.middleware("http")
+    async def content_security_policy(request: Request, call_next: Any) -> Response:
+        # every answer, errors and redirects included: the page's one inline stylesheet, no script, nothing fetched
+        response = await call_next(request)
+        response.headers["Content-Security-Policy"] = ui_html.CONTENT_SECURITY_POLICY
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        return response
 
     @app.exception_handler(HTTPException)
     async def not_logged_in(request: Request, error: HTTPException) -> Response:
@@ -75,10 +85,10 @@ def create_app() -> "FastAPI":
     @app.exception_handler(psycopg.OperationalError)
     async def database_down(request: Request, error: psycopg.OperationalError) -> Response:
         # the message of a failed connection names host and user, never the password; keep it out anyway
-        return HTMLResponse(ui_render.page("Models", "<p>Cannot reach the training database (the Airflow connection "
-                                           "<code>pgtrain_db</code>): " + ui_render.e(type(error).__name__)
-                                           + ". Check the connection and that the server is up.</p>",
-                                           _roots(request)[0]), status_code=503)
+        return HTMLResponse(ui_html.page("Models", "<p>Cannot reach the training database (the Airflow connection "
+                                         "<code>pgtrain_db</code>): " + ui_html.e(type(error).__name__)
+                                         + ". Check the connection and that the server is up.</p>",
+                                         _roots(request)[0]), status_code=503)
 
     @app.exception_handler(psycopg.errors.UndefinedTable)
     async def not_set_up(request: Request, error: psycopg.errors.UndefinedTable) -> Response:
@@ -104,13 +114,28 @@ def create_app() -> "FastAPI":
                 raise HTTPException(404, f"no model {model_name!r} in the training database")
             history = catalog.head_history(conn, model_name)
             if version is None:
-                shown = next((v for v in versions if v["is_head"]), versions[-1])
-            else:
-                shown = next((v for v in versions if v["version"] == version), None)
-                if shown is None:
-                    raise HTTPException(404, f"model {model_name!r} has no version {version}")
-            shown_run = catalog.run_overview(conn, shown["run_id"]) if shown["run_id"] else None
-        return ui_render.model_page(model_name, versions, history, shown, shown_run, root, airflow_root)
+                version = next((v for v in versions if v["is_head"]), versions[-1])["version"]
+            shown = catalog.version_details(conn, model_name, [version])
+            if not shown:
+                raise HTTPException(404, f"model {model_name!r} has no version {version}")
+        return ui_versions.model_page(model_name, versions, history, shown[0], root, airflow_root)
+
+    @app.get("/models/{model_name}/compare", response_class=HTMLResponse)
+    def compare(request: Request, model_name: str, v: Annotated[list[int] | None, Query()] = None) -> Response:
+        root, _ = _roots(request)
+        asked = list(dict.fromkeys(v or []))
+        if not 2 <= len(asked) <= ui_versions.MAX_COMPARED:
+            return HTMLResponse(ui_html.page(
+                f"Compare {model_name}", f"<p>Compare takes 2 to {ui_versions.MAX_COMPARED} different versions "
+                f"(got {len(asked)}): check them in the versions table of "
+                f"{ui_html.link(ui_html.model_href(root, model_name), model_name)} and press Compare.</p>", root),
+                status_code=400)
+        with _connect() as conn:
+            compared = catalog.version_details(conn, model_name, asked)
+        missing = sorted(set(asked) - {d["version"] for d in compared})
+        if missing:
+            raise HTTPException(404, f"model {model_name!r} has no version {', '.join(map(str, missing))}")
+        return HTMLResponse(ui_versions.compare_page(model_name, compared, root))
 
     @app.get("/runs", response_class=HTMLResponse)
     def run(request: Request, run_id: str) -> str:

@@ -1,0 +1,109 @@
+"""The models page's HTML without a server: one chart (and one y axis) per metric, the compare view's metrics, params
+diff and overlaid curves, hostile names and values escaped everywhere, and the stylesheet allowed by its hash."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import math
+import re
+from datetime import UTC, datetime
+
+import pytest
+
+from pgtrain.airflow.ui import charts, html, versions
+
+HOSTILE = '"><script>alert(1)</script><img src=x onerror=alert(2)>'
+
+
+def regression_epochs(count: int, rmse: float = 200.0, r2: float = 0.8) -> list[dict]:
+    return [{"epoch": i, "train_loss": 1.0 / i, "val_loss": 1.2 / i, "val_rmse": rmse + 10.0 / i,
+             "val_mae": rmse * 0.8 + 5.0 / i, "val_r2": r2 - 0.1 / i, "seconds": 0.5} for i in range(1, count + 1)]
+
+
+def version(number: int, epochs: list[dict], *, head: bool = False, **config) -> dict:
+    last = epochs[-1]
+    return {"version": number, "run_id": f"pgtrain_training/manual__{number}", "is_head": head,
+            "created_at": datetime(2025, 1, number, tzinfo=UTC), "parent_version": None,
+            "dag_id": "pgtrain_training", "dag_run_id": f"manual__{number}",
+            "metrics": {k: last[k] for k in ("val_loss", "val_rmse", "val_mae", "val_r2")} | {"epochs": len(epochs)},
+            "spec": {"model": "mlp", "task": "regression", "target_column": "price", "feature_columns": ["a", "b"],
+                     "input_dim": 2, "output_dim": 1, "source_table": "public.houses", "key_column": "id",
+                     "watermark": {"max_key": "300", "snapshot": "10:10:"}},
+            "config": {"learning_rate": 0.01, "epochs": len(epochs), "hidden_sizes": [8], **config},
+            "rows": 300, "train_rows": 240, "val_rows": 60, "excluded_rows": 0, "world_size": 1,
+            "planned_at": datetime(2025, 1, number, tzinfo=UTC), "epochs": epochs}
+
+
+def svg_of(page: str, chart: str) -> str:
+    return re.search(rf'<svg class="chart" data-chart="{chart}".*?</svg>', page).group(0)
+
+
+def plotted_ys(svg: str, series: str) -> list[float]:
+    group = re.search(rf'<g class="series[^"]*" data-series="{series}"[^>]*>(.*?)</g>', svg).group(1)
+    return [float(y) for y in re.findall(r'cy="([\d.]+)"', group)]
+
+
+def test_each_metric_gets_a_chart_and_an_axis_of_its_own():
+    page = charts.metric_charts([("", regression_epochs(5))])
+    assert re.findall(r'data-chart="([^"]+)"', page) == ["loss", "val_rmse", "val_mae", "val_r2"]
+    assert "seconds" not in re.findall(r'data-series="([^"]+)"', page)
+    r2, rmse = svg_of(page, "val_r2"), svg_of(page, "val_rmse")
+    assert float(re.search(r'data-y-max="([^"]+)"', r2).group(1)) <= 1.0
+    assert float(re.search(r'data-y-min="([^"]+)"', rmse).group(1)) >= 150, "RMSE's axis is not stretched down to R²"
+    # R² rises 0.7 -> 0.78 over the epochs: drawn across most of its plot's height, not as a flat line
+    ys = plotted_ys(r2, "val_r2")
+    assert ys == sorted(ys, reverse=True) and ys[0] - ys[-1] > 0.5 * (charts.HEIGHT - charts.TOP - charts.BOTTOM)
+    loss = svg_of(page, "loss")
+    assert {"train_loss", "val_loss"} == set(re.findall(r'data-series="([^"]+)"', loss))
+
+
+@pytest.mark.parametrize(("lo", "hi"), [(0.71, 0.79), (190.0, 210.0), (-3.0, 4.5), (0.8, 0.8), (1e-5, 3e-5)])
+def test_ticks_are_round_and_cover_the_values(lo, hi):
+    ticks = charts.nice_ticks(lo, hi)
+    steps = {round(b - a, 12) for a, b in zip(ticks, ticks[1:], strict=False)}
+    assert ticks[0] <= lo and ticks[-1] >= hi and len(steps) == 1 and 3 <= len(ticks) <= 8
+    step = steps.pop()
+    mantissa = step / 10 ** math.floor(math.log10(step))
+    assert min(abs(mantissa - m) for m in (1, 2, 2.5, 5, 10)) < 1e-9
+
+
+def test_compare_shows_metrics_side_by_side_the_params_that_differ_and_overlaid_curves():
+    older, newer = version(1, regression_epochs(4, rmse=210, r2=0.7)), version(2, regression_epochs(6), head=True,
+                                                                              learning_rate=0.005)
+    page = versions.compare_page("houses", [older, newer], "/pgtrain")
+    rmse = re.search(r'<tr data-metric="val_rmse">(.*?)</tr>', page).group(1)
+    r2 = re.search(r'<tr data-metric="val_r2">(.*?)</tr>', page).group(1)
+    assert re.findall(r'<td class="num( best)?">', rmse) == ["", " best"], "lower RMSE is better: v2's"
+    assert re.findall(r'<td class="num( best)?">', r2) == ["", " best"], "higher R² is better: v2's"
+    diff = re.search(r'<table id="params-diff">.*?</table>', page).group(0)
+    assert re.findall(r'data-param="([^"]+)"', diff) == ["data.planned at", "params.epochs", "params.learning_rate"]
+    same = re.search(r'<table id="params-same">.*?</table>', page).group(0)
+    assert 'data-param="params.hidden_sizes"' in same and 'data-param="model.task"' in same
+    curves = svg_of(page, "val_r2")
+    assert re.findall(r'data-series="val_r2" data-version="(v\d)"', curves) == ["v1", "v2"]
+    assert len(plotted_ys(curves, 'val_r2" data-version="v2')) == 6
+
+
+def test_hostile_names_and_values_are_shown_as_text():
+    hostile = version(1, regression_epochs(2), **{HOSTILE: HOSTILE})
+    hostile["epochs"] = [{**ep, f"val_{HOSTILE}": 0.5} for ep in hostile["epochs"]]
+    hostile["spec"]["feature_columns"] = [HOSTILE]
+    hostile["spec"]["source_table"] = HOSTILE
+    hostile["metrics"][f"val_{HOSTILE}"] = 0.5
+    other = version(2, regression_epochs(2), head=True)
+    listing = [{**hostile, "parent_version": None}, {**other, "parent_version": 1}]
+    for page in (versions.model_page(HOSTILE, listing, [], hostile, "/pgtrain", ""),
+                 versions.compare_page(HOSTILE, [hostile, other], "/pgtrain")):
+        assert "<script" not in page and "<img" not in page
+        assert page.count("&lt;script&gt;alert(1)&lt;/script&gt;") >= 3
+        assert "/pgtrain/models/%22%3E%3Cscript%3E" in page, "the model name is quoted into its links"
+
+
+def test_the_only_style_is_the_stylesheet_the_policy_names_by_its_hash():
+    page = html.page("t", "<p>x</p>", "/pgtrain")
+    [style] = re.findall(r"<style>(.*?)</style>", page, re.S)
+    digest = base64.b64encode(hashlib.sha256(style.encode()).digest()).decode()
+    assert f"style-src 'sha256-{digest}'" in html.CONTENT_SECURITY_POLICY
+    assert "default-src 'none'" in html.CONTENT_SECURITY_POLICY and "script-src" not in html.CONTENT_SECURITY_POLICY
+    assert "prefers-color-scheme: dark" in style and "url(" not in style and "@import" not in style
