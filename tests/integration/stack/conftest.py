@@ -12,6 +12,7 @@ from __future__ import annotations
 import secrets
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +29,31 @@ STACK_MODELS = Path(__file__).resolve().parent / "stack_models.yaml"  # the stac
 STARTUP_TIMEOUT = 900.0  # seconds; a busy 2-core machine migrates and starts four services in one to three minutes
 
 
-@pytest.fixture(scope="session")
-def airflow_stack(pg_admin_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowStack]:
+@contextmanager
+def stack_databases(pg_admin_url: str) -> Iterator[tuple[str, str]]:
+    """(metadata URL, training URL): two new databases of the session's server, the training one migrated;
+    dropped afterwards."""
     suffix = uuid.uuid4().hex[:10]
-    metadata_db, training_db = f"airflow_stack_{suffix}", f"pgtrain_stack_{suffix}"
-    metadata_url = devdb.create_database(pg_admin_url, metadata_db)
-    training_url = devdb.create_database(pg_admin_url, training_db)
+    names = (f"airflow_stack_{suffix}", f"pgtrain_stack_{suffix}")
+    metadata_url, training_url = (devdb.create_database(pg_admin_url, name) for name in names)
     with psycopg.connect(training_url) as conn:
         apply_migrations(conn)
+    try:
+        yield metadata_url, training_url
+    finally:
+        with psycopg.connect(pg_admin_url, autocommit=True) as conn:
+            for name in names:
+                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture(scope="session")
+def airflow_stack(pg_admin_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowStack]:
+    with stack_databases(pg_admin_url) as (metadata_url, training_url):
+        yield from _started_stack(metadata_url, training_url, tmp_path_factory)
+
+
+def _started_stack(metadata_url: str, training_url: str,
+                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowStack]:
     # the stack's signing and encryption keys chosen here, so that a test can look for them where they must not be
     keys = {"AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(32),
             "AIRFLOW__CORE__FERNET_KEY": Fernet.generate_key().decode()}
@@ -53,9 +71,6 @@ def airflow_stack(pg_admin_url: str, tmp_path_factory: pytest.TempPathFactory) -
     finally:
         client.close()
         devstack.stop(state_dir)
-        with psycopg.connect(pg_admin_url, autocommit=True) as conn:
-            for name in (metadata_db, training_db):
-                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def _log_tails(logs_dir: Path, lines: int = 30) -> str:
