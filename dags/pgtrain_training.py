@@ -5,7 +5,9 @@ provision_tables -> plan_run -> compute_shards -> train -> commit_parameters -> 
 Ad-hoc runs: trigger it from the UI or the REST API with the params of your run (source table, columns,
 task, model name, epochs, world_size, ...). It has no schedule: scheduled models, retrained on a cron or when
 new rows land, each have their own DAG from the models file (pgtrain_models.py), and the models there are
-theirs alone. The training database is the Airflow connection `pgtrain_db`.
+theirs alone. It is active from its creation (is_paused_upon_creation=False): having no schedule it starts
+nothing by itself, and a trigger runs at once instead of waiting, queued, for someone to unpause it.
+The training database is the Airflow connection `pgtrain_db`.
 What runs where (the launcher, the cluster), and which tables and models a run may use, are the author's
 settings in `dags/pgtrain.yaml` ($PGTRAIN_SETTINGS), not params.
 """
@@ -30,6 +32,7 @@ with DAG(
     dag_id="pgtrain_training",
     description="Distributed training from PostgreSQL, committed as a model version",
     schedule=None,
+    is_paused_upon_creation=False,
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=1,

@@ -46,6 +46,7 @@ def test_tasks_run_in_the_designed_order(dag):
 def test_the_generic_dag_runs_only_when_triggered(dag):
     assert dag.catchup is False
     assert dag.schedule is None  # ad-hoc runs only: scheduled models have their own DAGs
+    assert dag.is_paused_upon_creation is False  # so a trigger runs, not sits queued on a paused DAG
 
 
 def test_param_defaults_are_valid_training_config(dag):

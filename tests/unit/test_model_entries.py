@@ -185,10 +185,12 @@ def test_the_models_file_next_to_the_dag_files_is_checked_without_any_env_var(tm
 
 
 def test_each_entry_has_its_schedule(mixed_bag):
-    from airflow.sdk import AssetOrTimeSchedule, CronTriggerTimetable
+    from airflow.sdk import AssetOrTimeSchedule
+
+    from pgtrain.airflow.dag.timetable import NextTickCronTimetable
 
     bag, _ = mixed_bag
-    assert bag.dags["pgtrain_model_cron-only"].schedule == CronTriggerTimetable("@daily", timezone="UTC")
+    assert bag.dags["pgtrain_model_cron-only"].schedule == NextTickCronTimetable("@daily", timezone="UTC")
     rows = bag.dags["pgtrain_model_rows-only"].timetable.asset_condition
     [watcher] = rows.watchers
     assert watcher.trigger.serialize()[1] | {} == {
@@ -197,6 +199,7 @@ def test_each_entry_has_its_schedule(mixed_bag):
     both = bag.dags["pgtrain_model_both"].schedule
     assert isinstance(both, AssetOrTimeSchedule)
     assert both.asset_condition.uri == "pgtrain://pgtrain_db/both/new-rows"
+    assert both.timetable == NextTickCronTimetable("0 3 * * *", timezone="UTC")
 
 
 def test_every_generated_dag_runs_the_designed_tasks_with_the_entry_fixed(mixed_bag):

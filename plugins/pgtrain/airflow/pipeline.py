@@ -10,10 +10,11 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from airflow.sdk import Asset, AssetOrTimeSchedule, AssetWatcher, BaseOperator, CronTriggerTimetable
+from airflow.sdk import Asset, AssetOrTimeSchedule, AssetWatcher, BaseOperator
 
 from pgtrain.airflow.dag.connection import DEFAULT_CONN_ID
 from pgtrain.airflow.dag.failures import RETRY_POLICY
+from pgtrain.airflow.dag.timetable import NextTickCronTimetable
 from pgtrain.airflow.triggers.new_rows import NewRowsTrigger
 from pgtrain.config.model_entries import ModelEntry
 from pgtrain.config.settings import AuthorSettings
@@ -45,8 +46,9 @@ def new_rows_asset(entry: ModelEntry, conn_id: str = DEFAULT_CONN_ID) -> Asset:
 
 
 def model_schedule(entry: ModelEntry, conn_id: str = DEFAULT_CONN_ID) -> Any:
-    """Cron, new rows, or whichever comes first (AssetOrTimeSchedule)."""
-    cron = CronTriggerTimetable(entry.cron, timezone="UTC") if entry.cron else None
+    """Cron (from the next tick on: NextTickCronTimetable), new rows, or whichever comes first
+    (AssetOrTimeSchedule)."""
+    cron = NextTickCronTimetable(entry.cron, timezone="UTC") if entry.cron else None
     if entry.min_new_rows is None:
         return cron
     rows = new_rows_asset(entry, conn_id)

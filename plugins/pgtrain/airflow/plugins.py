@@ -3,7 +3,8 @@ the package into Airflow's environment registers them, with no file in Airflow's
 would register a second plugin of the same name, which Airflow skips and reports as an import error).
 
 - ``PgtrainModelsPlugin``: the models page. The api-server mounts the app at /pgtrain and the UI's navigation
-  gets a "Models" entry showing it.
+  gets a "Models" entry showing it. It also registers the model DAGs' cron timetable (``NextTickCronTimetable``):
+  the dag-processor and the scheduler read a serialized custom timetable back only when a plugin lists it.
 - ``PgtrainRunNotesPlugin``: the listener that writes each pgtrain DAG run's outcome into the run's note
   (``pgtrain.airflow.ui.run_notes``); the scheduler (and ``airflow dags test``) call it when a run ends.
 
@@ -20,6 +21,7 @@ from typing import Any
 
 from airflow.plugins_manager import AirflowPlugin
 
+from pgtrain.airflow.dag.timetable import NextTickCronTimetable
 from pgtrain.airflow.ui import run_notes
 from pgtrain.airflow.ui.app import URL_PREFIX
 
@@ -28,6 +30,7 @@ class PgtrainModelsPlugin(AirflowPlugin):
     name = "pgtrain"
     external_views = [{"name": "Models", "href": URL_PREFIX + "/", "destination": "nav", "url_route": "pgtrain-models",
                        "category": "browse"}]
+    timetables = [NextTickCronTimetable]
 
     @cached_property
     def fastapi_apps(self) -> list[dict[str, Any]]:  # type: ignore[override]
