@@ -92,7 +92,7 @@ def test_rare_levels_are_other_and_a_cap_is_a_warning(ac):
                   FROM generate_series(1, 700) g""")
     run = record.plan_run(ac, "test", "r", __import__("pgtrain").config.params.TrainingConfig.from_mapping(
         {"source_table": "public.t", "feature_columns": "*", "max_categories": 2, "min_category_count": 11,
-         "validation_fraction": 0}))
+         "validation_fraction": 0, "allow_unvalidated": True}))
     plan = manifest.plan_shards(ac, run)
     run = record.get_run(ac, run.run_id)
     (city,) = [c for c in run.encoding["columns"] if c["name"] == "city"]
@@ -164,9 +164,10 @@ def test_a_200000_level_text_column_and_more_classes_than_allowed_are_refused(ac
     ac.execute("INSERT INTO t SELECT g, 'c' || g, g, 'k' || (g % 100001) FROM generate_series(1, 200000) g")
     with pytest.raises(SourceError, match=r"'code' of public\.t has 200,000 distinct values .* exclude_columns"):
         planned_run(ac, "a", source_table="public.t", feature_columns="*", label_column="label",
-                    validation_fraction=0)
+                    validation_fraction=0, allow_unvalidated=True)
     with pytest.raises(SourceError, match=r"label_column 'label' of public\.t has more than 100,000 distinct values"):
-        planned_run(ac, "b", source_table="public.t", feature_columns=["x"], validation_fraction=0)
+        planned_run(ac, "b", source_table="public.t", feature_columns=["x"], validation_fraction=0,
+                    allow_unvalidated=True)
 
 
 def test_predict_scores_the_raw_table_and_writes_the_labels_type(ac, db_url):

@@ -104,6 +104,7 @@ class TrainingConfig:
     metric: str | None = None
     max_drop: float | None = None
     floor: float | None = None
+    allow_unvalidated: bool = False
     # One rank by default: on a CPU-only worker one rank's PyTorch threads use every core, and two ranks there
     # only add Horovod's per-step allreduce (docs/performance.md); GPUs want one rank each.
     world_size: int = 1
@@ -354,6 +355,11 @@ QUALITY_GATE: dict[str, dict[str, Any]] = _with_defaults({
               "title": "Quality floor",
               "description": "reject any run whose metric is worse than this (below it for a higher-is-better "
                              "metric, above it for a lower-is-better one)"},
+    "allow_unvalidated": {"type": "boolean",
+                          "title": "Quality gate: allow unvalidated versions",
+                          "description": "false (the default): a run without validation rows is refused when its "
+                                         "shards are planned, and a version without the task's validation metric "
+                                         "does not become the head; true: both may"},
 })
 
 _SCHEMA = {"type": "object", "properties": {**PARAMETERS, **QUALITY_GATE}, "additionalProperties": False}

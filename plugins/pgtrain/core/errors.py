@@ -34,3 +34,11 @@ class LockTimeout(PgtrainError):
 
 class StaleLockToken(PgtrainError):
     """A write carried a fencing token older than the newest one seen: the writer lost its lease."""
+
+
+class TrainingBusy(PgtrainError):
+    """Another run of the model is training: this one launches nothing beside it (not retried)."""
+
+    def __init__(self, message: str, holder_run: str | None = None) -> None:
+        super().__init__(message)
+        self.holder_run = holder_run  # the training run that holds the model's claim

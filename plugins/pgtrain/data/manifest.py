@@ -125,6 +125,7 @@ def plan_shards(conn: psycopg.Connection, run: record.Run, *, input_dim: int | N
             if beside is not None:
                 beside.cancel()  # ended already, unless planning failed
         _check_training_rows(source, shards, config)
+        _check_validation_rows(source, shards, config)
         encoded = statistics.encode(conn, source, config, check.max_label, check.extra, exclude, parent, counted)
         source = encoded.source
         num_classes = encoded.num_classes if outputs is None else None
@@ -372,6 +373,19 @@ def _check_training_rows(source: Source, shards: list[Shard], config: TrainingCo
             f"validation_fraction {config.validation_fraction} holds out all {rows} usable rows of "
             f"{source.qualified_name} for validation (rows are chosen by a hash of the key and the seed): nothing "
             "is left to train on; lower validation_fraction, change the seed, or load more rows")
+
+
+def _check_validation_rows(source: Source, shards: list[Shard], config: TrainingConfig) -> None:
+    """A run without validation rows has no metric for the quality gate: planned only when the author allows it."""
+    if config.allow_unvalidated or sum(s.val_count for s in shards):
+        return
+    rows = sum(s.row_count for s in shards)
+    raise SourceError(
+        f"validation_fraction {config.validation_fraction} holds out none of the {rows} usable rows of "
+        f"{source.qualified_name} (rows are chosen by a hash of the key and the seed): the run would have no "
+        "validation metric for the quality gate, and its version could not become the head. Load more rows or raise "
+        "validation_fraction; or, if the DAG's author accepts unvalidated versions, set quality_gate: "
+        "{allow_unvalidated: true} in the settings file or the model's entry")
 
 
 def _inferred_length(conn: psycopg.Connection, source: Source) -> int:

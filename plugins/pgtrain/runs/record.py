@@ -49,10 +49,22 @@ def training_run_id(dag_id: str, dag_run_id: str) -> str:
     return f"{dag_id}/{dag_run_id}"
 
 
-def plan_run(conn: psycopg.Connection, dag_id: str, dag_run_id: str, config: TrainingConfig) -> Run:
-    """Create the run record for a DAG run, or return the existing one (a re-run reuses it)."""
+def plan_run(conn: psycopg.Connection, dag_id: str, dag_run_id: str, config: TrainingConfig, *,
+             fresh: bool = False) -> Run:
+    """Create the run record for a DAG run, or return the existing one (a re-run reuses it).
+
+    ``fresh``: always a new record, for a DAG run that has none yet (the plan_run task knows from Airflow's task
+    state store): an earlier DAG run that had the same id (a reset metadata database) keeps its own, and this one's
+    run_id is ``<dag_id>/<dag_run_id>#<n>``.
+    """
     run_id = training_run_id(dag_id, dag_run_id)
     with conn.transaction():
+        if fresh:
+            # Concurrent first tries of two DAG runs with one id number their runs one after the other.
+            conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (run_id,))
+            taken = conn.execute("SELECT count(*) FROM pgtrain.training_runs WHERE dag_id = %s AND dag_run_id = %s",
+                                 (dag_id, dag_run_id)).fetchone()[0]
+            run_id = run_id if not taken else f"{run_id}#{taken + 1}"
         conn.execute(
             """INSERT INTO pgtrain.training_runs (run_id, dag_id, dag_run_id, model_name, config, base_version)
                SELECT %(run_id)s, %(dag_id)s, %(dag_run_id)s, %(model)s, %(config)s,
@@ -252,24 +264,33 @@ def delete_epoch_metrics(conn: psycopg.Connection, run_id: str) -> None:
 
 def outcome(conn: psycopg.Connection, run_id: str) -> str:
     """What became of the run, in one line (the DAG run's note): the version committed and its validation
-    metric, or why not; and the model's head before and after."""
+    metric, or why not; and what happened to the model's head. Only this run's own commit says the head moved
+    to its version (``model_head_history``); a head another run moved meanwhile is said to be that."""
     row = conn.execute(
-        """SELECT r.model_name, r.status, r.status_reason, r.base_version, v.version, v.metrics, h.version
+        """SELECT r.model_name, r.status, r.status_reason, r.base_version, v.version, v.metrics, h.version,
+                  m.id IS NOT NULL, m.previous_version
            FROM pgtrain.training_runs r
            LEFT JOIN pgtrain.model_versions v ON v.run_id = r.run_id
            LEFT JOIN pgtrain.model_heads h ON h.model_name = r.model_name
+           LEFT JOIN LATERAL (SELECT id, previous_version FROM pgtrain.model_head_history
+                              WHERE model_name = v.model_name AND version = v.version AND action = 'commit'
+                              ORDER BY id LIMIT 1) m ON true
            WHERE r.run_id = %s""",
         (run_id,),
     ).fetchone()
     if row is None:
         raise PgtrainError(f"training run {run_id!r} does not exist; plan_run creates it")
-    model, status, reason, before, version, metrics, after = row
-    head = f"head {_v(before)} -> {_v(after)}" if before != after else f"head stays {_v(after)}"
+    model, status, reason, before, version, metrics, after, moved, previous = row
+    head = (f"head stays {_v(after)}" if before == after
+            else f"head {_v(before)} -> {_v(after)} (moved by another run)")
     if version is not None:
         metric = ", ".join(f"{k} {metrics[k]:.4f}" for k in ("val_accuracy", "val_rmse", "val_loss")
                            if isinstance((metrics or {}).get(k), int | float))[:80] or "no validation metric"
-        moved = "" if after == version else " (not the head: the architecture changed; promote it to use it)"
-        return f"{model} v{version} committed{moved}: {metric}; {head}"
+        if moved:
+            later = "" if after == version else f" (since moved to {_v(after)})"
+            return f"{model} v{version} committed: {metric}; head {_v(previous)} -> v{version}{later}"
+        why = reason or "promote it to make it the head"
+        return f"{model} v{version} committed, not made the head: {why}; {metric}; {head}"
     return f"{model}: {status}" + (f": {reason}" if reason else "") + f"; {head}"
 
 

@@ -115,6 +115,7 @@ def architecture_change(spec: Mapping[str, Any], head: Mapping[str, Any] | None)
 class GateVerdict:
     rejection: str | None = None  # why the run may not become a version; None: it may
     note: str | None = None  # what the gate could not check, for the run's status_reason
+    hold: str | None = None  # why the version may be committed but not become the head; None: it may
 
 
 def quality_gate(config: TrainingConfig, task: str, metrics: Mapping[str, Any],
@@ -126,7 +127,9 @@ def quality_gate(config: TrainingConfig, task: str, metrics: Mapping[str, Any],
     in the metric's direction (``pgtrain.config.metrics.METRICS``). Floors hold whatever the head; the
     comparison with the head only when there is a comparable head (``head`` None: none, or a different
     architecture) that recorded the metric (else the verdict's note says so). A metric the run did not record
-    (None) fails a floor, and a comparison with a head that recorded it.
+    (None) fails a floor, and a comparison with a head that recorded it. A run that recorded no validation metric
+    at all (no validation rows) and that no rule rejects is held from the head unless the author's gate
+    ``allow_unvalidated``.
     """
     rules = ([("val_rmse", config.max_val_rmse, "max_val_rmse", config.max_rmse_rise, "max_rmse_rise")]
              if task == REGRESSION else
@@ -140,7 +143,11 @@ def quality_gate(config: TrainingConfig, task: str, metrics: Mapping[str, Any],
         if rejection is not None:
             return GateVerdict(rejection)
         notes += [note] if note else []
-    return GateVerdict(note="; ".join(notes) or None)
+    validated = any(key.startswith("val_") and value is not None for key, value in metrics.items())
+    hold = None if validated or config.allow_unvalidated else (
+        "the run recorded no validation metric (it had no validation rows), and the DAG's author's quality gate "
+        "does not set allow_unvalidated")
+    return GateVerdict(note="; ".join(notes) or None, hold=hold)
 
 
 def _gate(metric: Metric, metrics: Mapping[str, Any], head: Mapping[str, Any] | None, floor: float | None,

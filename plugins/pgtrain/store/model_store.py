@@ -64,7 +64,8 @@ def commit_run(conn: psycopg.Connection, run_id: str, owner: Mapping[str, Any] |
     do not match the run's model layout (missing, extra, shape, dtype) or hold NaN/Inf, or a failed
     quality gate, mark the run 'rejected' (with the reason) and raise CommitRejected; the head is left
     alone. A version whose model, task or widths differ from the head's is committed but does not move
-    the head (the run's status_reason says to promote it). The version takes over the staged tensors'
+    the head (the run's status_reason says to promote it), and so does one without validation metrics unless the
+    author's gate allows it (``commit_checks.quality_gate``). The version takes over the staged tensors'
     blobs (no byte is copied), and the run's staged rows and checkpoint are deleted once it is committed
     or rejected. Raises LockTimeout when the model's lock cannot be taken within ``lock_timeout`` seconds;
     the lock's lease is renewed in the background for as long as the commit works.
@@ -119,18 +120,18 @@ def commit_run(conn: psycopg.Connection, run_id: str, owner: Mapping[str, Any] |
             set_status(conn, run_id, "rejected", rejection)
         else:
             version = _write_version(conn, run.model_name, run_id, lease, metrics, spec, infos)
-            reason = verdict.note
-            if changed is None:
+            reason, held = verdict.note, f"the architecture changed ({changed})" if changed else verdict.hold
+            if held is None:
                 _move_head(conn, run.model_name, version, head, lease, "commit")
             else:
-                reason = (f"committed as version {version} without moving the head (version {head['version']}): "
-                          f"the architecture changed ({changed}); run `pgtrain-models promote {run.model_name} "
-                          f"{version}` to make it the head")
+                reason = (f"committed as version {version} without moving the head (version "
+                          f"{head['version'] if head else 'none'}): {held}; run `pgtrain-models promote "
+                          f"{run.model_name} {version}` to make it the head")
             set_status(conn, run_id, "committed", reason)
         _discard_run_tensors(conn, run_id)
     if rejection is not None:
         raise CommitRejected(rejection)
-    return CommitResult(run.model_name, version, True, lease.token, metrics, head_moved=changed is None)
+    return CommitResult(run.model_name, version, True, lease.token, metrics, head_moved=held is None)
 
 
 def version_metrics(epochs: list[dict[str, Any]], infos: list[tensors.TensorInfo]) -> dict[str, Any]:

@@ -70,3 +70,29 @@ def test_a_model_dag_trains_its_entry_and_notes_the_outcome(airflow_env, make_da
     assert status == "refused" and "the feature vector does not hold 5 values" in reason, reason
     note = latest_note(dag_id)
     assert note.startswith("e2e-mlp: refused: ") and note.endswith("head stays v1"), note
+
+
+@pytest.mark.airflow
+def test_a_second_run_of_a_model_that_is_training_launches_nothing(airflow_env, make_database, tmp_path):
+    """While another run of the model holds its training claim (as its train task does while its job runs), a run
+    started outside the scheduler (`airflow dags test`) is refused in its train task before any attempt begins,
+    and its note names the run that holds the model (issue 20 item 10)."""
+    import psycopg
+
+    from pgtrain.launch.attempt import training_claim
+    from tests.support import planned_run, seed_samples
+
+    db_url = make_database()
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        seed_samples(conn, 200)
+        holder = planned_run(conn, "elsewhere", model_name="busy-mlp", source_table="public.samples")
+        models = models_file(tmp_path, good("busy-mlp"))
+        dag_id = "pgtrain_model_busy-mlp"
+        with training_claim(db_url, holder, {"dag_id": "another_dag", "task_id": "train"}):
+            result = dags_test(airflow_env, db_url, models, dag_id)
+        assert result.returncode != 0
+        status, attempt, reason = conn.execute(
+            "SELECT status, attempt, status_reason FROM pgtrain.training_runs WHERE dag_id = %s", (dag_id,)).fetchone()
+    assert (status, attempt) == ("refused", 0), (status, attempt, reason)
+    assert f"model 'busy-mlp' is being trained by run {holder.run_id} (dag_id=another_dag, task_id=train" in reason
+    assert latest_note(dag_id).startswith("busy-mlp: refused: model 'busy-mlp' is being trained by run ")

@@ -137,7 +137,7 @@ def test_two_rank_sgd_equals_single_process_on_the_same_global_batches(autocommi
     """One epoch of Horovod SGD == one process stepping on the concatenated per-rank batches."""
     seed_samples(autocommit, rows=96, dim=6, classes=3, seed=7)
     run = planned_run(autocommit, world_size=2, epochs=1, batch_size=8, hidden_sizes=[5],
-                      validation_fraction=0.0, learning_rate=0.1, seed=3)
+                      validation_fraction=0.0, allow_unvalidated=True, learning_rate=0.1, seed=3)
     run_job(run, db_url)
     distributed = tensors.read_staged(autocommit, run.run_id)
 
@@ -151,7 +151,8 @@ def test_the_auto_batch_and_learning_rate_train_as_the_reference_does(autocommit
     """batch_size and learning_rate left empty: 2,000 training rows a rank -> 40 rows a step and AdamW's learning
     rate of 0.008 x sqrt(80 / 64), the same in the ranks as in the single-process reference."""
     seed_samples(autocommit, rows=4000, dim=6, classes=3, seed=5)
-    run = planned_run(autocommit, world_size=2, epochs=1, hidden_sizes=[5], validation_fraction=0.0, seed=2)
+    run = planned_run(autocommit, world_size=2, epochs=1, hidden_sizes=[5], validation_fraction=0.0,
+                      allow_unvalidated=True, seed=2)
     assert (run.config.batch_size, run.config.learning_rate) == (None, None)
     output = run_job(run, db_url)
     assert batch_and_rate(run.config, record.get_manifest(autocommit, run.run_id)) == (40, 0.008 * 1.25 ** 0.5)

@@ -17,6 +17,8 @@ from pgtrain.airflow.dag.connection import DEFAULT_CONN_ID, database_url
 from pgtrain.airflow.dag.outcome import OUTCOME_KEY, leave_outcome
 
 log = logging.getLogger(__name__)
+# plan_run's task state store key: the training run this DAG run planned.
+RUN_BINDING = "pgtrain_training_run"
 
 
 @task
@@ -32,10 +34,15 @@ def provision_tables(conn_id: str = DEFAULT_CONN_ID) -> list[int]:
 
 @task
 def plan_run(settings: dict[str, Any], fixed: dict[str, Any], models_file: str | None = None,
-             conn_id: str = DEFAULT_CONN_ID, params: dict | None = None, dag_run: Any = None, ti: Any = None) -> str:
+             conn_id: str = DEFAULT_CONN_ID, params: dict | None = None, dag_run: Any = None, ti: Any = None,
+             task_state_store: Any = None) -> str:
     """Check the run against the author's ``settings`` and record it. ``fixed``: the params the author fixed
     (a model entry's source and launcher; the generic DAG's launcher). ``models_file``: the generic DAG's, whose
-    models it may not train (they belong to their own DAGs)."""
+    models it may not train (they belong to their own DAGs).
+
+    The training run is bound to this DAG run through Airflow's task state store, which retries and clears keep
+    and which is deleted with the DAG run: a retried or cleared plan_run returns the run it planned, and a new DAG
+    run that reuses an old run id (a reset metadata database) plans a run of its own."""
     from airflow.sdk.exceptions import AirflowSkipException
 
     from pgtrain.config.params import TrainingConfig
@@ -44,7 +51,6 @@ def plan_run(settings: dict[str, Any], fixed: dict[str, Any], models_file: str |
     from pgtrain.core.errors import PgtrainError
     from pgtrain.data import freshness, policy
     from pgtrain.launch import capacity
-    from pgtrain.runs import record
 
     author = AuthorSettings.from_dict(settings)
     try:
@@ -62,7 +68,7 @@ def plan_run(settings: dict[str, Any], fixed: dict[str, Any], models_file: str |
                 log.info("not training, no new version: %s", skip)
                 ti.xcom_push(key=OUTCOME_KEY, value=f"{config.model_name}: skipped: {skip}")
                 raise AirflowSkipException(skip)
-            run = record.plan_run(conn, dag_run.dag_id, dag_run.run_id, config)
+            run = _bound_run(conn, dag_run, config, task_state_store)
     except PgtrainError as refused:
         ti.xcom_push(key=OUTCOME_KEY, value=f"refused before planning: {refused}")
         raise
@@ -104,6 +110,7 @@ def commit_parameters(training_run: str, conn_id: str = DEFAULT_CONN_ID, ti: Any
                       outlet_events: Any = None) -> dict[str, Any]:
     from pgtrain.core.db import connect
     from pgtrain.core.errors import CommitRejected
+    from pgtrain.runs import record
     from pgtrain.store.model_store import commit_run
 
     owner = {"dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id, "try_number": ti.try_number}
@@ -115,12 +122,11 @@ def commit_parameters(training_run: str, conn_id: str = DEFAULT_CONN_ID, ti: Any
             leave_outcome(ti, conn, training_run)
             raise
         leave_outcome(ti, conn, training_run)
+        why = None if result.head_moved else record.get_run(conn, training_run).status_reason
     log.info("model %s version %d (%s)", result.model_name, result.version,
              "new" if result.created else "already committed by an earlier try")
-    if not result.head_moved:
-        log.warning("the head of %s did not move to version %d: the model changed shape or kind; "
-                    "`pgtrain-models promote %s %d` makes it the head", result.model_name, result.version,
-                    result.model_name, result.version)
+    if why is not None:
+        log.warning("the head of %s did not move to version %d: %s", result.model_name, result.version, why)
     outlet_events[MODELS_ALIAS].add(model_asset(result.model_name, conn_id), extra={
         "version": result.version, "head_moved": result.head_moved, "run_id": training_run,
         "metrics": result.metrics})
@@ -151,6 +157,26 @@ def _check_conf(conf: dict[str, Any], fixed: dict[str, Any]) -> None:
                  "param of this DAG" for key in sorted(set(conf) & set(fixed))]
     if problems:
         raise ConfigError("the run's conf has keys this DAG does not define: " + "; ".join(problems))
+
+
+def _bound_run(conn: Any, dag_run: Any, config: Any, state_store: Any) -> Any:
+    """The training run this DAG run planned in an earlier try (its task state store says which), else a new one,
+    bound to it. Without a state store (a task called outside Airflow) the run of the DAG run's id."""
+    from airflow.sdk import NEVER_EXPIRE
+
+    from pgtrain.core.errors import PgtrainError
+    from pgtrain.runs import record
+
+    bound = state_store.get(RUN_BINDING) if state_store is not None else None
+    if bound:
+        try:
+            return record.get_run(conn, bound)
+        except PgtrainError:
+            log.warning("training run %s, planned by an earlier try, is gone from the database: planning anew", bound)
+    run = record.plan_run(conn, dag_run.dag_id, dag_run.run_id, config, fresh=state_store is not None)
+    if state_store is not None:
+        state_store.set(RUN_BINDING, run.run_id, retention=NEVER_EXPIRE)
+    return run
 
 
 def _run_type(dag_run: Any) -> str:

@@ -1,5 +1,6 @@
 """What both train operators (local and Kubernetes) do around their job: find the planned run, refuse one
-planned for the other launcher, start an attempt, and record a failed job's verdict before the task fails."""
+planned for the other launcher, hold the model's training claim, start an attempt, and record a failed job's
+verdict before the task fails."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from pgtrain.airflow.dag.connection import database_url
 from pgtrain.airflow.dag.outcome import leave_outcome
-from pgtrain.core.errors import TrainingFailed, TrainingInputError
+from pgtrain.core.errors import LockTimeout, TrainingBusy, TrainingFailed, TrainingInputError
 
 
 def run_id_of(explicit: str | None, context: Any) -> str:
@@ -70,4 +71,27 @@ def failure_recorded(conn_id: str, run_id: str, ti: Any) -> Iterator[None]:
             record.record_verdict(conn, run_id, status, str(failure).splitlines()[0])
             # The DAG run's note (pgtrain.airflow.ui.run_notes): the verdict that stays, with its reason.
             leave_outcome(ti, conn, run_id)
+        raise
+
+
+@contextmanager
+def training_claimed(conn_id: str, run: Any, ti: Any) -> Iterator[None]:
+    """Hold the model's training claim (``pgtrain.launch.attempt.training_claim``) around the job. A run refused
+    because another run of the model is training is marked 'refused' with who holds it (the DAG run's note), and
+    the task fails for good: nothing was launched."""
+    from pgtrain.core.db import connect
+    from pgtrain.launch.attempt import training_claim
+    from pgtrain.runs import record
+
+    url = database_url(conn_id)
+    owner = {"dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id, "try_number": ti.try_number}
+    try:
+        with training_claim(url, run, owner):
+            yield
+    except TrainingBusy as busy:
+        if busy.holder_run == run.run_id:  # an earlier try of this task, killed: its lease runs out soon
+            raise LockTimeout(f"{busy}; retrying once the earlier try's claim has ended") from None
+        with connect(url) as conn:
+            record.record_verdict(conn, run.run_id, "refused", str(busy))
+            leave_outcome(ti, conn, run.run_id)
         raise

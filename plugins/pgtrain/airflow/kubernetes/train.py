@@ -92,7 +92,9 @@ class MPIJobTrainOperator(BaseOperator):
                     f"the train task's Kubernetes arguments are invalid: {error}; fix `kubernetes:` in the DAG "
                     "author's settings file (docs/kubernetes.md lists the keys)") from error
             job.world_size = run.config.world_size
-            job.run_job(context)
+            # Deferred, the claim ends when the watch is handed to the triggerer (docs/locks.md).
+            with train_run.training_claimed(self.conn_id, run, context["ti"]):
+                job.run_job(context)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> None:
         """Back from the triggerer (the job was deferrable): act on its verdict."""

@@ -45,11 +45,12 @@ class LocalTrainOperator(BaseOperator):
         with train_run.failure_recorded(self.conn_id, run_id, context["ti"]):
             run = train_run.planned_run(self.conn_id, run_id, "local")
             self.log.info("training run %s: world_size %d, launcher local", run_id, run.config.world_size)
-            self._running = True  # run_local starts a new attempt and clears the earlier one's output
-            try:
-                run_local(run_id, run.config.world_size, database_url(self.conn_id), self.log)
-            finally:
-                self._running = False
+            with train_run.training_claimed(self.conn_id, run, context["ti"]):
+                self._running = True  # run_local starts a new attempt and clears the earlier one's output
+                try:
+                    run_local(run_id, run.config.world_size, database_url(self.conn_id), self.log)
+                finally:
+                    self._running = False
 
     def on_kill(self) -> None:
         if self._running:
