@@ -35,6 +35,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import psycopg
 from common import bench_database, machine, report, stopwatch
@@ -115,12 +116,33 @@ def measure(contender: str, url: str, world_size: int) -> dict[str, object]:
         return {"seconds": seconds, "checksum": written_plan(conn, run.run_id), "run_id": run.run_id}
 
 
-def in_subprocess(contender: str, url: str, world_size: int) -> dict[str, object]:
+def postmaster_of(conn: psycopg.Connection) -> int | None:
+    """The server's postmaster pid when it runs on this machine (the checkpointer's parent), else None."""
+    (pid,) = conn.execute("SELECT pid FROM pg_stat_activity WHERE backend_type = 'checkpointer'").fetchone()
+    stat = Path(f"/proc/{pid}/stat")
+    return int(stat.read_text().rsplit(")", 1)[1].split()[1]) if stat.exists() else None
+
+
+def reaped_cpu_seconds(postmaster: int) -> float:
+    """CPU seconds of the server processes that have ended (backends, parallel workers): what the postmaster
+    counts for the children it reaped (cutime + cstime)."""
+    fields = Path(f"/proc/{postmaster}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+
+
+def in_subprocess(contender: str, url: str, world_size: int, postmaster: int | None) -> dict[str, object]:
+    """The contender's figures from a fresh process; with ``postmaster``, also the server CPU seconds its backends
+    and their parallel workers used (counted once they have ended: less sensitive to other load than seconds)."""
+    before = reaped_cpu_seconds(postmaster) if postmaster else 0.0
     command = [sys.executable, __file__, "--measure", contender, url, str(world_size)]
     proc = subprocess.run(command, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{contender}: {proc.stderr.strip()}")
-    return json.loads(proc.stdout.splitlines()[-1])
+    result = json.loads(proc.stdout.splitlines()[-1])
+    if postmaster:
+        time.sleep(0.2)  # the backends end as their connections close
+        result["server_cpu"] = reaped_cpu_seconds(postmaster) - before
+    return result
 
 
 def main() -> None:
@@ -143,10 +165,11 @@ def run_benchmark(url: str, rows: int, world_size: int, dim: int, rounds: int) -
             generate(conn, rows, dim)
         print(f"  generated in {generating():.1f} s", flush=True)
         measured: dict[str, list[dict]] = {name: [] for name in CONTENDERS}
+        postmaster = postmaster_of(conn)
         for round_ in range(rounds):
             shift = round_ % len(CONTENDERS)
             for name in CONTENDERS[shift:] + CONTENDERS[:shift]:
-                measured[name].append(in_subprocess(name, url, world_size))
+                measured[name].append(in_subprocess(name, url, world_size, postmaster))
             seconds = {name: measured[name][-1]["seconds"] for name in CONTENDERS}
             print(f"  round {round_ + 1}: " + ", ".join(f"{n} {v:.3f} s" for n, v in seconds.items())
                   + f" (plan {seconds['plan'] / seconds['one_scan']:.2f}x one scan), load average "
@@ -159,8 +182,17 @@ def run_benchmark(url: str, rows: int, world_size: int, dim: int, rounds: int) -
         def ratios(name: str, over: str) -> list[float]:
             return [m["seconds"] / o["seconds"] for m, o in zip(measured[name], measured[over], strict=True)]
 
-        def median_seconds(name: str) -> float:
-            return round(statistics.median(m["seconds"] for m in measured[name]), 3)
+        def median_seconds(name: str, key: str = "seconds") -> float:
+            return round(statistics.median(m[key] for m in measured[name]), 3)
+
+        cpu = {}
+        if postmaster:
+            cpu = {f"manifest.{name}_server_cpu_seconds": median_seconds(name, "server_cpu") for name in CONTENDERS}
+            for name in ("plan", "plan_one_connection"):
+                cpu[f"manifest.{name}_vs_one_scan_server_cpu"] = round(statistics.median(
+                    m["server_cpu"] / o["server_cpu"] for m, o in zip(measured[name], measured["one_scan"], strict=True)
+                ), 3)
+            print(f"  server CPU seconds (medians): {cpu}", flush=True)
 
         config = config_for(world_size)
         run = record.get_run(conn, measured["plan"][-1]["run_id"])
@@ -215,6 +247,7 @@ def run_benchmark(url: str, rows: int, world_size: int, dim: int, rounds: int) -
         "manifest.plan_one_connection_vs_one_scan": round(statistics.median(ratios("plan_one_connection",
                                                                                    "one_scan")), 3),
         "manifest.plan_vs_plan_one_connection": round(statistics.median(ratios("plan", "plan_one_connection")), 3),
+        **cpu,
         "manifest.check_seconds": round(checking(), 3),
         "manifest.check_values_seconds": round(checking_values(), 3),
         "manifest.key_pass_seconds": round(key_pass(), 3),
