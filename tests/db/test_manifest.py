@@ -16,7 +16,7 @@ from psycopg import sql
 from dev import examples
 from pgtrain.config.params import TrainingConfig
 from pgtrain.core.errors import PgtrainError, SourceError
-from pgtrain.data import loader, manifest
+from pgtrain.data import key_order, loader, manifest
 from pgtrain.data.source.resolve import Source, resolve_source
 from pgtrain.data.source.rows import bad_row
 from pgtrain.data.source.snapshot import (
@@ -416,10 +416,10 @@ def test_batch_keys_travel_as_text_array_literals_whatever_they_hold(ac):
 
 def test_the_key_sort_gets_work_mem_for_its_transaction_and_never_less(ac):
     with snapshot_transaction(ac):
-        manifest.fit_key_sort(ac, 1_000_000)  # 64 MB
+        key_order.fit_key_sort(ac, 1_000_000)  # 64 MB
         assert ac.execute("SELECT pg_size_bytes(current_setting('work_mem'))").fetchone()[0] == 64_000_000 >> 10 << 10
         ac.execute("SET LOCAL work_mem = '300MB'")
-        manifest.fit_key_sort(ac, 1_000_000)
+        key_order.fit_key_sort(ac, 1_000_000)
         assert ac.execute("SELECT current_setting('work_mem')").fetchone()[0] == "300MB"
     assert ac.execute("SELECT current_setting('work_mem')").fetchone()[0] != "62500kB"
 
@@ -451,3 +451,37 @@ def test_each_shards_validation_rows_are_counted_as_the_split_chooses_them(ac, k
     assert not manifest._keys_fold_into_the_check(ac, source, 0.3)
     _, again = plan(ac, "public.t", "run-2", world_size=5, validation_fraction=0.3, seed=3)
     assert [s.val_count for s in again.shards] == expected
+
+
+@pytest.mark.usefixtures("small_batches")
+@pytest.mark.parametrize("key_type", ["bigint", "text"])
+def test_the_key_pass_beside_the_check_cuts_the_plan_one_connection_cuts(ac, key_type, monkeypatch):
+    """A large table's key pass runs on a second connection while the check scans (integer keys: collecting the
+    validation rows' keys on the way); the plan is the one planning cuts on one connection, to every batch key. When
+    the check finds bad rows (bad_rows='exclude'), the keys are sorted again without them."""
+    make_table(ac, "t", 3000, key_type=key_type, not_null=False)
+    ran_on = []
+
+    def keys_at(conn, *args, **kwargs):
+        ran_on.append(conn.info.backend_pid)
+        return real(conn, *args, **kwargs)
+
+    real = key_order.keys_at
+    monkeypatch.setattr(key_order, "keys_at", keys_at)
+    monkeypatch.setattr(manifest, "keys_at", keys_at)
+
+    def planned(dag_run: str, beside: bool) -> tuple[list[record.Shard], list[tuple]]:
+        monkeypatch.setattr(key_order, "KEY_PASS_BESIDE_MIN_BYTES", 0 if beside else 1 << 62)
+        run, result = plan(ac, "public.t", dag_run, world_size=3, validation_fraction=0.2, bad_rows="exclude")
+        return result.shards, ac.execute("SELECT rank, batch_lo, batch_hi FROM pgtrain.shard_batches WHERE run_id = %s "
+                                         "ORDER BY rank", (run.run_id,)).fetchall()
+
+    ran_on.clear()
+    assert planned("beside", True) == planned("alone", False)
+    assert ran_on[0] != ac.info.backend_pid and ran_on[1:] == [ac.info.backend_pid]
+    ac.execute("UPDATE t SET features = NULL WHERE id IN (SELECT id FROM t ORDER BY id LIMIT 7)")
+    ran_on.clear()
+    with_bad_rows = planned("beside-bad", True)
+    assert sum(s.row_count for s in with_bad_rows[0]) == 2993
+    assert with_bad_rows == planned("alone-bad", False)
+    assert ran_on[-2:] == [ac.info.backend_pid] * 2  # the numbering without the bad rows, on planning's connection

@@ -7,7 +7,9 @@ Everything happens in one REPEATABLE READ snapshot:
    second scan names every bad row's kind with example keys and notes those xmins. NaN/infinite/too large
    feature values are left to the loader with bad_rows='fail' (``source.LOAD_KINDS``);
 2. ``cut_shards``: one pass that sorts the keys (as ``percentile_disc`` does) and returns only those at the
-   shard and batch boundaries, then one range scan of the key index per shard counting its validation rows.
+   shard and batch boundaries (``pgtrain.data.key_order``; array features: on a second connection while step 1
+   scans, used when step 1 finds no bad row), then each shard's validation rows: counted from the keys step 1
+   collected (integer keys), else in one more pass.
 
 The snapshot, the bad-row report and each rank's batch boundaries are stored with the manifest
 (``pgtrain.shard_plans`` / ``shard_batches``), so every rank reads exactly the planned rows, once.
@@ -25,6 +27,7 @@ from psycopg.types.json import Jsonb
 from pgtrain.config.params import TrainingConfig
 from pgtrain.core.errors import SourceError
 from pgtrain.data import encoding, statistics
+from pgtrain.data.key_order import heap_of, key_pass_beside, keys_at, shard_grid
 from pgtrain.data.row_check import BadRows, RowCheck, bad_rows_message, bad_rows_report, check_rows, empty_source
 from pgtrain.data.source.resolve import COLUMNS, Source, source_from_config
 from pgtrain.data.source.rows import (
@@ -101,6 +104,7 @@ def plan_shards(conn: psycopg.Connection, run: record.Run, *, input_dim: int | N
         split = folded_split(conn, source, config.validation_fraction, config.seed)
         parent = parent_encoding(conn, run)
         beside = statistics.vocabularies_beside(conn, source, config) if parent is None else None
+        keys = key_pass_beside(conn, source, config.world_size, batch_size(source, dim, outputs))
         try:
             check = check_rows(conn, source, dim, config.num_classes, clock, outputs,
                                values=config.bad_rows == "exclude", split=split,
@@ -108,6 +112,9 @@ def plan_shards(conn: psycopg.Connection, run: record.Run, *, input_dim: int | N
             if check.bad and beside is not None:
                 beside.cancel()  # it counted the bad rows too: encode counts again without them
                 beside = None
+            if check.bad and keys is not None:
+                keys.cancel()  # it numbered the bad rows too: cut_shards sorts again without them
+                keys = None
             rows = _usable_rows(source, check, dim, config, length_given=bool(given_dim), outputs=outputs)
             source = statistics.with_values(source, check.total, check.extra)
             if source.feature_format == COLUMNS:
@@ -117,13 +124,17 @@ def plan_shards(conn: psycopg.Connection, run: record.Run, *, input_dim: int | N
             exclude = bad_row(source, dim, config.num_classes, outputs) if check.bad else None
             # Sized by the row's width before the classes are known: a label's hash is 4 bytes more than a number.
             batch_rows = batch_size(source, dim, outputs)
+            done = keys.result() if keys is not None else None
+            if done is not None and (done.rows, done.batch_rows) != (rows, batch_rows):
+                done = None
             shards, batches = cut_shards(conn, source, rows, config.world_size, config.validation_fraction,
-                                         config.seed, batch_rows, exclude,
+                                         config.seed, batch_rows, exclude, keys=done and done.keys,
                                          validation_keys=None if check.bad else check.validation_keys)
             counted = beside.result() if beside is not None else None
         finally:
-            if beside is not None:
-                beside.cancel()  # ended already, unless planning failed
+            for second in (beside, keys):
+                if second is not None:
+                    second.cancel()  # ended already, unless planning failed
         _check_training_rows(source, shards, config)
         _check_validation_rows(source, shards, config)
         encoded = statistics.encode(conn, source, config, check.max_label, check.extra, exclude, parent, counted)
@@ -177,22 +188,9 @@ def _keys_fold_into_the_check(conn: psycopg.Connection, source: Source, validati
     heap bounds those keys to FOLDED_KEYS_MAX_BYTES (a larger table counts them in a pass of its own)."""
     if validation_fraction <= 0 or source.key_type not in _INTEGER_KEYS or conn.info.server_version < 160000:
         return False
-    kind, heap_bytes = conn.execute(
-        "SELECT c.relkind::text, pg_relation_size(c.oid) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-        " WHERE n.nspname = %s AND c.relname = %s", (source.schema, source.table)).fetchone()
+    kind, heap_bytes = heap_of(conn, source)
     most_rows = heap_bytes // _MIN_HEAP_TUPLE_BYTES
     return kind in ("r", "m") and validation_fraction * most_rows * 8 <= FOLDED_KEYS_MAX_BYTES
-
-
-def balanced_positions(total: int, world_size: int) -> list[tuple[int, int]]:
-    """1-based inclusive (first, last) row positions of each rank; sizes differ by at most one."""
-    base, extra = divmod(total, world_size)
-    positions, first = [], 1
-    for rank in range(world_size):
-        size = base + (1 if rank < extra else 0)
-        positions.append((first, first + size - 1))
-        first += size
-    return positions
 
 
 def batch_size(source: Source, dim: int, output_dim: int | None = None) -> int:
@@ -213,32 +211,22 @@ def sample_length(conn: psycopg.Connection, source: Source, length: sql.Composab
 
 
 def cut_shards(conn: psycopg.Connection, source: Source, rows: int, world_size: int, validation_fraction: float,
-               seed: int, batch_rows: int, exclude: sql.Composable | None, *, validation_keys: bytes | None = None
-               ) -> tuple[list[Shard], list[tuple[list[str], list[str]]]]:
-    """The shards, and each shard's batches as (first keys, last keys), in two passes that read only the key:
+               seed: int, batch_rows: int, exclude: sql.Composable | None, *, validation_keys: bytes | None = None,
+               keys: dict[int, str] | None = None) -> tuple[list[Shard], list[tuple[list[str], list[str]]]]:
+    """The shards, and each shard's batches as (first keys, last keys) (``shard_grid``), in two passes that read
+    only the key:
 
-    1. ``boundary_query``: the keys at the shard edges and at the first and last row of each batch, by position
-       in key order (one sort of the keys, as ``percentile_disc`` does; only those keys come back);
+    1. ``keys_at``: the keys at the shard edges and at the first and last row of each batch, by position in key
+       order (one sort of the keys, as ``percentile_disc`` does; only those keys come back), unless given as
+       ``keys`` (``key_pass_beside``);
     2. ``validation_query``: each shard's validation rows (the split hashes every key once).
 
-    Batches follow a global grid of ``batch_rows`` rows, split where a shard begins; ``exclude`` (SQL) drops
-    bad rows from the numbering. ``validation_keys`` (integer keys, from ``check_rows`` with a split, none of them
-    excluded): the validation rows' keys, counted per shard here instead of by the second pass.
+    ``exclude`` (SQL) drops bad rows from the numbering. ``validation_keys`` (integer keys, from ``check_rows``
+    with a split, none of them excluded): the validation rows' keys, counted per shard here instead of by the
+    second pass.
     """
-    positions = balanced_positions(rows, world_size)
-    grid = []
-    for first, last in positions:
-        starts = [first] + list(range(first - (first - 1) % batch_rows + batch_rows, last + 1, batch_rows))
-        grid.append((starts, [start - 1 for start in starts[1:]] + [last]))
-    wanted = sorted({p for starts, ends in grid for p in starts + ends})
-    fit_key_sort(conn, rows)
-    # The positions go as one float8[] literal (repr round-trips every float): psycopg's list dumper costs about
-    # a microsecond an element, which with thousands of batch edges is a measurable part of planning.
-    fractions = "{" + ",".join([repr((p - 0.5) / rows) for p in wanted]) + "}"
-    (keys,) = conn.execute(boundary_query(source, exclude), (fractions,)).fetchone()
-    if keys is None or len(keys) != len(wanted) or None in keys:
-        raise SourceError(f"{source.qualified_name} changed while it was being planned; run compute_shards again")
-    at = dict(zip(wanted, keys, strict=True))
+    positions, grid, wanted = shard_grid(rows, world_size, batch_rows)
+    at = keys if keys is not None else keys_at(conn, source, rows, wanted, exclude)
     edges = [(at[first], at[last]) for first, last in positions]
     if validation_keys is not None:
         import numpy as np  # loaded already (pgtrain.data.loader)
@@ -255,30 +243,6 @@ def cut_shards(conn: psycopg.Connection, source: Source, rows: int, world_size: 
         starts, ends = grid[rank]
         batches.append(([at[p] for p in starts], [at[p] for p in ends]))
     return shards, batches
-
-
-# The key pass sorts the keys once; in memory when they fit in this much (work_mem, for planning's transaction).
-KEY_SORT_MEMORY = 256 << 20
-_KEY_SORT_BYTES = 64  # per key: a sort tuple and a bigint or short key, with room
-
-
-def fit_key_sort(conn: psycopg.Connection, rows: int) -> None:
-    """Raise work_mem for the rest of this transaction so that sorting ``rows`` keys stays in memory (bounded by
-    KEY_SORT_MEMORY; never lowered)."""
-    wanted = min(rows * _KEY_SORT_BYTES, KEY_SORT_MEMORY) >> 10
-    # One statement, and not pg_settings (a view that builds a row for every setting).
-    conn.execute("SELECT set_config('work_mem', %s, true) WHERE pg_size_bytes(current_setting('work_mem')) < %s",
-                 (f"{wanted}kB", wanted << 10))
-
-
-def boundary_query(source: Source, exclude: sql.Composable | None = None) -> sql.Composed:
-    """The keys (as text) at the given positions in key order; one parameter: the positions as fractions
-    (position - 0.5) / rows, which ``percentile_disc`` turns back into exact positions. ``exclude`` (SQL) drops
-    bad rows from the numbering."""
-    return sql.SQL(
-        "SELECT CAST(percentile_disc(%s::float8[]) WITHIN GROUP (ORDER BY {key}) AS text[]) FROM {rel} {where}"
-    ).format(key=source.key, rel=source.relation,
-             where=sql.SQL("WHERE NOT {}").format(exclude) if exclude is not None else sql.SQL(""))
 
 
 def validation_query(source: Source, validation_fraction: float, seed: int, edges: list[tuple[str, str]],

@@ -1,0 +1,118 @@
+"""The key pass of ``compute_shards`` (``pgtrain.data.manifest``): where each rank's rows and each of its batches
+begin and end in key order (``shard_grid``), and the keys at those positions (``keys_at``: one sort of the keys,
+as ``percentile_disc`` does), on planning's connection or on a second one while the row check scans
+(``key_pass_beside``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import sql
+
+from pgtrain.core.errors import SourceError
+from pgtrain.data.source.resolve import COLUMNS, Source
+from pgtrain.data.source.snapshot import Beside
+
+
+def balanced_positions(total: int, world_size: int) -> list[tuple[int, int]]:
+    """1-based inclusive (first, last) row positions of each rank; sizes differ by at most one."""
+    base, extra = divmod(total, world_size)
+    positions, first = [], 1
+    for rank in range(world_size):
+        size = base + (1 if rank < extra else 0)
+        positions.append((first, first + size - 1))
+        first += size
+    return positions
+
+
+def shard_grid(rows: int, world_size: int, batch_rows: int
+               ) -> tuple[list[tuple[int, int]], list[tuple[list[int], list[int]]], list[int]]:
+    """Each rank's (first, last) row positions, each rank's batches as (first positions, last positions), and every
+    position whose key the plan needs, sorted. Batches follow a global grid of ``batch_rows`` rows, split where a
+    shard begins."""
+    positions = balanced_positions(rows, world_size)
+    grid = []
+    for first, last in positions:
+        starts = [first] + list(range(first - (first - 1) % batch_rows + batch_rows, last + 1, batch_rows))
+        grid.append((starts, [start - 1 for start in starts[1:]] + [last]))
+    return positions, grid, sorted({p for starts, ends in grid for p in starts + ends})
+
+
+def keys_at(conn: psycopg.Connection, source: Source, rows: int, wanted: list[int],
+            exclude: sql.Composable | None = None) -> dict[int, str]:
+    """position -> key (text) of the ``wanted`` positions in key order of the ``rows`` rows (``exclude``, SQL, drops
+    bad rows from the numbering): ``boundary_query``, one sort of the keys."""
+    fit_key_sort(conn, rows)
+    # The positions go as one float8[] literal (repr round-trips every float): psycopg's list dumper costs about
+    # a microsecond an element, which with thousands of batch edges is a measurable part of planning.
+    fractions = "{" + ",".join([repr((p - 0.5) / rows) for p in wanted]) + "}"
+    (keys,) = conn.execute(boundary_query(source, exclude), (fractions,)).fetchone()
+    if keys is None or len(keys) != len(wanted) or None in keys:
+        raise SourceError(f"{source.qualified_name} changed while it was being planned; run compute_shards again")
+    return dict(zip(wanted, keys, strict=True))
+
+
+# Tables from this heap size on get the key pass beside the check: below it, the key sort takes less time than
+# opening a second connection and importing the snapshot.
+KEY_PASS_BESIDE_MIN_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class SortedKeys:
+    """What ``key_pass_beside`` found: the rows it numbered, the batch size it cut the grid for, and the keys at the
+    grid's positions (``keys_at``)."""
+
+    rows: int
+    batch_rows: int
+    keys: dict[int, str]
+
+
+def key_pass_beside(conn: psycopg.Connection, source: Source, world_size: int, batch_rows: int) -> Beside | None:
+    """The key pass started on a second connection in the planning snapshot, so that the keys are sorted (on
+    another core) while the row check scans: every row counted (reading the key alone: its index) and numbered, as
+    if the check finds none bad; its result a ``SortedKeys``, None with fewer rows than ranks. None for a heap below
+    KEY_PASS_BESIDE_MIN_BYTES (views too) and for scalar feature columns (their batch size follows their encoding,
+    known after the check)."""
+    if source.feature_format == COLUMNS or heap_of(conn, source)[1] < KEY_PASS_BESIDE_MIN_BYTES:
+        return None
+
+    def key_pass(other: psycopg.Connection) -> SortedKeys | None:
+        (rows,) = other.execute(sql.SQL("SELECT count(*) FROM {}").format(source.relation)).fetchone()
+        if rows < world_size:
+            return None
+        return SortedKeys(rows, batch_rows, keys_at(other, source, rows, shard_grid(rows, world_size, batch_rows)[2]))
+
+    return Beside(conn, key_pass, "pgtrain-plan-keys", "planning's key pass")
+
+
+def heap_of(conn: psycopg.Connection, source: Source) -> tuple[str, int]:
+    """The source relation's kind (pg_class.relkind) and heap size in bytes (0 for a view or a partitioned parent)."""
+    return conn.execute(
+        "SELECT c.relkind::text, pg_relation_size(c.oid) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = %s AND c.relname = %s", (source.schema, source.table)).fetchone()
+
+
+# The key pass sorts the keys once; in memory when they fit in this much (work_mem, for planning's transaction).
+KEY_SORT_MEMORY = 256 << 20
+_KEY_SORT_BYTES = 64  # per key: a sort tuple and a bigint or short key, with room
+
+
+def fit_key_sort(conn: psycopg.Connection, rows: int) -> None:
+    """Raise work_mem for the rest of this transaction so that sorting ``rows`` keys stays in memory (bounded by
+    KEY_SORT_MEMORY; never lowered)."""
+    wanted = min(rows * _KEY_SORT_BYTES, KEY_SORT_MEMORY) >> 10
+    # One statement, and not pg_settings (a view that builds a row for every setting).
+    conn.execute("SELECT set_config('work_mem', %s, true) WHERE pg_size_bytes(current_setting('work_mem')) < %s",
+                 (f"{wanted}kB", wanted << 10))
+
+
+def boundary_query(source: Source, exclude: sql.Composable | None = None) -> sql.Composed:
+    """The keys (as text) at the given positions in key order; one parameter: the positions as fractions
+    (position - 0.5) / rows, which ``percentile_disc`` turns back into exact positions. ``exclude`` (SQL) drops
+    bad rows from the numbering."""
+    return sql.SQL(
+        "SELECT CAST(percentile_disc(%s::float8[]) WITHIN GROUP (ORDER BY {key}) AS text[]) FROM {rel} {where}"
+    ).format(key=source.key, rel=source.relation,
+             where=sql.SQL("WHERE NOT {}").format(exclude) if exclude is not None else sql.SQL(""))
