@@ -249,7 +249,8 @@ def train(args: argparse.Namespace, cuda: Cuda = torch.cuda) -> int:
 
     load_started = time.perf_counter()
     data = loader.load_shard(conn, manifest.source_for(conn, run), shards[rank], run.input_dim,
-                             config.validation_fraction, config.seed, streams=loader.streams_for(size))
+                             config.validation_fraction, config.seed, streams=loader.streams_for(size),
+                             validation_last=True)
     load_seconds = time.perf_counter() - load_started
     if rank != 0:
         conn.close()
@@ -257,7 +258,7 @@ def train(args: argparse.Namespace, cuda: Cuda = torch.cuda) -> int:
           f"keys {shards[rank].key_lo}..{shards[rank].key_hi}, loaded in {load_seconds:.2f} s on {data.streams} "
           f"connection{'s' if data.streams > 1 else ''}", flush=True)
 
-    # Training rows first, then validation, reordered in place: both are views of the loaded memory.
+    # Loaded training rows first, then validation: both are views of the loaded memory, never copied.
     (x_train, y_train), (x_val, y_val) = (tuple(map(torch.from_numpy, part)) for part in data.split())
     del data
     if regression:
