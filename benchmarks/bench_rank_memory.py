@@ -31,10 +31,8 @@ import time
 
 import numpy as np
 import psycopg
-from common import bench_database, report
-from psycopg import sql
+from common import bench_database, report, write_synthetic
 
-from dev import examples
 from pgtrain.config.params import TrainingConfig
 from pgtrain.data import manifest
 from pgtrain.runs import record
@@ -42,17 +40,6 @@ from pgtrain.runs import record
 SIZES = [int(n) for n in os.environ.get("PGTRAIN_BENCH_MEMORY_ROWS", "1000000,4000000").split(",")]
 DIM, CLASSES, EPOCHS = 64, 4, 2
 ROW_BYTES = DIM * 4 + 8 + 1  # features (float32), label (int64), validation flag (bool)
-CHUNK = 500_000  # rows generated and written at a time: the bench process stays small
-
-
-def fill_table(conn: psycopg.Connection, name: str, rows: int) -> None:
-    examples.create_samples_table(conn, ("public", name), unlogged=True)
-    for start in range(0, rows, CHUNK):
-        count = min(CHUNK, rows - start)
-        features, labels = examples.synthetic(count, DIM, CLASSES, seed=start)
-        examples.insert_samples(conn, features, labels, ("public", name),
-                                keys=np.arange(start + 1, start + count + 1, dtype=np.int64))
-    conn.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier("public", name)))
 
 
 def rank_peak(conn: psycopg.Connection, url: str, table: str) -> int:
@@ -107,7 +94,7 @@ def main() -> None:
     with bench_database() as (_, url), psycopg.connect(url, autocommit=True) as conn:
         for rows in SIZES:
             started = time.perf_counter()
-            fill_table(conn, f"samples_{rows}", rows)
+            write_synthetic(conn, f"samples_{rows}", rows, DIM, CLASSES)
             print(f"{rows} rows written in {time.perf_counter() - started:.0f} s", flush=True)
         for rows in SIZES:  # the floor beside each rank, in fresh processes
             peaks[rows] = rank_peak(conn, url, f"samples_{rows}")
