@@ -40,6 +40,7 @@ bench-quick: install  # the same benchmarks on small tables, to check they run
 	$(PY) -m pip install -q -r benchmarks/requirements.txt
 	PGTRAIN_BENCH_ROWS=20000 PGTRAIN_BENCH_MANIFEST_ROWS=100000 PGTRAIN_BENCH_STORE_MB=64 \
 		PGTRAIN_BENCH_TRAIN_ROWS=20000 PGTRAIN_BENCH_TRAIN_ROUNDS=1 PGTRAIN_BENCH_DAG_ROUNDS=1 \
+		PGTRAIN_BENCH_MEMORY_ROWS=50000,200000 PGTRAIN_BENCH_GPU_ROWS=50000 PGTRAIN_BENCH_GPU_ROUNDS=1 \
 		PGTRAIN_BENCH_QUALITY_TABLES=iris,slid,diabetes \
 		PGTRAIN_BENCH_RESULTS=benchmarks/out/results.json \
 		$(PY) benchmarks/run_all.py

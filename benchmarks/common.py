@@ -12,6 +12,10 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import psycopg
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "plugins"))
@@ -62,3 +66,21 @@ def bench_database() -> Iterator[tuple[str, str]]:
                 conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
             if not explicit:
                 devdb.stop(data_dir)
+
+
+def write_synthetic(conn: psycopg.Connection, table: str, rows: int, dim: int, classes: int,
+                    chunk: int = 500_000) -> None:
+    """public.``table`` (unlogged; created) filled with ``rows`` synthetic rows (dev.examples.synthetic, keys
+    1..rows), generated and written ``chunk`` rows at a time so that the bench process stays small."""
+    import numpy as np
+    from psycopg import sql
+
+    from dev import examples
+
+    examples.create_samples_table(conn, ("public", table), unlogged=True)
+    for start in range(0, rows, chunk):
+        count = min(chunk, rows - start)
+        features, labels = examples.synthetic(count, dim, classes, seed=start)
+        examples.insert_samples(conn, features, labels, ("public", table),
+                                keys=np.arange(start + 1, start + count + 1, dtype=np.int64))
+    conn.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier("public", table)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import threading
@@ -15,6 +16,7 @@ import torch
 from psycopg import sql
 
 from dev import examples
+from pgtrain.core.errors import SourceError
 from pgtrain.data import loader, manifest
 from pgtrain.data.source import snapshot
 from pgtrain.data.source.snapshot import planned_rows, prefer_index_order, read_xid_clock, snapshot_transaction
@@ -64,23 +66,41 @@ def test_tensors_share_the_loaded_memory_which_is_never_pinned(ac):
 
 @pytest.mark.usefixtures("small_batches")
 @pytest.mark.parametrize("task", ["classification", "regression"])
-def test_a_split_shard_holds_the_training_then_the_validation_rows_each_in_key_order(ac, task):
-    """What the trainer trains on: ``features[~is_validation]`` and ``features[is_validation]``, as views of the
-    loaded memory (no copies of the shard)."""
+@pytest.mark.parametrize("streams", [1, 2])
+def test_validation_last_places_the_training_then_the_validation_rows_each_in_key_order(ac, task, streams):
+    """What the trainer trains on: the rows ``features[~is_validation]`` and ``features[is_validation]`` of a load in
+    key order, placed so by the load itself (both streams meeting in each part), split as views without a copy."""
     make_table(ac, "t", 700, dim=5)
     params = {"task": "regression", "label_column": "label"} if task == "regression" else {}
-    run, _ = plan(ac, "public.t", world_size=2, validation_fraction=0.3, **params)
-    for data, shard in zip(load_all(ac, run), record.get_manifest(ac, run.run_id), strict=True):
-        expected = [(data.features[rows].copy(), data.labels[rows].copy())
-                    for rows in (~data.is_validation, data.is_validation)]
-        loaded = data.features
-        for (features, labels), (want_features, want_labels) in zip(data.split(chunk_rows=64), expected,
-                                                                     strict=True):
-            np.testing.assert_array_equal(features, want_features)
-            np.testing.assert_array_equal(labels, want_labels)
-            assert np.shares_memory(features, loaded)
-        assert len(expected[0][0]) == shard.train_count and 0 < shard.val_count < shard.row_count
+    run, _ = plan(ac, "public.t", world_size=2 if streams == 1 else 1, validation_fraction=0.3, **params)
+    source = manifest.source_for(ac, run)
+    for in_key_order, shard in zip(load_all(ac, run), record.get_manifest(ac, run.run_id), strict=True):
+        data = loader.load_shard(ac, source, shard, run.input_dim, run.config.validation_fraction, run.config.seed,
+                                 streams=streams, validation_last=True)
+        assert data.streams == streams
         assert data.is_validation.tolist() == [False] * shard.train_count + [True] * shard.val_count
+        assert 0 < shard.val_count < shard.row_count
+        mask = in_key_order.is_validation
+        for (features, labels), rows in zip(data.split(), (~mask, mask), strict=True):
+            np.testing.assert_array_equal(features, in_key_order.features[rows])
+            np.testing.assert_array_equal(labels, in_key_order.labels[rows])
+            assert np.shares_memory(features, data.features) and np.shares_memory(labels, data.labels)
+        with pytest.raises(ValueError, match="validation_last=True"):
+            in_key_order.split()
+
+
+@pytest.mark.usefixtures("small_batches")
+@pytest.mark.parametrize("streams", [1, 2])
+def test_validation_last_fails_the_rank_when_the_rows_no_longer_split_as_planned(ac, streams):
+    make_table(ac, "t", 500)
+    run, _ = plan(ac, "public.t", world_size=1, validation_fraction=0.2)
+    (shard,) = record.get_manifest(ac, run.run_id)
+    moved = dataclasses.replace(shard, train_count=shard.train_count + 1, val_count=shard.val_count - 1)
+    with pytest.raises(SourceError, match=rf"read more validation rows than the {shard.val_count - 1} its manifest "
+                                          "planned: .*re-run the DAG run from compute_shards"):
+        loader.load_shard(ac, manifest.source_for(ac, run), moved, 4, 0.2, run.config.seed, streams=streams,
+                          validation_last=True)
+    assert ac.execute("SELECT count(*) FROM t").fetchone() == (500,)  # the connection is usable
 
 
 def test_each_batch_is_one_range_scan_of_the_key_index_and_no_rows_are_sorted(ac):

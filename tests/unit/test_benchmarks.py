@@ -23,3 +23,17 @@ def test_a_benchmark_script_imports_as_make_bench_starts_it(script):
 
 def test_the_benchmarks_are_found():
     assert {"bench_dag_parse", "bench_loader", "bench_manifest", "bench_quality", "bench_training"} <= set(SCRIPTS)
+
+
+def test_the_gpu_benchmark_skips_cleanly_without_a_gpu():
+    """Without a CUDA device bench_gpu.py says so, measures nothing (run_all's JSON line holds no figure) and exits
+    0, before it starts a database (these machines have no GPU: its CUDA path has not run here)."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: bench_gpu.py would measure (make bench)")
+    result = subprocess.run([sys.executable, "bench_gpu.py"], cwd=REPO / "benchmarks", capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "bench_gpu: skipped: no CUDA device here" in result.stdout
+    assert result.stdout.splitlines()[-1] == "{}"

@@ -63,6 +63,15 @@ def test_an_epoch_steps_on_the_reference_batches_and_each_row_once(train_count, 
     assert 0 <= float(sums[1]) <= train_count
 
 
+@pytest.mark.parametrize("train_count", [0, 1, 997, 50_000])
+def test_an_epoch_order_is_the_seeded_permutation_in_four_byte_positions(train_count):
+    """Half the bytes of numpy's int64 permutation, and the same order: a run resumed from a checkpoint written
+    before repeats its epochs."""
+    order = epoch_order(train_count, 7, 3, 1)
+    assert order.dtype == np.int32
+    np.testing.assert_array_equal(order, np.random.default_rng([7, 3, 1]).permutation(train_count))
+
+
 def test_the_auto_batch_size_and_learning_rate():
     auto = TrainingConfig(world_size=2, optimizer="sgd")
     assert (auto.batch_size, auto.learning_rate) == (None, None)

@@ -61,14 +61,15 @@ class Task:
 
     @torch.no_grad()
     def validation(self, model: PgtrainModel, x: torch.Tensor, y: torch.Tensor, y_scaled: torch.Tensor,
-                   gather: bool, chunk_rows: int = 65536) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                   gather: bool, chunk_rows: int = 65536) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(sums, probabilities) of this rank's validation rows. Classification sums: [log loss, correct, rows of a
-        known class]; probabilities: each row's softmax (float32, host) when ``gather``. Regression sums: [loss
+        known class]; probabilities: each row's softmax (rows x classes, float32, host; written chunk by chunk into
+        the one tensor, never a list concatenated) when ``gather``, else None. Regression sums: [loss
         (standardized), squared error, absolute error (target units), target sum per column, target sum of
         squares per column]."""
         d = self.output_dim
         sums = torch.zeros(3 if not self.regression else 3 + 2 * d, dtype=torch.float64, device=self.device)
-        probabilities = []
+        probabilities = torch.empty((len(x), d)) if gather and not self.regression else None
         for start in range(0, len(x), chunk_rows):  # rows kept in host memory come over chunk by chunk
             out = model.standardized(x[start:start + chunk_rows].to(self.device))
             target = y_scaled[start:start + chunk_rows].to(self.device)
@@ -77,8 +78,8 @@ class Task:
                 sums[0] += F.cross_entropy(out, target, reduction="sum", ignore_index=UNSEEN_CLASS).double()
                 sums[1] += (out.argmax(1) == target).sum()
                 sums[2] += (target != UNSEEN_CLASS).sum()
-                if gather:
-                    probabilities.append(out.softmax(1).float().cpu())
+                if probabilities is not None:
+                    probabilities[start:start + chunk_rows] = out.softmax(1)
                 continue
             sums[0] += F.mse_loss(out, target, reduction="sum").double() / d
             values = y[start:start + chunk_rows].to(self.device)
@@ -116,11 +117,10 @@ class Task:
         """Whether this epoch's classification metrics gather the probabilities (all ranks agree: global rows)."""
         return not self.regression and validation_rows * self.output_dim <= GATHER_LIMIT
 
-    def exact_metrics(self, probabilities: list[torch.Tensor], labels: torch.Tensor) -> dict[str, Any] | None:
+    def exact_metrics(self, probabilities: torch.Tensor, labels: torch.Tensor) -> dict[str, Any] | None:
         """Every rank's validation probabilities and labels (an allgather, which every rank joins and every rank
         receives): the classification metrics of ``pgtrain.data.metrics`` on rank 0, None on the other ranks."""
-        local = torch.cat(probabilities) if probabilities else torch.zeros(0, self.output_dim)
-        scores = hvd.allgather(local, name="val_probabilities")
+        scores = hvd.allgather(probabilities, name="val_probabilities")
         truth = hvd.allgather(labels.cpu().long(), name="val_labels")
         if hvd.rank() != 0:
             return None

@@ -58,8 +58,13 @@ def batch_and_rate(config: TrainingConfig, shards: list[record.Shard]) -> tuple[
 
 
 def epoch_order(train_count: int, seed: int, epoch: int, rank: int) -> np.ndarray:
-    """This rank's shuffled positions among its training rows for ``epoch``: seeded, so a resumed run repeats it."""
-    return np.random.default_rng([seed, epoch, rank]).permutation(train_count)
+    """This rank's shuffled positions among its training rows for ``epoch``: seeded, so a resumed run repeats it.
+
+    ``permutation(train_count)``'s order, shuffled in place in 4-byte positions where they fit: the one array a
+    rank holds beside its rows that grows with them."""
+    order = np.arange(train_count, dtype=np.int32 if train_count <= np.iinfo(np.int32).max else np.int64)
+    np.random.default_rng([seed, epoch, rank]).shuffle(order)
+    return order
 
 
 def batch_bounds(rows: int, steps: int) -> list[int]:
@@ -249,7 +254,8 @@ def train(args: argparse.Namespace, cuda: Cuda = torch.cuda) -> int:
 
     load_started = time.perf_counter()
     data = loader.load_shard(conn, manifest.source_for(conn, run), shards[rank], run.input_dim,
-                             config.validation_fraction, config.seed, streams=loader.streams_for(size))
+                             config.validation_fraction, config.seed, streams=loader.streams_for(size),
+                             validation_last=True)
     load_seconds = time.perf_counter() - load_started
     if rank != 0:
         conn.close()
@@ -257,7 +263,7 @@ def train(args: argparse.Namespace, cuda: Cuda = torch.cuda) -> int:
           f"keys {shards[rank].key_lo}..{shards[rank].key_hi}, loaded in {load_seconds:.2f} s on {data.streams} "
           f"connection{'s' if data.streams > 1 else ''}", flush=True)
 
-    # Training rows first, then validation, reordered in place: both are views of the loaded memory.
+    # Loaded training rows first, then validation: both are views of the loaded memory, never copied.
     (x_train, y_train), (x_val, y_val) = (tuple(map(torch.from_numpy, part)) for part in data.split())
     del data
     if regression:
@@ -335,9 +341,10 @@ def fit(conn: psycopg.Connection, run: record.Run, model: PgtrainModel, start: S
         # Randomness inside the model (dropout) is seeded per epoch and rank too, so a resumed run repeats it.
         torch.manual_seed(int(np.random.SeedSequence([config.seed, epoch, rank]).generate_state(1)[0]))
         model.train()
-        order = torch.from_numpy(epoch_order(train_count, config.seed, epoch, rank)).to(batches.rows_device)
-        train_sums = train_epoch(model, optimizer, schedule, (epoch - 1) * steps, task, batches, order,
-                                 batch_bounds(train_count, steps))
+        # The order is dropped with the epoch: the next one is never built beside it.
+        train_sums = train_epoch(model, optimizer, schedule, (epoch - 1) * steps, task, batches,
+                                 torch.from_numpy(epoch_order(train_count, config.seed, epoch, rank)).to(
+                                     batches.rows_device), batch_bounds(train_count, steps))
         if device.type == "cuda":
             cuda.synchronize(device.index)
         train_seconds = time.perf_counter() - started

@@ -66,25 +66,15 @@ class ShardData:
         return (torch.from_numpy(self.features), torch.from_numpy(self.labels),
                 torch.from_numpy(self.is_validation))
 
-    def split(self, chunk_rows: int = 16384) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    def split(self) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
         """((features, labels) of the training rows, (features, labels) of the validation rows), each in key order,
-        as views of this memory: the rows are reordered in place, training rows first (``is_validation`` follows).
-
-        Copying ``features[train_rows]`` and ``features[validation_rows]`` would hold the shard twice beside the
-        loaded arrays; this holds only the validation rows and one chunk beside them."""
+        as views of this memory: the rows must have been loaded with ``validation_last`` (``load_shard``), which
+        placed them so. Copying ``features[train_rows]`` and ``features[validation_rows]`` would hold the shard
+        twice; moving them in place after the load would still hold the validation rows a second time."""
         train_count = len(self.is_validation) - int(np.count_nonzero(self.is_validation))
-        for array in (self.features, self.labels):
-            validation = array[self.is_validation]
-            kept = 0
-            # Training rows move towards the front, chunk by chunk: a chunk is copied out before it is written
-            # back, and never above its own end, so no row is overwritten before it was read.
-            for start in range(0, len(array), chunk_rows):
-                rows = array[start:start + chunk_rows][~self.is_validation[start:start + chunk_rows]]
-                array[kept:kept + len(rows)] = rows
-                kept += len(rows)
-            array[train_count:] = validation
-        self.is_validation[:train_count] = False
-        self.is_validation[train_count:] = True
+        if self.is_validation[:train_count].any():
+            raise ValueError("these rows are in key order: load_shard(..., validation_last=True) places the "
+                             "validation rows after the training rows, as split needs them")
         return ((self.features[:train_count], self.labels[:train_count]),
                 (self.features[train_count:], self.labels[train_count:]))
 
@@ -160,7 +150,7 @@ def streams_for(world_size: int) -> int:
 
 
 def load_shard(conn: psycopg.Connection, source: Source, shard: Shard, dim: int, validation_fraction: float,
-               seed: int, *, streams: int = 1) -> ShardData:
+               seed: int, *, streams: int = 1, validation_last: bool = False) -> ShardData:
     """Load the rows of ``shard`` as planned; raises SourceError if they changed since compute_shards.
 
     The arrays are ordinary host memory, never CUDA pinned memory: the loader creates no CUDA context (a rank
@@ -169,6 +159,9 @@ def load_shard(conn: psycopg.Connection, source: Source, shard: Shard, dim: int,
     thread, filling the arrays from the end (``streams_for``). Where that connection cannot be opened, cannot
     import the snapshot, or would wait for a lock (SECOND_CONNECTION_LOCK_TIMEOUT) before its first batch, this
     connection reads that half too.
+    ``validation_last``: the training rows first, then the validation rows, each in key order (``ShardData.split``):
+    the planned split says where each part begins, so every batch is stored where it stays. Else all rows in key
+    order.
     ``conn`` must be an autocommit connection outside a transaction (the load runs in its own snapshot).
     """
     plan = _plan(source)
@@ -183,7 +176,8 @@ def load_shard(conn: psycopg.Connection, source: Source, shard: Shard, dim: int,
     # streams, rather than one page fault at a time in the loop below.
     prefault = prefault_in_background([out.features, out.labels, out.is_validation])
     classes = ClassCoder(source) if source.target_format == "class" else None
-    fill = _Fill(out, shard, record_dtype(source, dim, plan.output_dim), feature_groups_of(source, dim), classes)
+    fill = _Fill(out, shard, record_dtype(source, dim, plan.output_dim), feature_groups_of(source, dim), classes,
+                 validation_last)
 
     def read(on: psycopg.Connection, span: BatchSpan) -> None:
         with shard_copy(on, source, shard, validation_fraction, seed, span) as copy, np.errstate(over="ignore"):
@@ -224,48 +218,73 @@ class _Stopped(Exception):
     """The other stream of the same load failed: this one stops (the other's error is the one raised)."""
 
 
+class _Region:
+    """Rows ``lo``..``hi`` of the arrays: the front stream fills them from ``lo`` up, the back stream from ``hi``
+    down."""
+
+    def __init__(self, lo: int, hi: int, what: str) -> None:
+        self.lo, self.hi, self.what = lo, hi, what
+        self.front, self.back = lo, hi
+
+
 class _Fill:
-    """Where each batch of a load goes. The front stream fills from the first row up, the back stream (reading
-    its batches last first) from the last row down; planned rows meet exactly, and neither may pass the other."""
+    """Where each batch of a load goes: one region for all rows in key order, or (``validation_last``) one for the
+    training rows and one after it for the validation rows, each as many rows as planned. In each region the front
+    stream fills from the first row up, the back stream (reading its batches last first) from the last row down;
+    planned rows meet exactly, and neither may pass the other."""
 
     def __init__(self, out: ShardData, shard: Shard, layout: np.dtype, groups: list[Group],
-                 classes: ClassCoder | None) -> None:
+                 classes: ClassCoder | None, validation_last: bool = False) -> None:
         self.out, self.shard, self.layout, self.groups, self.classes = out, shard, layout, groups, classes
-        self.front, self.back, self.non_finite = 0, shard.row_count, 0
+        self.regions = ({False: _Region(0, shard.train_count, "training "),
+                         True: _Region(shard.train_count, shard.row_count, "validation ")} if validation_last
+                        else {None: _Region(0, shard.row_count, "")})
+        self.non_finite = 0
         self.failed = False
         self._lock = threading.Lock()
 
-    def place(self, count: int, from_back: bool) -> slice:
+    def parts(self, records: np.ndarray, from_back: bool) -> list[tuple[np.ndarray, slice]]:
+        """A batch's records and where they go: all of them together, or its training and its validation rows."""
+        if None in self.regions:
+            return [(records, self.place(len(records), None, from_back))]
+        held = records["val"] != 0
+        return [(part, self.place(len(part), kind, from_back))
+                for kind, part in ((False, records[~held]), (True, records[held])) if len(part)]
+
+    def place(self, count: int, kind: bool | None, from_back: bool) -> slice:
         with self._lock:
             if self.failed:
                 raise _Stopped
-            if count > self.back - self.front:
+            region = self.regions[kind]
+            if count > region.back - region.front:
                 raise SourceError(
-                    f"rank {self.shard.rank} read more rows than the {self.shard.row_count} its manifest planned: "
-                    "rows were added in its key range after compute_shards; re-run the DAG run from compute_shards"
+                    f"rank {self.shard.rank} read more {region.what}rows than the {region.hi - region.lo} its "
+                    "manifest planned: rows were added in its key range after compute_shards; re-run the DAG run "
+                    "from compute_shards"
                 )
             if from_back:
-                self.back -= count
-                return slice(self.back, self.back + count)
-            self.front += count
-            return slice(self.front - count, self.front)
+                region.back -= count
+                return slice(region.back, region.back + count)
+            region.front += count
+            return slice(region.front - count, region.front)
 
     def back_started(self) -> bool:
         with self._lock:
-            return self.back < self.shard.row_count
+            return any(region.back < region.hi for region in self.regions.values())
 
     def add_non_finite(self, count: int) -> None:
         with self._lock:
             self.non_finite += count
 
     def check_complete(self) -> None:
-        filled = self.front + self.shard.row_count - self.back
-        if filled != self.shard.row_count:
-            raise SourceError(
-                f"rank {self.shard.rank} read {filled} rows in its key range but the manifest planned "
-                f"{self.shard.row_count}: rows were deleted or updated after compute_shards; re-run the DAG run "
-                "from compute_shards"
-            )
+        for region in self.regions.values():
+            filled = region.front - region.lo + region.hi - region.back
+            if filled != region.hi - region.lo:
+                raise SourceError(
+                    f"rank {self.shard.rank} read {filled} {region.what}rows in its key range but the manifest "
+                    f"planned {region.hi - region.lo}: rows were deleted or updated after compute_shards; re-run the "
+                    "DAG run from compute_shards"
+                )
 
 
 class _BackStream:
@@ -358,7 +377,15 @@ def _store(block: memoryview, fill: _Fill, from_back: bool) -> None:
     for name, positions, _ in fill.groups:  # scalar feature columns: one array per wire type
         width = out.features.shape[1] if isinstance(positions, slice) else len(positions)
         _check_arrays(records, name.removesuffix("x"), width, shard, "feature")
-    span = fill.place(count, from_back)
+    if "t_ndim" in layout.names:
+        _check_arrays(records, "t_", out.labels.shape[1], shard, "target")
+    for rows, span in fill.parts(records, from_back):
+        _store_rows(rows, span, fill)
+
+
+def _store_rows(records: np.ndarray, span: slice, fill: _Fill) -> None:
+    """Copy ``records`` (rows of one batch, in key order) into rows ``span`` of ``fill``'s arrays."""
+    layout, out = fill.layout, fill.out
     fill_features(records, out.features[span], fill.groups)
     if found := non_finite_rows(out.features[span]):
         fill.add_non_finite(found)
@@ -369,7 +396,6 @@ def _store(block: memoryview, fill: _Fill, from_back: bool) -> None:
     elif "y" in layout.names:
         out.labels[span, 0] = records["y"]
     else:
-        _check_arrays(records, "t_", out.labels.shape[1], shard, "target")
         out.labels[span] = records["t_x"]["v"]
     out.is_validation[span] = records["val"]
 

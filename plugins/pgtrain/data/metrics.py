@@ -112,11 +112,10 @@ def roc_auc(scores: np.ndarray, y: np.ndarray) -> float | None:
     negatives = rows - positives
     if (positives == 0).any() or (negatives == 0).any():
         return None
-    ranks = _average_ranks(columns)
-    # Mann-Whitney U of each column's class: the sum of its rows' ranks, less the least that sum can be.
+    # Mann-Whitney U of each column's class: the sum of its rows' ranks, less the least that sum can be. One column
+    # at a time: ranking holds several arrays of the validation rows' size, not of rows x classes.
     own = y - 1 if k == 2 else y
-    mine = own >= 0
-    rank_sums = np.bincount(own[mine], weights=ranks[np.flatnonzero(mine), own[mine]], minlength=columns.shape[1])
+    rank_sums = np.array([_average_ranks(columns[:, [c]])[own == c, 0].sum() for c in range(columns.shape[1])])
     u = rank_sums - positives * (positives + 1) / 2.0
     return float(np.mean(u / (positives * negatives.astype(np.float64))))
 
