@@ -92,8 +92,6 @@ def airflow_environment(state_dir: Path, *, port: int, metadata_url: str, traini
     settings = {
         "AIRFLOW_HOME": str(state_dir / "home"),
         "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
-        "AIRFLOW__CORE__DAG_IGNORE_FILE_SYNTAX": "regexp",  # plugins/.airflowignore says why
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",

@@ -1,8 +1,8 @@
 """What a new user saw in every log of the stack (issue 20 item 12): for each commit of an ad-hoc model, Airflow's
 "AssetModel ... not found" and "Emitting event for inactive AssetModel" (gone: commit_parameters emits an event
-only for a model whose asset a DAG declares), and pathspec's GitWildMatchPattern deprecation wherever plugins are
-loaded (gone from the services, which read plugins/.airflowignore as a regular expression; still in each task's
-log, whose Task SDK 1.3.2 plugins manager ignores [core] dag_ignore_file_syntax: the strict xfail below)."""
+only for a model whose asset a DAG declares), and pathspec's GitWildMatchPattern deprecation wherever plugins were
+loaded (gone: Airflow's plugins folder is no longer the library's sources, so there is no .airflowignore to read,
+which Task SDK 1.3.2 read as a glob with that deprecated class whatever [core] dag_ignore_file_syntax said)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.stack, pytest.mark.timeout(1800)]
 ASSET_NOISE = ("cannot create asset event", "inactive AssetModel")
 DEPRECATION = "GitWildMatchPattern"
 TASKS = ("provision_tables", "plan_run", "compute_shards", "train", "commit_parameters", "report")
-SERVICES_OWN_LOGS = ("api-server.log", "dag-processor.log", "triggerer.log")  # the scheduler's echoes task output
+SERVICES = ("api-server.log", "scheduler.log", "dag-processor.log", "triggerer.log")
 
 
 def noisy_lines(text: str, words: tuple[str, ...]) -> list[str]:
@@ -34,14 +34,11 @@ def test_an_ad_hoc_commit_logs_no_orphan_asset_event(airflow_stack: AirflowStack
         assert not noisy_lines(path.read_text(errors="replace"), ASSET_NOISE), path
 
 
-def test_the_services_log_no_pathspec_deprecation(airflow_stack: AirflowStack, stack_training_run):
-    for name in SERVICES_OWN_LOGS:
-        path = airflow_stack.logs_dir / name
-        assert path.exists() and not noisy_lines(path.read_text(errors="replace"), (DEPRECATION,)), path
-
-
-@pytest.mark.xfail(strict=True, reason="the Task SDK's plugins manager reads .airflowignore as a glob whatever "
-                                       "[core] dag_ignore_file_syntax says (apache-airflow-task-sdk 1.3.2)")
-def test_a_task_log_carries_no_pathspec_deprecation(airflow_stack: AirflowStack, stack_training_run):
+def test_no_service_or_task_logs_the_pathspec_deprecation(airflow_stack: AirflowStack, stack_training_run):
     dag_id, run_id = stack_training_run["dag_id"], stack_training_run["dag_run_id"]
-    assert not noisy_lines(airflow_stack.task_log(dag_id, run_id, "plan_run"), (DEPRECATION,))
+    for task in TASKS:
+        text = airflow_stack.task_log(dag_id, run_id, task)
+        assert text.strip() and not noisy_lines(text, (DEPRECATION,)), task
+    assert all((airflow_stack.logs_dir / name).exists() for name in SERVICES)
+    for path in sorted(airflow_stack.logs_dir.rglob("*.log")):  # every service's and every task's
+        assert not noisy_lines(path.read_text(errors="replace"), (DEPRECATION,)), path
