@@ -13,7 +13,7 @@ import pytest
 
 from tests.integration.stack.airflow_stack import AirflowStack
 from tests.integration.stack.conftest import STACK_TABLE
-from tests.integration.stack.test_models_page import WAIT, browser, log_in  # noqa: F401 (browser: a fixture)
+from tests.integration.stack.test_models_page import ARTIFACTS, WAIT, browser, log_in  # noqa: F401 (browser: a fixture)
 
 pytestmark = [pytest.mark.stack, pytest.mark.timeout(1800)]
 
@@ -61,16 +61,27 @@ def test_opening_a_run_requests_no_url_its_conf_carried(airflow_stack: AirflowSt
     page = f"{airflow_stack.base_url}/dags/pgtrain_training/runs/{quote(run_id, safe='')}"
     log_in(browser, airflow_stack, page)
 
-    def note_shown(driver) -> bool:
-        return any(element.is_displayed() for element in driver.find_elements(
-            By.XPATH, "//*[contains(text(), 'stack-note') and contains(text(), '/image.png')]"))
+    # The run page's header shows the note as rendered Markdown, one paragraph whose URLs the UI's GFM renderer
+    # links as themselves (as in any note): the text is split over several nodes, so the paragraph is matched.
+    note = "//p[contains(., 'stack-note: refused')]"
 
-    WebDriverWait(browser, WAIT).until(note_shown)
-    shown = browser.find_element(By.XPATH, "//*[contains(text(), 'stack-note') and contains(text(), '/image.png')]")
-    assert all(text in shown.text for text in markdown), shown.text  # the conf's strings, as written
-    pointing = [f"{e.tag_name} {e.get_attribute(a)}" for a in ("src", "href")
+    def note_shown(driver) -> bool:
+        return any(element.is_displayed() for element in driver.find_elements(By.XPATH, note))
+
+    try:
+        WebDriverWait(browser, WAIT).until(note_shown)
+    except Exception:
+        ARTIFACTS.mkdir(exist_ok=True)
+        browser.save_screenshot(str(ARTIFACTS / "run-note.png"))
+        (ARTIFACTS / "run-note.html").write_text(browser.page_source)
+        raise
+    shown = browser.find_element(By.XPATH, note).get_attribute("textContent")
+    assert all(text in shown for text in markdown), shown  # the conf's strings, as written: no image, no link text
+    # Nothing fetches from the listener (no src); a link to it only as GFM's bare-URL link, whose text is its URL
+    # (a click would be the viewer's own request), never a Markdown link or image made of the conf's text.
+    pointing = [(e.tag_name, a, e.get_attribute(a), e.get_attribute("textContent")) for a in ("src", "href")
                 for e in browser.find_elements(By.CSS_SELECTOR, f"[{a}]") if base in (e.get_attribute(a) or "")]
-    assert not pointing, pointing
+    assert all(tag == "a" and a == "href" and text.startswith(base) for tag, a, _, text in pointing), pointing
 
     browser.get(f"{base}/control")  # the listener hears this browser; a request the page made came before
     WebDriverWait(browser, WAIT).until(lambda _: "/control" in seen)
