@@ -50,7 +50,7 @@ def airflow_env(home: str, url: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update({
         "AIRFLOW_HOME": home, "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__UNIT_TEST_MODE": "False", "AIRFLOW_CONN_PGTRAIN_DB": url, "PGTRAIN_DATABASE_URL": url,
         "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}",
     })

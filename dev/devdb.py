@@ -8,17 +8,35 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from pathlib import Path
+from types import ModuleType
 from urllib.parse import quote, urlencode
 
 import psycopg
 from psycopg import sql
 
 
+def _pgserver() -> ModuleType:
+    """pgserver, imported here: only the embedded path needs it.
+
+    Its import asks platformdirs for a per-user runtime directory (for a lock file). Without XDG_RUNTIME_DIR (a
+    container, an ssh or sudo session without logind) platformdirs takes a private ``runtime-<uid>`` in the
+    temporary directory, which it checks (ours, 0700), and warns: on every command that touches the embedded
+    server. That fallback is right for a development server, so the warning is not shown."""
+    import platformdirs
+
+    runtime_dir_warning = getattr(platformdirs, "RuntimeDirWarning", None)  # older releases do not warn
+    with warnings.catch_warnings():
+        if runtime_dir_warning is not None:
+            warnings.simplefilter("ignore", runtime_dir_warning)
+        import pgserver
+    return pgserver
+
+
 def start(data_dir: Path | str, *, stop_at_exit: bool = True) -> str:
     """Start (or attach to) the server in data_dir; returns the URL of its ``postgres`` database."""
-    import pgserver  # imported here: only the embedded path needs it
-
+    pgserver = _pgserver()
     Path(data_dir).mkdir(parents=True, exist_ok=True)
     server = pgserver.get_server(Path(data_dir), cleanup_mode="stop" if stop_at_exit else None)
     return server.get_uri("postgres")
@@ -26,9 +44,7 @@ def start(data_dir: Path | str, *, stop_at_exit: bool = True) -> str:
 
 def stop(data_dir: Path | str) -> None:
     """Stop the server in data_dir (before its directory is removed)."""
-    import pgserver
-
-    pgserver.get_server(Path(data_dir), cleanup_mode="stop").cleanup()
+    _pgserver().get_server(Path(data_dir), cleanup_mode="stop").cleanup()
 
 
 def create_database(admin_url: str, name: str) -> str:

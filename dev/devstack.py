@@ -92,7 +92,6 @@ def airflow_environment(state_dir: Path, *, port: int, metadata_url: str, traini
     settings = {
         "AIRFLOW_HOME": str(state_dir / "home"),
         "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
@@ -382,17 +381,34 @@ def _local_databases(pg_dir: Path) -> tuple[str, str]:
     return metadata_url, training_url
 
 
+def _pg_dir_file(state_dir: Path) -> Path:
+    """Where ``start`` (the command) records the embedded PostgreSQL it used, for ``stop`` to name."""
+    return Path(state_dir) / "pg-dir"
+
+
+def _embedded_database_note(state_dir: Path) -> str | None:
+    """The line ``stop`` prints about the embedded PostgreSQL the stack used (it keeps running), if it used one."""
+    recorded = _pg_dir_file(state_dir)
+    if not recorded.exists():
+        return None
+    pg_dir = Path(recorded.read_text().strip())
+    how = "make stop-db" if pg_dir == DEFAULT_PG_DIR.resolve() else f"python -m dev.devdb stop {pg_dir}"
+    return f"(the embedded PostgreSQL in {pg_dir}/ keeps running: {how} stops it)"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dev.devstack", description=__doc__.splitlines()[0])
     parser.add_argument("action", choices=["start", "stop"])
     parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
-    parser.add_argument("--pg-dir", type=Path, default=DEFAULT_PG_DIR, help="embedded PostgreSQL data directory")
+    parser.add_argument("--pg-dir", type=Path, default=DEFAULT_PG_DIR,
+                        help="embedded PostgreSQL data directory (start; stop names the one its start used)")
     parser.add_argument("--port", type=int, default=8080, help="api-server port on 127.0.0.1 (0: any free port)")
     args = parser.parse_args(argv)
     if args.action == "stop":
         stopped = stop(args.state_dir)
         print(f"stopped {', '.join(stopped)}" if stopped else f"no Airflow stack running from {args.state_dir}")
-        print(f"(the embedded PostgreSQL in {args.pg_dir}/ keeps running: make stop-db stops it)")
+        if note := _embedded_database_note(args.state_dir):
+            print(note)
         return 0
     metadata_url, training_url = _local_databases(args.pg_dir)
     print(f"starting Airflow (api-server, scheduler, dag-processor, triggerer); logs in {args.state_dir}/logs/ ...")
@@ -401,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     except StackError as error:
         print(f"dev.devstack: {error}", file=sys.stderr)
         return 1
+    _pg_dir_file(args.state_dir).write_text(f"{args.pg_dir.resolve()}\n")
     print(f"Airflow UI    {stack.base_url}/")
     print(f"models page   {stack.base_url}/pgtrain/")
     print(f"log in as     {stack.username}, password in {stack.password_file}")

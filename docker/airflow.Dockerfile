@@ -36,5 +36,5 @@ RUN pip install --no-cache-dir "apache-airflow==${AIRFLOW_VERSION}" -r /opt/pgtr
     && python -c "from importlib.metadata import entry_points as e; assert len(e(group='airflow.plugins', module='pgtrain.airflow.plugins')) == 2"
 # docker-compose.yaml mounts the repository's plugins/ and trainer_image/ here: first on the path, the mounted
 # sources win over the installed copy (whose metadata still names the entry points), so edits need no rebuild.
-ENV PYTHONPATH=/opt/airflow/plugins:/opt/pgtrain/trainer_image \
+ENV PYTHONPATH=/opt/pgtrain/plugins:/opt/pgtrain/trainer_image \
     PGTRAIN_SQL_DIR=/opt/airflow/sql

@@ -27,7 +27,6 @@ logging.getLogger("pgserver").setLevel(logging.WARNING)  # its exit-time INFO li
 # A project-local Airflow (SQLite metadata DB), set before anything imports airflow.
 os.environ.setdefault("AIRFLOW_HOME", str(REPO / ".airflow"))
 os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(REPO / "dags"))
-os.environ.setdefault("AIRFLOW__CORE__PLUGINS_FOLDER", str(REPO / "plugins"))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 
 

@@ -23,7 +23,7 @@ def test_compose_has_the_airflow_3_stack():
     for name, service in services.items():
         if name.startswith("airflow"):
             mounts = {volume.split(":")[1] for volume in service["volumes"]}
-            assert {"/opt/airflow/dags", "/opt/airflow/plugins", "/opt/airflow/sql"} <= mounts, name
+            assert {"/opt/airflow/dags", "/opt/pgtrain/plugins", "/opt/airflow/sql"} <= mounts, name
             assert "AIRFLOW_CONN_PGTRAIN_DB" in service["environment"], name
             # a shared signing key: without it each service makes its own and task tokens are rejected
             assert service["environment"]["AIRFLOW__API_AUTH__JWT_SECRET"].startswith("${"), name
@@ -109,19 +109,27 @@ def test_every_version_has_one_home_in_the_constraints():
     assert "-c constraints.txt -r requirements-dev.txt" in install and not re.search(r"==\d", install)
 
 
-def test_the_plugins_folder_holds_neither_plugins_nor_the_library():
-    """Airflow loads every .py file of the plugins folder as a plugin module; pgtrain's plugins are registered by
-    the package's entry points instead (a file here too would register each twice), and the library is ignored."""
-    from airflow._shared.module_loading.file_discovery import find_path_from_directory
+def test_airflows_plugins_folder_is_not_the_librarys_sources():
+    """Airflow loads every .py file of its plugins folder as a plugin module (a file there too would register a
+    pgtrain plugin twice: the package's entry points register them). The repository's plugins/ holds the library's
+    sources, so no stack points Airflow there: it would need an .airflowignore, which Task SDK 1.3.2 reads as a
+    glob whatever [core] dag_ignore_file_syntax says, with pathspec's deprecated class (a warning in every task
+    log)."""
+    from dev import devstack
 
-    found = [p for p in find_path_from_directory(str(REPO / "plugins"), ".airflowignore") if p.endswith(".py")]
-    assert not found, "plugin files, or library modules loaded as plugins"
+    env = devstack.airflow_environment(REPO, port=8080, metadata_url="postgresql://h/m", training_url="x",
+                                       jwt_secret="j", fernet_key="f", extra={})
+    assert env.get("AIRFLOW__CORE__PLUGINS_FOLDER") == os.environ.get("AIRFLOW__CORE__PLUGINS_FOLDER")  # not set
+    for name, service in COMPOSE["services"].items():
+        assert not any(":/opt/airflow/plugins" in volume for volume in service.get("volumes", [])), name
+    assert "PLUGINS_FOLDER" not in (REPO / "scripts" / "airflow_env.sh").read_text()
+    assert not list((REPO / "plugins").rglob(".airflowignore")), "nothing reads it: no stack scans plugins/"
     assert "triggerer" in COMPOSE["services"]["airflow-triggerer"]["command"]
 
 
 def test_the_entry_points_register_each_plugin_once_and_cheaply(tmp_path):
     """The installed package's airflow.plugins entry points give Airflow the models page and the run-notes
-    listener, once each and without import errors, with the repository's plugins folder; loading them builds no
+    listener, once each and without import errors; loading them builds no
     FastAPI app (only the api-server reads fastapi_apps)."""
     entry_points = PROJECT["entry-points"]["airflow.plugins"]
     assert entry_points == {"pgtrain": "pgtrain.airflow.plugins:PgtrainModelsPlugin",
@@ -137,8 +145,8 @@ def test_the_entry_points_register_each_plugin_once_and_cheaply(tmp_path):
         "                  'plugins': info, 'errors': plugins_manager.get_import_errors(),\n"
         "                  'fastapi_at_load': fastapi_at_load}, default=str))\n"
     )
-    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path), "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
-           "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__CORE__LAZY_LOAD_PROVIDERS": "True"}
+    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+           "AIRFLOW__CORE__LAZY_LOAD_PROVIDERS": "True"}
     result = subprocess.run([sys.executable, "-c", probe], env=env, cwd=tmp_path, capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0, result.stderr

@@ -4,13 +4,16 @@ Real processes (sleep, each leading its own session as the services do); no Airf
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from dev import devstack
+from tests.conftest import REPO
 
 
 @pytest.fixture
@@ -69,3 +72,36 @@ def test_the_fernet_key_is_made_once_and_kept_private(tmp_path):
     assert devstack.fernet_key(path) == first  # the next start
     assert Fernet(devstack.fernet_key(path).encode()).decrypt(token) == b"trigger kwargs"
     assert path.stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize("pg_dir", ["default", "other", None])
+def test_stop_names_the_embedded_database_its_start_used(tmp_path, capsys, pg_dir):
+    """`stop` names the data directory `start --pg-dir` used (and how to stop it), or none when start used none."""
+    used = {"default": devstack.DEFAULT_PG_DIR.resolve(), "other": tmp_path / "elsewhere", None: None}[pg_dir]
+    if used is not None:
+        devstack._pg_dir_file(tmp_path).write_text(f"{used}\n")  # what start records
+
+    assert devstack.main(["stop", "--state-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"no Airflow stack running from {tmp_path}")
+    if pg_dir is None:
+        assert "PostgreSQL" not in out and ".pgdata" not in out
+    else:
+        how = "make stop-db" if pg_dir == "default" else f"python -m dev.devdb stop {used}"
+        assert f"the embedded PostgreSQL in {used}/ keeps running: {how} stops it" in out
+        assert (".pgdata" in out) == (pg_dir == "default")
+
+
+def test_touching_the_embedded_server_does_not_warn_of_a_missing_runtime_directory():
+    """Every `python -m dev.devdb` / `dev.devstack` call imports pgserver, which asks platformdirs for a runtime
+    directory: without XDG_RUNTIME_DIR that printed a RuntimeDirWarning on each call."""
+    env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
+
+    def stderr_of(code: str) -> str:
+        result = subprocess.run([sys.executable, "-W", "default", "-c", code], env=env, cwd=REPO,
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        return result.stderr
+
+    assert "XDG_RUNTIME_DIR" in stderr_of("import pgserver")  # what a plain import says here
+    assert "XDG_RUNTIME_DIR" not in stderr_of("from dev import devdb; devdb._pgserver()")

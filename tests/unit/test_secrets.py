@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import stat
 import traceback
 from pathlib import Path
@@ -53,19 +54,33 @@ def test_the_ranks_environment_is_allow_listed(sentinel):
     worker = {"PATH": "/usr/bin", "HOME": "/home/a", "LC_ALL": "C.UTF-8", "OMP_NUM_THREADS": "2",
               "HOROVOD_LOG_LEVEL": "info", "PGHOST": "db", "PGPASSWORD": sentinel, "AWS_SECRET_ACCESS_KEY": sentinel,
               "AIRFLOW_CONN_PGTRAIN_DB": f"postgresql://u:{sentinel}@db/x", "PGTRAIN_DATABASE_URL": sentinel}
-    env = launch_local.rank_environment(worker, "host=db user=u", "/tmp/x/pgpass")
+    passfile = launch_local.Passfile({"PGPASSFILE": "/tmp/x/pgpass"})
+    env = launch_local.rank_environment(worker, "host=db user=u", passfile)
     assert sentinel not in repr(env)
     assert env == {"PATH": "/usr/bin", "HOME": "/home/a", "LC_ALL": "C.UTF-8", "OMP_NUM_THREADS": "2",
                    "HOROVOD_LOG_LEVEL": "info", "PGHOST": "db", "PGTRAIN_DATABASE_URL": "host=db user=u",
                    "PYTHONUNBUFFERED": "1", "PGPASSFILE": "/tmp/x/pgpass"}
 
 
-def test_the_passfile_is_private_escaped_and_removed():
-    with launch_local.private_passfile("a:b\\c") as path:
-        file, directory = Path(path), Path(path).parent
-        assert stat.S_IMODE(file.stat().st_mode) == 0o600
-        assert stat.S_IMODE(directory.stat().st_mode) == 0o700
-        assert file.read_text() == "*:*:*:*:a\\:b\\\\c\n"
-    assert not file.exists() and not directory.exists()
+def test_the_passfile_is_private_escaped_and_on_no_disk():
+    with launch_local.private_passfile("a:b\\c") as passfile:
+        (fd,) = passfile.fds
+        assert passfile.environment == {"PGTRAIN_PASSFILE_FD": str(fd)}
+        path = Path(f"/proc/{os.getpid()}/fd/{fd}")  # how horovodrun names it to the ranks
+        assert os.readlink(path).startswith("/memfd:")
+        assert stat.S_ISREG(path.stat().st_mode) and stat.S_IMODE(path.stat().st_mode) == 0o600  # what libpq wants
+        assert path.read_text() == "*:*:*:*:a\\:b\\\\c\n"
+    assert not path.exists()
     with launch_local.private_passfile(None) as nothing:
         assert nothing is None
+
+
+def test_without_memfds_the_passfile_is_a_private_file_removed_on_exit(monkeypatch):
+    monkeypatch.delattr(os, "memfd_create")  # as on macOS
+    with launch_local.private_passfile("a:b\\c") as passfile:
+        assert passfile.fds == ()
+        file = Path(passfile.environment["PGPASSFILE"])
+        assert stat.S_IMODE(file.stat().st_mode) == 0o600
+        assert stat.S_IMODE(file.parent.stat().st_mode) == 0o700
+        assert file.read_text() == "*:*:*:*:a\\:b\\\\c\n"
+    assert not file.exists() and not file.parent.exists()

@@ -1,16 +1,18 @@
-"""Processes that must not outlive their parent: the local launcher's horovodrun, and every trainer rank.
+"""What must not outlive its process: the local launcher's horovodrun, every trainer rank, the ranks' passfile.
 
 Linux's PR_SET_PDEATHSIG delivers a signal to a process when the thread that started it dies, however
-it dies (SIGKILL included); elsewhere these helpers do nothing.
+it dies (SIGKILL included); elsewhere these helpers do nothing. A memfd is a file on no disk: the kernel
+frees it when the last process holding it exits, SIGKILL included.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 _PR_SET_PDEATHSIG = 1
 
@@ -45,3 +47,19 @@ def preexec_die_with_this_process(sig: int = signal.SIGKILL) -> Callable[[], Non
             os.kill(os.getpid(), sig)
 
     return preexec
+
+
+@contextlib.contextmanager
+def memory_file(name: str, content: bytes, mode: int = 0o600) -> Iterator[int | None]:
+    """A descriptor of a file holding ``content`` that no path on disk names, closed on exit (close-on-exec: pass
+    it on with ``pass_fds``); it is gone once every process holding it has exited. None where there are no memfds."""
+    if not hasattr(os, "memfd_create"):
+        yield None
+        return
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    try:
+        os.fchmod(fd, mode)
+        os.write(fd, content)
+        yield fd
+    finally:
+        os.close(fd)

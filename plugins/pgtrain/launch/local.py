@@ -1,9 +1,10 @@
 """``launcher=local``: run the trainer under ``horovodrun --gloo`` on this machine, output streamed to a logger.
 
 What reaches the ranks: an allow-listed environment (no secret of the worker's), the database URL
-without its password, and the password in a 0600 passfile (PGPASSFILE) in a private directory removed
-when the run ends. Horovod's Gloo launcher writes every exported variable into a ``sh -c`` command line
-that any user can read with ``ps``, so nothing secret may be exported.
+without its password, and the password in a 0600 passfile (PGPASSFILE) that exists only as long as the
+job: on Linux a memfd (nothing on disk, gone with the task however it dies), elsewhere a file in a private
+directory removed when the job ends. Horovod's Gloo launcher writes every exported variable into a
+``sh -c`` command line that any user can read with ``ps``, so nothing secret may be exported.
 
 The ranks die with their launcher: horovodrun gets SIGKILL when the process that started it dies
 (PR_SET_PDEATHSIG), and Horovod then stops the ranks it started; each rank also sets its own.
@@ -24,17 +25,18 @@ import tempfile
 import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 from pgtrain.core.database_url import DATABASE_URL_ENV
 from pgtrain.core.db import connect, split_password
 from pgtrain.core.errors import ConfigError, TrainingFailed, TrainingInputError
 from pgtrain.launch.attempt import start_attempt
-from pgtrain.launch.lifetime import preexec_die_with_this_process
+from pgtrain.launch.horovodrun import PASSFILE_ENV, PASSFILE_FD_ENV
+from pgtrain.launch.lifetime import memory_file, preexec_die_with_this_process
 from pgtrain.launch.trainer_command import horovodrun_options, trainer_argv
 from pgtrain.runs import record
 
 TAIL_LINES = 40
-PASSFILE_ENV = "PGPASSFILE"
 # The worker's environment the ranks may see: what Python, horovodrun, Gloo/NCCL, the BLAS libraries
 # and libpq need to behave as they do here. Anything else (credentials, tokens, PGPASSWORD) stays out.
 PASSED_NAMES = frozenset({
@@ -71,36 +73,50 @@ def local_command(run_id: str, world_size: int, attempt: int) -> list[str]:
     ]
 
 
-def rank_environment(environ: Mapping[str, str], database_url: str, passfile: str | None) -> dict[str, str]:
+class Passfile(NamedTuple):
+    """Where the ranks find the password: ``environment`` names it to horovodrun, which must inherit ``fds``."""
+
+    environment: dict[str, str]
+    fds: tuple[int, ...] = ()
+
+
+def rank_environment(environ: Mapping[str, str], database_url: str, passfile: Passfile | None) -> dict[str, str]:
     """The ranks' environment: the allow-listed part of ``environ``, the URL, the passfile (if any)."""
     env = {k: v for k, v in environ.items() if k in PASSED_NAMES or k.startswith(PASSED_PREFIXES)}
     env[DATABASE_URL_ENV] = database_url
     env["PYTHONUNBUFFERED"] = "1"
     if passfile is not None:
-        env[PASSFILE_ENV] = passfile
+        env.update(passfile.environment)
     elif environ.get(PASSFILE_ENV):  # the worker's own passfile: a path, not a secret
         env[PASSFILE_ENV] = environ[PASSFILE_ENV]
     return env
 
 
 @contextlib.contextmanager
-def private_passfile(password: str | None) -> Iterator[str | None]:
-    """A libpq passfile holding ``password`` (mode 0600, in a 0700 directory), removed on exit; None if no password."""
+def private_passfile(password: str | None) -> Iterator[Passfile | None]:
+    """A libpq passfile holding ``password`` (mode 0600) for horovodrun's ranks, gone when the job is; None if no
+    password. On Linux a memfd that only this process and horovodrun hold (horovodrun inherits it and names it to
+    the ranks: pgtrain.launch.horovodrun), so a SIGKILLed task, whose horovodrun dies with it, leaves nothing.
+    Elsewhere a file in a 0700 directory, removed on exit or, after a SIGKILL, by the next launch."""
     if password is None:
         yield None
         return
     if "\n" in password or "\r" in password:
         raise ConfigError("the training database password contains a line break, which a libpq passfile "
                           "cannot hold; choose another password")
+    escaped = password.replace("\\", "\\\\").replace(":", "\\:")
+    content = f"*:*:*:*:{escaped}\n".encode()  # only this run's ranks read it: any host, port, db, user
+    with memory_file("pgtrain-pgpass", content) as fd:
+        if fd is not None:
+            yield Passfile({PASSFILE_FD_ENV: str(fd)}, (fd,))
+            return
     _remove_stale_secret_dirs()
     directory = tempfile.mkdtemp(prefix=f"{_SECRET_DIR_PREFIX}{os.getpid()}-")  # mode 0700
     try:
         path = os.path.join(directory, "pgpass")
-        escaped = password.replace("\\", "\\\\").replace(":", "\\:")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as file:
-            file.write(f"*:*:*:*:{escaped}\n")  # only this run's ranks read it: any host, port, db, user
-        yield path
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as file:
+            file.write(content)
+        yield Passfile({PASSFILE_ENV: path})
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
@@ -131,7 +147,7 @@ def run_local(run_id: str, world_size: int, database_url: str, log: logging.Logg
     log.info("starting %d Horovod ranks (attempt %d): %s", world_size, attempt, " ".join(command))
     with private_passfile(password) as passfile:
         returncode, tail, timed_out = _run(command, rank_environment(os.environ, rank_url, passfile), log,
-                                           timeout_seconds)
+                                           timeout_seconds, passfile.fds if passfile else ())
     if timed_out:
         raise TrainingFailed(
             f"the Horovod job of run {run_id} did not finish within {timeout_seconds:g} s and was stopped; "
@@ -150,14 +166,14 @@ def run_local(run_id: str, world_size: int, database_url: str, log: logging.Logg
 
 
 def _run(command: list[str], env: dict[str, str], log: logging.Logger,
-         timeout_seconds: float | None) -> tuple[int, list[str], bool]:
+         timeout_seconds: float | None, pass_fds: tuple[int, ...]) -> tuple[int, list[str], bool]:
     """(exit status, the last output lines, whether the timeout stopped it)."""
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     timed_out = threading.Event()
     with subprocess.Popen(
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
         # Between fork and exec the child only calls prctl and getppid: no lock another thread may hold.
-        start_new_session=True, preexec_fn=preexec_die_with_this_process(),
+        start_new_session=True, preexec_fn=preexec_die_with_this_process(), pass_fds=pass_fds,
     ) as process:
         # Killing the group closes the pipe, which ends the read loop below.
         watchdog = threading.Timer(timeout_seconds or 0, lambda: (timed_out.set(), _kill_group(process)))

@@ -40,8 +40,9 @@ class AirflowStack:
 
     def api(self, method: str, path: str, json: Any = None, **kwargs: Any) -> httpx.Response:
         """A request to the stack with the bearer token (a fresh one when the old one expired)."""
+        extra = kwargs.pop("headers", {})
         for _ in range(2):
-            headers = {"Authorization": f"Bearer {self.token()}", **kwargs.pop("headers", {})}
+            headers = {"Authorization": f"Bearer {self.token()}", **extra}
             response = self._client.request(method, path, json=json, headers=headers, **kwargs)
             if response.status_code != 401:
                 return response
@@ -91,8 +92,10 @@ class AirflowStack:
         return {ti["task_id"]: ti["state"] for ti in response.json().get("task_instances", [])}
 
     def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str:
+        """The task try's log as the API serves it: one JSON event a line (Airflow 3.3 answers text/plain 406)."""
         response = self.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}",
-                            headers={"Accept": "text/plain"})
+                            headers={"Accept": "application/x-ndjson"})
+        assert response.status_code == 200, f"{task_id} log: {response.status_code} {response.text}"
         return response.text
 
     def wait_for_run(self, dag_id: str, run_id: str, timeout: float = 900.0) -> str:

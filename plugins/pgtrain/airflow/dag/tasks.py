@@ -12,7 +12,7 @@ from typing import Any
 
 from airflow.sdk import task
 
-from pgtrain.airflow.dag.assets import MODELS_ALIAS, model_asset
+from pgtrain.airflow.dag.assets import MODELS_ALIAS, is_declared, model_asset
 from pgtrain.airflow.dag.connection import DEFAULT_CONN_ID, database_url
 from pgtrain.airflow.dag.outcome import OUTCOME_KEY, leave_outcome
 
@@ -127,9 +127,13 @@ def commit_parameters(training_run: str, conn_id: str = DEFAULT_CONN_ID, ti: Any
              "new" if result.created else "already committed by an earlier try")
     if why is not None:
         log.warning("the head of %s did not move to version %d: %s", result.model_name, result.version, why)
-    outlet_events[MODELS_ALIAS].add(model_asset(result.model_name, conn_id), extra={
-        "version": result.version, "head_moved": result.head_moved, "run_id": training_run,
-        "metrics": result.metrics})
+    asset = model_asset(result.model_name, conn_id)
+    if is_declared(outlet_events, asset):
+        outlet_events[MODELS_ALIAS].add(asset, extra={
+            "version": result.version, "head_moved": result.head_moved, "run_id": training_run,
+            "metrics": result.metrics})
+    else:
+        log.info("no asset event: no DAG schedules on %s", asset.uri)
     return {"model_name": result.model_name, "version": result.version, "created": result.created,
             "head_moved": result.head_moved}
 
