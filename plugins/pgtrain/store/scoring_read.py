@@ -1,0 +1,211 @@
+"""How ``predict`` reads the table it scores: every row with a key, in key order, as plain binary COPY rows of
+(key, features as ``source.feature_payload`` sends them to the loader), decoded a page at a time with numpy.
+
+A page whose rows all have one width (a fixed-width key such as integer, bigint or uuid, and well-formed
+features) is one numpy view: its keys stay binary COPY fields, ready to be written back, and its features go
+through the loader's layout (``wire.fill_features``). A page with a wider or narrower row (a text key, a NULL
+or wrong-length feature array) is walked row by row. Rows are judged on the client, as the loader judges
+them: a NULL payload, a wrong shape, a NULL element or a non-finite float32 value (a value beyond float32's
+range is one once stored) makes a row bad; only scalar columns are checked in SQL first (``feature_checks``
+without the per-value kinds), so that no payload is built from a NULL the model cannot score.
+
+``stream`` reads the whole table in one COPY (a second connection, in a thread, while the first writes);
+``pages`` reads a page per COPY on the transaction's own connection, when it cannot be shared.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import psycopg
+from psycopg import sql
+
+from pgtrain.core.errors import PgtrainError
+from pgtrain.data import copy_binary
+from pgtrain.data.loader import non_finite_rows
+from pgtrain.data.source.resolve import COLUMNS, Source
+from pgtrain.data.source.rows import feature_checks, feature_payload
+from pgtrain.data.source.snapshot import Beside, prefer_index_order
+from pgtrain.data.wire import feature_groups_of, fill_features, source_feature_fields
+
+
+@dataclass(frozen=True)
+class Page:
+    """The good rows of a page: their keys as binary COPY fields (length word and value; a numpy ``V`` array
+    when they share one width, else bytes each) and their features, float32 (rows, dim); how many were bad."""
+
+    keys: np.ndarray | list[bytes]
+    x: np.ndarray
+    bad: int
+
+
+class PageDecoder:
+    """Binary COPY rows of (key, payload), as ``row_query`` selects them, into a ``Page``."""
+
+    def __init__(self, source: Source, dim: int) -> None:
+        self.dim = dim
+        self.layout = np.dtype(source_feature_fields(source, dim))
+        self.groups = feature_groups_of(source, dim)
+        # Arrays whose header says what shape they hold: (field prefix, values expected).
+        self.arrays = ([("", dim)] if "ndim" in self.layout.names else []) + [
+            (name.removesuffix("x"), dim if isinstance(positions, slice) else len(positions))
+            for name, positions, _ in self.groups]
+
+    def page(self, rows: list[memoryview]) -> Page:
+        if not rows:
+            return Page([], np.empty((0, self.dim), np.float32), 0)
+        width = copy_binary.I32.unpack_from(rows[0], 2)[0]
+        data = b"".join(rows)
+        size = self.layout.itemsize
+        row_type = np.dtype({"names": ["n", "klen", "plen", "p"], "formats": [">i2", ">i4", ">i4", self.layout],
+                             "offsets": [0, 2, 6 + width, 10 + width], "itemsize": 10 + width + size})
+        if width >= 0 and len(data) == len(rows) * row_type.itemsize:
+            records = np.frombuffer(data, row_type)
+            if ((records["n"] == 2) & (records["klen"] == width) & (records["plen"] == size)).all():
+                keys = np.frombuffer(data, np.dtype({"names": ["k"], "formats": [f"V{4 + width}"], "offsets": [2],
+                                                     "itemsize": row_type.itemsize}))["k"]
+                return self._judge(keys, records["p"], len(rows))
+        return self._walk(rows)
+
+    def _walk(self, rows: list[memoryview]) -> Page:
+        """A page of uneven rows, row by row: rows whose payload has the layout's width are candidates."""
+        keys, payloads = [], []
+        for row in rows:
+            key, payload = copy_binary.fields(row)
+            if payload is not None and len(payload) == self.layout.itemsize:
+                keys.append(copy_binary.I32.pack(len(key)) + bytes(key))
+                payloads.append(payload)
+        records = np.frombuffer(b"".join(payloads), self.layout, len(payloads))
+        return self._judge(keys, records, len(rows))
+
+    def _judge(self, keys: np.ndarray | list[bytes], records: np.ndarray, total: int) -> Page:
+        """The page's good rows of the candidate ``records``: flat arrays of the right length without NULLs
+        (whose values were checked as read), then only finite values."""
+        good = np.ones(len(records), bool)
+        for prefix, count in self.arrays:
+            good &= (records[prefix + "ndim"] == 1) & (records[prefix + "hasnull"] == 0) & (
+                records[prefix + "dim"] == count)
+        if not good.all():
+            records, keys = records[good], _select(keys, good)
+        x = np.empty((len(records), self.dim), np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            fill_features(records, x, self.groups)
+        if non_finite_rows(x):
+            finite = np.isfinite(x).all(axis=1)
+            x, keys = x[finite], _select(keys, finite)
+        return Page(keys, x, total - len(x))
+
+
+def _select(keys: np.ndarray | list[bytes], mask: np.ndarray) -> np.ndarray | list[bytes]:
+    return keys[mask] if isinstance(keys, np.ndarray) else list(itertools.compress(keys, mask.tolist()))
+
+
+def row_query(source: Source, dim: int, after: str | None = None, upto: str | None = None) -> sql.Composed:
+    """COPY of (key, payload) of the rows with a key, in key order (an index scan: ``prefer_index_order``); with
+    ``after`` / ``upto``, of the keys in (after, upto] only (the keys' text form)."""
+    payload = feature_payload(source)
+    if source.feature_format == COLUMNS:
+        checks = [c for kind, c in feature_checks(source, dim, values=False).items() if kind != "null_key"]
+        if checks:
+            payload = sql.SQL("CASE WHEN {} THEN NULL ELSE {} END").format(sql.SQL(" OR ").join(checks), payload)
+    return sql.SQL("COPY (SELECT {key}, {payload} FROM {rel} WHERE {bounds} ORDER BY {key}) TO STDOUT (FORMAT BINARY)"
+                   ).format(key=source.key, payload=payload, rel=source.relation, bounds=_bounds(source, after, upto))
+
+
+def _bounds(source: Source, after: str | None, upto: str | None) -> sql.Composable:
+    key_type = sql.SQL(source.key_type)  # format_type() of the key, from the catalog
+    return sql.SQL(" AND ").join([sql.SQL("{} IS NOT NULL").format(source.key)] + [
+        sql.SQL("{} {} CAST({} AS {})").format(source.key, sql.SQL(op), sql.Literal(value), key_type)
+        for op, value in ((">", after), ("<=", upto)) if value is not None])
+
+
+def stream(conn: psycopg.Connection, source: Source, dim: int, page_rows: int) -> Iterator[Page]:
+    """Every row in one COPY, ``page_rows`` at a time (the connection stays in the COPY between pages)."""
+    decoder = PageDecoder(source, dim)
+    with conn.cursor() as cur, cur.copy(row_query(source, dim)) as copy:
+        rows = copy_binary.rows(copy)
+        while batch := list(itertools.islice(rows, page_rows)):
+            yield decoder.page(batch)
+
+
+def pages(conn: psycopg.Connection, source: Source, dim: int, page_rows: int) -> Iterator[Page]:
+    """Every row, a COPY per page of ``page_rows`` keys (the connection is free between pages): keyset pages,
+    each bounded by its last key, found first in the key's index (the last page by none)."""
+    decoder = PageDecoder(source, dim)
+    after = None
+    while True:
+        (upto,) = conn.execute(sql.SQL(
+            "SELECT CAST({key} AS text) FROM {rel} WHERE {bounds} ORDER BY {key} OFFSET {skip} LIMIT 1").format(
+            key=source.key, rel=source.relation, skip=sql.Literal(page_rows - 1),
+            bounds=_bounds(source, after, None))).fetchone() or (None,)
+        with conn.cursor() as cur, cur.copy(row_query(source, dim, after, upto)) as copy:
+            page = decoder.page(list(copy_binary.rows(copy)))
+        if page.bad or len(page.x):
+            yield page
+        if upto is None:
+            return
+        after = upto
+
+
+class _Stopped(Exception):
+    """The caller stopped taking pages: the reading thread ends."""
+
+
+class Alongside:
+    """``stream`` on a second connection in the snapshot of ``conn``'s open REPEATABLE READ transaction
+    (``Beside``), in a thread that hands its pages over through a queue of ``depth``: reading and decoding the
+    next pages overlap whatever the caller does with this one, and at most depth + 2 pages are held."""
+
+    def __init__(self, conn: psycopg.Connection, source: Source, dim: int, page_rows: int, depth: int = 2) -> None:
+        self._source, self._dim, self._page_rows = source, dim, page_rows
+        self._queue: queue.Queue[Page | None] = queue.Queue(depth)
+        self._stop = threading.Event()
+        self.gave_back = False  # the second connection read nothing: the caller reads on its own (``pages``)
+        self._beside = Beside(conn, self._read, "pgtrain-predict", "reading the rows to score")
+
+    def _read(self, conn: psycopg.Connection) -> bool:
+        prefer_index_order(conn)
+        for page in stream(conn, self._source, self._dim, self._page_rows):
+            self._put(page)
+        self._put(None)
+        return True
+
+    def _put(self, item: Page | None) -> None:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+        raise _Stopped
+
+    def pages(self) -> Iterator[Page]:
+        """The pages in key order; none, with ``gave_back`` set, when the second connection could not read."""
+        delivered = 0
+        while True:
+            try:
+                page = self._queue.get(timeout=0.1)
+            except queue.Empty:
+                if self._beside.running() or not self._queue.empty():
+                    continue
+                if self._beside.result() is None:  # raises the reading thread's error
+                    if delivered:
+                        raise PgtrainError("the connection reading the rows to score stopped midway; "
+                                           "run predict again") from None
+                    self.gave_back = True
+                return
+            if page is None:
+                self._beside.result()
+                return
+            delivered += 1
+            yield page
+
+    def close(self) -> None:
+        """Stop reading (the caller is done or failed) and wait for the thread."""
+        self._stop.set()
+        self._beside.cancel()
