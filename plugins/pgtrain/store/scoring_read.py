@@ -69,7 +69,8 @@ class PageDecoder:
             if ((records["n"] == 2) & (records["klen"] == width) & (records["plen"] == size)).all():
                 keys = np.frombuffer(data, np.dtype({"names": ["k"], "formats": [f"V{4 + width}"], "offsets": [2],
                                                      "itemsize": row_type.itemsize}))["k"]
-                return self._judge(keys, records["p"], len(rows))
+                # Keys copied out: a page in flight holds its features and keys, not the messages they came in.
+                return self._judge(keys.copy(), records["p"], len(records))
         return self._walk(rows)
 
     def _walk(self, rows: list[memoryview]) -> Page:
@@ -130,7 +131,9 @@ def stream(conn: psycopg.Connection, source: Source, dim: int, page_rows: int) -
     with conn.cursor() as cur, cur.copy(row_query(source, dim)) as copy:
         rows = copy_binary.rows(copy)
         while batch := list(itertools.islice(rows, page_rows)):
-            yield decoder.page(batch)
+            page = decoder.page(batch)
+            del batch  # not held while the page waits to be taken
+            yield page
 
 
 def pages(conn: psycopg.Connection, source: Source, dim: int, page_rows: int) -> Iterator[Page]:
