@@ -42,7 +42,7 @@ import sys
 import threading
 import time
 
-from common import bench_database, machine, report
+from common import bench_database, entry, interleaved, machine, report, size_and_rounds
 
 CONTENDERS = ("floor", "predict", "predict_one_connection", "predict_small")
 TABLE, SMALL, MODEL = "bench_predict", "bench_predict_small", "bench_predict_model"
@@ -206,10 +206,7 @@ def summarize(measured: dict[str, list[dict]]) -> dict[str, float | int | str]:
 
 
 def main() -> None:
-    args = [int(a) for a in sys.argv[1:3]]
-    rows = args[0] if args else int(os.environ.get("PGTRAIN_BENCH_ROWS", 500_000))
-    dim = args[1] if len(args) > 1 else int(os.environ.get("PGTRAIN_BENCH_DIM", 100))
-    rounds = int(os.environ.get("PGTRAIN_BENCH_ROUNDS", 3))
+    rows, dim, rounds = size_and_rounds()
     with bench_database() as (_, url):
         load_average = os.getloadavg()[0]
         print(f"predict benchmark: {rows} rows x {dim} real[], {rounds} rounds, {machine()}, "
@@ -217,13 +214,11 @@ def main() -> None:
         prepare(url, rows, dim)
         spec = {"rows": rows, "small_rows": rows // 4, "dim": dim}
         measured: dict[str, list[dict]] = {name: [] for name in CONTENDERS}
-        for round_ in range(rounds):
-            shift = round_ % len(CONTENDERS)
-            for name in CONTENDERS[shift:] + CONTENDERS[:shift]:
-                result = in_subprocess(name, url, spec | {"into": f"scores_{name}_{round_}"})
-                measured[name].append(result)
-                print(f"  round {round_ + 1} {name:<24} {result['seconds']:7.3f} s "
-                      f"peak {result.get('peak_rss_mb', 0):7.1f} MB", flush=True)
+        for round_, name in interleaved(CONTENDERS, rounds):
+            result = in_subprocess(name, url, spec | {"into": f"scores_{name}_{round_}"})
+            measured[name].append(result)
+            print(f"  round {round_} {name:<24} {result['seconds']:7.3f} s peak {result.get('peak_rss_mb', 0):7.1f} MB",
+                  flush=True)
         figures = {"predict.rows": rows, "predict.dim": dim, "predict.rounds": rounds,
                    "predict.load_average_start": round(load_average, 2), **summarize(measured),
                    "predict.load_average_end": round(os.getloadavg()[0], 2)}
@@ -231,7 +226,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--measure"]:
-        print(json.dumps(measure(sys.argv[2], sys.argv[3], json.loads(sys.argv[4]))))
-    else:
-        main()
+    entry(main, measure)

@@ -248,7 +248,8 @@ def test_predict_writes_every_key_in_key_order_on_one_connection_or_two(aconn, k
 
     ordered = [k for (k,) in aconn.execute("SELECT id::text AS k FROM items ORDER BY id")]
     for into in ("two", "one"):
-        written = aconn.execute(f"SELECT id::text AS k, prediction FROM {into} ORDER BY ctid").fetchall()  # as written
+        written = aconn.execute(psycopg.sql.SQL("SELECT id::text AS k, prediction FROM {} ORDER BY ctid").format(
+            psycopg.sql.Identifier(into))).fetchall()  # in the order written
         assert [k for k, _ in written] == ordered, into
         np.testing.assert_allclose([p for _, p in written], [want[_key(k, key_type)] for k in ordered], atol=1e-5)
 
@@ -266,10 +267,10 @@ def test_predict_judges_array_rows_as_the_loader_does(aconn, in_transaction):
     aconn.execute("CREATE TABLE public.arrays (id integer PRIMARY KEY, features double precision[])")
     with aconn.cursor() as cur:
         cur.executemany("INSERT INTO public.arrays VALUES (%s, %s)", [(i, row.tolist()) for i, row in enumerate(x)])
-    bad = {3: "NULL", 4: "'{1,2}'", 5: "'{{1,2,3},{4,5,6}}'", 6: "'{1,NULL,3}'", 17: "'{1,NaN,3}'",
-           18: "'{1,2,-Infinity}'", 38: "'{1e39,2,3}'"}
+    bad = {3: None, 4: "{1,2}", 5: "{{1,2,3},{4,5,6}}", 6: "{1,NULL,3}", 17: "{1,NaN,3}", 18: "{1,2,-Infinity}",
+           38: "{1e39,2,3}"}
     for key, value in bad.items():
-        aconn.execute(f"UPDATE public.arrays SET features = {value} WHERE id = {key}")
+        aconn.execute("UPDATE public.arrays SET features = %s::double precision[] WHERE id = %s", (value, key))
 
     def scored(**options):
         if not in_transaction:

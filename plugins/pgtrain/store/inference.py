@@ -124,7 +124,7 @@ def predict(conn: psycopg.Connection, name: str, version: int | str | None, sour
             alongside = Alongside(conn, scored, input_dim, batch_rows) if own_snapshot else None
             try:
                 if alongside is not None:
-                    with prediction_copy(conn, target, scored, probabilities) as write:
+                    with prediction_copy(conn, target, scored, probabilities) as write, _torch_beside_a_reader():
                         score(alongside.pages(), write)
             finally:
                 if alongside is not None:
@@ -214,6 +214,21 @@ def _build(name: str, version: int, spec: dict[str, Any], arrays: dict[str, np.n
     # assign: the module's tensors become the arrays just read, instead of a second copy of the weights
     model.load_state_dict({n: torch.from_numpy(a) for n, a in arrays.items()}, strict=True, assign=True)
     return model.eval()
+
+
+@contextmanager
+def _torch_beside_a_reader() -> Iterator[None]:
+    """One core fewer for torch's own threads while the reading thread and its backend run: with every core,
+    its OpenMP threads wait on each other whenever one of them is descheduled (a page's forward took 3x as long
+    on 2 cores)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, threads - 1))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _forward(model: torch.nn.Module, x: np.ndarray) -> np.ndarray:
