@@ -310,3 +310,20 @@ def test_predict_in_the_callers_transaction_sees_its_uncommitted_rows(aconn):
     with torch.no_grad():
         np.testing.assert_allclose([p for (p,) in got], model(torch.from_numpy(x))[:, 0].numpy(), atol=1e-4)
     assert aconn.execute("SELECT to_regclass('scores')").fetchone() == (None,), "rolled back with the caller"
+
+
+def test_predicts_pages_on_one_connection_hold_at_most_batch_rows_rows(aconn):
+    """Keyset pages end at the key (not its text form) batch_rows rows on: 1..23 in text order would end the
+    first page at 13."""
+    from pgtrain.data.source.resolve import resolve_source
+    from pgtrain.store import scoring_read
+
+    aconn.execute("CREATE TABLE public.numbered (id bigint PRIMARY KEY, features real[])")
+    aconn.execute("INSERT INTO public.numbered SELECT i, ARRAY[i, 1]::real[] FROM generate_series(1, 23) AS i")
+    source = resolve_source(aconn, "numbered", "id", None, None, feature_columns=("features",))
+
+    with aconn.transaction():
+        pages = list(scoring_read.pages(aconn, source, 2, 5))
+
+    assert [len(p.x) for p in pages] == [5, 5, 5, 5, 3]
+    assert np.concatenate([p.x[:, 0] for p in pages]).tolist() == list(range(1, 24))

@@ -143,7 +143,9 @@ def pages(conn: psycopg.Connection, source: Source, dim: int, page_rows: int) ->
     after = None
     while True:
         (upto,) = conn.execute(sql.SQL(
-            "SELECT CAST({key} AS text) FROM {rel} WHERE {bounds} ORDER BY {key} OFFSET {skip} LIMIT 1").format(
+            # Named, so that ORDER BY means the key, not its text form (the output column's name is the key's).
+            "SELECT CAST({key} AS text) AS _pgtrain_upto FROM {rel} WHERE {bounds} ORDER BY {key} "
+            "OFFSET {skip} LIMIT 1").format(
             key=source.key, rel=source.relation, skip=sql.Literal(page_rows - 1),
             bounds=_bounds(source, after, None))).fetchone() or (None,)
         with conn.cursor() as cur, cur.copy(row_query(source, dim, after, upto)) as copy:
