@@ -4,9 +4,9 @@
 exact column names), reads it once in key order as plain binary COPY rows of (key, features as
 ``source.feature_payload`` sends them to the loader), decoded a page at a time with numpy
 (``scoring_read``), runs the model on each page, and COPYs (key, prediction) into the target table, all in one
-transaction: the predictions land together or not at all. In its own snapshot, a second connection reads
-(one COPY, in a thread) while this one runs the model and writes (one COPY): reading, forward and writing
-overlap, and memory holds a few pages whatever the table's size. Rows the loader would call bad (NULL key,
+transaction: the predictions land together or not at all. In its own snapshot, two more connections read
+(alternate pages, in threads) while this one runs the model and writes (one COPY): reading, forward and
+writing overlap, and memory holds a few pages whatever the table's size. Rows the loader would call bad (NULL key,
 NULL, non-finite or out-of-range features, wrong length) stop it with a report, or are skipped when asked.
 """
 
@@ -120,16 +120,18 @@ def predict(conn: psycopg.Connection, name: str, version: int | str | None, sour
 
         rows = 0
         try:
-            # Its own snapshot can be shared: a second connection reads while this one writes, in one COPY.
+            # Its own snapshot can be shared: other connections read while this one writes, in one COPY.
             alongside = Alongside(conn, scored, input_dim, batch_rows) if own_snapshot else None
+            shared = False
             try:
-                if alongside is not None:
+                if alongside is not None and alongside.reading():
+                    shared = True
                     with prediction_copy(conn, target, scored, probabilities) as write, _torch_beside_a_reader():
                         score(alongside.pages(), write)
             finally:
                 if alongside is not None:
                     alongside.close()
-            if alongside is None or alongside.gave_back:
+            if not shared:
                 for page in scoring_read.pages(conn, scored, input_dim, batch_rows):
                     with prediction_copy(conn, target, scored, probabilities) as write:
                         score(iter((page,)), write)
@@ -218,7 +220,7 @@ def _build(name: str, version: int, spec: dict[str, Any], arrays: dict[str, np.n
 
 @contextmanager
 def _torch_beside_a_reader() -> Iterator[None]:
-    """One core fewer for torch's own threads while the reading thread and its backend run: with every core,
+    """One core fewer for torch's own threads while the reading threads and their backends run: with every core,
     its OpenMP threads wait on each other whenever one of them is descheduled (a page's forward took 3x as long
     on 2 cores)."""
     import torch

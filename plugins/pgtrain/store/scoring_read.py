@@ -9,8 +9,9 @@ them: a NULL payload, a wrong shape, a NULL element or a non-finite float32 valu
 range is one once stored) makes a row bad; only scalar columns are checked in SQL first (``feature_checks``
 without the per-value kinds), so that no payload is built from a NULL the model cannot score.
 
-``stream`` reads the whole table in one COPY (a second connection, in a thread, while the first writes);
-``pages`` reads a page per COPY on the transaction's own connection, when it cannot be shared.
+``Alongside`` reads the pages on two more connections, in threads, while the first writes; ``pages`` reads
+them on the transaction's own connection, when it cannot be shared. Either way a page is one COPY of a range
+of keys.
 """
 
 from __future__ import annotations
@@ -125,21 +126,29 @@ def _bounds(source: Source, after: str | None, upto: str | None) -> sql.Composab
         for op, value in ((">", after), ("<=", upto)) if value is not None])
 
 
-def stream(conn: psycopg.Connection, source: Source, dim: int, page_rows: int) -> Iterator[Page]:
-    """Every row in one COPY, ``page_rows`` at a time (the connection stays in the COPY between pages)."""
+def page_ends(conn: psycopg.Connection, source: Source, page_rows: int) -> list[str]:
+    """The last key (text form) of each full page of ``page_rows`` keys, in key order: one scan of the key's
+    index. Rows / page_rows keys: 50 for 500,000 rows in pages of 10,000."""
+    found = conn.execute(sql.SQL(
+        "SELECT _pgtrain_i, CAST(_pgtrain_k AS text) FROM (SELECT {key} AS _pgtrain_k, row_number() OVER (ORDER BY "
+        "{key}) AS _pgtrain_i FROM {rel} WHERE {key} IS NOT NULL) AS _pgtrain_keys WHERE _pgtrain_i % {n} = 0").format(
+        key=source.key, rel=source.relation, n=sql.Literal(page_rows))).fetchall()
+    return [key for _, key in sorted(found)]
+
+
+def read_pages(conn: psycopg.Connection, source: Source, dim: int, spans: list[tuple[str | None, str | None]]
+               ) -> Iterator[Page]:
+    """One page per span of keys (after, upto] (None: unbounded), a COPY each, in the order given."""
     decoder = PageDecoder(source, dim)
-    with conn.cursor() as cur, cur.copy(row_query(source, dim)) as copy:
-        rows = copy_binary.rows(copy)
-        while batch := list(itertools.islice(rows, page_rows)):
-            page = decoder.page(batch)
-            del batch  # not held while the page waits to be taken
-            yield page
+    for after, upto in spans:
+        with conn.cursor() as cur, cur.copy(row_query(source, dim, after, upto)) as copy:
+            page = decoder.page(list(copy_binary.rows(copy)))
+        yield page
 
 
 def pages(conn: psycopg.Connection, source: Source, dim: int, page_rows: int) -> Iterator[Page]:
     """Every row, a COPY per page of ``page_rows`` keys (the connection is free between pages): keyset pages,
     each bounded by its last key, found first in the key's index (the last page by none)."""
-    decoder = PageDecoder(source, dim)
     after = None
     while True:
         (upto,) = conn.execute(sql.SQL(
@@ -148,8 +157,7 @@ def pages(conn: psycopg.Connection, source: Source, dim: int, page_rows: int) ->
             "OFFSET {skip} LIMIT 1").format(
             key=source.key, rel=source.relation, skip=sql.Literal(page_rows - 1),
             bounds=_bounds(source, after, None))).fetchone() or (None,)
-        with conn.cursor() as cur, cur.copy(row_query(source, dim, after, upto)) as copy:
-            page = decoder.page(list(copy_binary.rows(copy)))
+        page = next(read_pages(conn, source, dim, [(after, upto)]))
         if page.bad or len(page.x):
             yield page
         if upto is None:
@@ -161,56 +169,87 @@ class _Stopped(Exception):
     """The caller stopped taking pages: the reading thread ends."""
 
 
-class Alongside:
-    """``stream`` on a second connection in the snapshot of ``conn``'s open REPEATABLE READ transaction
-    (``Beside``), in a thread that hands its pages over through a queue of ``depth``: reading and decoding the
-    next pages overlap whatever the caller does with this one, and at most depth + 2 pages are held."""
+class _Reader:
+    """``read_pages`` of some spans on a second connection in the snapshot of ``conn``'s transaction (``Beside``),
+    in a thread that hands each page over through a queue of ``depth``."""
 
-    def __init__(self, conn: psycopg.Connection, source: Source, dim: int, page_rows: int, depth: int = 2) -> None:
-        self._source, self._dim, self._page_rows = source, dim, page_rows
-        self._queue: queue.Queue[Page | None] = queue.Queue(depth)
+    def __init__(self, conn: psycopg.Connection, source: Source, dim: int,
+                 spans: list[tuple[str | None, str | None]], depth: int) -> None:
+        self._queue: queue.Queue[Page] = queue.Queue(depth)
         self._stop = threading.Event()
-        self.gave_back = False  # the second connection read nothing: the caller reads on its own (``pages``)
-        self._beside = Beside(conn, self._read, "pgtrain-predict", "reading the rows to score")
+        self._held: Page | None = None
+        self._beside = Beside(conn, lambda other: self._read(other, source, dim, spans), "pgtrain-predict",
+                              "reading the rows to score")
 
-    def _read(self, conn: psycopg.Connection) -> bool:
+    def _read(self, conn: psycopg.Connection, source: Source, dim: int,
+              spans: list[tuple[str | None, str | None]]) -> bool:
         prefer_index_order(conn)
-        for page in stream(conn, self._source, self._dim, self._page_rows):
-            self._put(page)
-        self._put(None)
+        for page in read_pages(conn, source, dim, spans):
+            while not self._stop.is_set():
+                try:
+                    self._queue.put(page, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            else:
+                raise _Stopped
         return True
 
-    def _put(self, item: Page | None) -> None:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return
-            except queue.Full:
-                continue
-        raise _Stopped
+    def reading(self) -> bool:
+        """Wait for the first page: False when the second connection could not read (it gave its work back)."""
+        if self._held is None:
+            self._held = self._take()
+        return self._held is not None
 
-    def pages(self) -> Iterator[Page]:
-        """The pages in key order; none, with ``gave_back`` set, when the second connection could not read."""
-        delivered = 0
+    def next(self) -> Page:
+        page, self._held = self._held or self._take(), None
+        if page is None:
+            raise PgtrainError("a connection reading the rows to score stopped midway; run predict again")
+        return page
+
+    def _take(self) -> Page | None:
         while True:
             try:
-                page = self._queue.get(timeout=0.1)
+                return self._queue.get(timeout=0.1)
             except queue.Empty:
-                if self._beside.running() or not self._queue.empty():
-                    continue
-                if self._beside.result() is None:  # raises the reading thread's error
-                    if delivered:
-                        raise PgtrainError("the connection reading the rows to score stopped midway; "
-                                           "run predict again") from None
-                    self.gave_back = True
-                return
-            if page is None:
-                self._beside.result()
-                return
-            delivered += 1
-            yield page
+                if not self._beside.running() and self._queue.empty():
+                    self._beside.result()  # raises the reading thread's error
+                    return None
 
     def close(self) -> None:
-        """Stop reading (the caller is done or failed) and wait for the thread."""
         self._stop.set()
         self._beside.cancel()
+
+
+class Alongside:
+    """The pages, read by ``readers`` second connections in the snapshot of ``conn``'s open REPEATABLE READ
+    transaction, in threads, each taking every readers-th page (``page_ends`` cut them first): reading and
+    decoding run on other backends and threads while the caller runs the model and writes on ``conn``. Each
+    reader holds at most depth + 1 pages, whatever the table's size."""
+
+    def __init__(self, conn: psycopg.Connection, source: Source, dim: int, page_rows: int, readers: int = 2,
+                 depth: int = 2) -> None:
+        ends = page_ends(conn, source, page_rows)
+        self._spans = list(zip([None, *ends], [*ends, None], strict=True))
+        self._readers: list[_Reader] = []
+        try:
+            for r in range(min(readers, len(self._spans))):
+                self._readers.append(_Reader(conn, source, dim, self._spans[r::readers], depth))
+        except BaseException:
+            self.close()
+            raise
+
+    def reading(self) -> bool:
+        """Whether every reader has its first page: False when one could not read (the caller then closes this
+        and reads on its own: ``pages``)."""
+        return all(reader.reading() for reader in self._readers)
+
+    def pages(self) -> Iterator[Page]:
+        """Every page, in key order (call ``reading`` first)."""
+        for i in range(len(self._spans)):
+            yield self._readers[i % len(self._readers)].next()
+
+    def close(self) -> None:
+        """Stop reading (the caller is done or failed) and wait for the threads."""
+        for reader in self._readers:
+            reader.close()
