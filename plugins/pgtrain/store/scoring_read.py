@@ -1,17 +1,18 @@
-"""How ``predict`` reads the table it scores: every row with a key, in key order, as plain binary COPY rows of
-(key, features as ``source.feature_payload`` sends them to the loader), decoded a page at a time with numpy.
+"""How ``predict`` reads the table it scores: every row with a key, in key order, a page of keys at a time, each
+page one binary COPY message holding its rows as ``record_send(ROW(key, features))`` (the features as
+``source.feature_payload`` sends them to the loader), decoded with numpy.
 
-A page whose rows all have one width (a fixed-width key such as integer, bigint or uuid, and well-formed
+A page whose records all have one width (a fixed-width key such as integer, bigint or uuid, and well-formed
 features) is one numpy view: its keys stay binary COPY fields, ready to be written back, and its features go
-through the loader's layout (``wire.fill_features``). A page with a wider or narrower row (a text key, a NULL
-or wrong-length feature array) is walked row by row. Rows are judged on the client, as the loader judges
-them: a NULL payload, a wrong shape, a NULL element or a non-finite float32 value (a value beyond float32's
-range is one once stored) makes a row bad; only scalar columns are checked in SQL first (``feature_checks``
-without the per-value kinds), so that no payload is built from a NULL the model cannot score.
+through the loader's layout (``wire.fill_features``). A page with a wider or narrower record (a text key, a
+NULL or wrong-length feature array) is walked record by record. Rows are judged on the client, as the loader
+judges them: a NULL payload, a wrong shape, a NULL element or a non-finite float32 value (a value beyond
+float32's range is one once stored) makes a row bad; only scalar columns are checked in SQL first
+(``feature_checks`` without the per-value kinds), so that no payload is built from a NULL the model cannot
+score.
 
 ``Alongside`` reads the pages on two more connections, in threads, while the first writes; ``pages`` reads
-them on the transaction's own connection, when it cannot be shared. Either way a page is one COPY of a range
-of keys.
+them on the transaction's own connection, when it cannot be shared.
 """
 
 from __future__ import annotations
@@ -57,33 +58,37 @@ class PageDecoder:
             (name.removesuffix("x"), dim if isinstance(positions, slice) else len(positions))
             for name, positions, _ in self.groups]
 
-    def page(self, rows: list[memoryview]) -> Page:
-        if not rows:
+    def page(self, data: memoryview | None) -> Page:
+        """The page ``page_query`` sent: its rows as ``record_send(ROW(key, payload))`` back to back (None: none)."""
+        if data is None:
             return Page([], np.empty((0, self.dim), np.float32), 0)
-        width = copy_binary.I32.unpack_from(rows[0], 2)[0]
-        data = b"".join(rows)
-        size = self.layout.itemsize
-        row_type = np.dtype({"names": ["n", "klen", "plen", "p"], "formats": [">i2", ">i4", ">i4", self.layout],
-                             "offsets": [0, 2, 6 + width, 10 + width], "itemsize": 10 + width + size})
-        if width >= 0 and len(data) == len(rows) * row_type.itemsize:
+        # A record: column count, then per column its type oid, length and value.
+        width, size = copy_binary.I32.unpack_from(data, 8)[0], self.layout.itemsize
+        row_type = np.dtype({"names": ["n", "klen", "plen", "p"], "formats": [">i4", ">i4", ">i4", self.layout],
+                             "offsets": [0, 8, 16 + width, 20 + width], "itemsize": 20 + width + size})
+        if len(data) % row_type.itemsize == 0:
             records = np.frombuffer(data, row_type)
+            # Every record of this width where the one before it ended: the view is the rows, none misread.
             if ((records["n"] == 2) & (records["klen"] == width) & (records["plen"] == size)).all():
-                keys = np.frombuffer(data, np.dtype({"names": ["k"], "formats": [f"V{4 + width}"], "offsets": [2],
+                keys = np.frombuffer(data, np.dtype({"names": ["k"], "formats": [f"V{4 + width}"], "offsets": [8],
                                                      "itemsize": row_type.itemsize}))["k"]
-                # Keys copied out: a page in flight holds its features and keys, not the messages they came in.
+                # Keys copied out: a page in flight holds its features and keys, not the message they came in.
                 return self._judge(keys.copy(), records["p"], len(records))
-        return self._walk(rows)
+        return self._walk(data)
 
-    def _walk(self, rows: list[memoryview]) -> Page:
-        """A page of uneven rows, row by row: rows whose payload has the layout's width are candidates."""
-        keys, payloads = [], []
-        for row in rows:
-            key, payload = copy_binary.fields(row)
-            if payload is not None and len(payload) == self.layout.itemsize:
-                keys.append(copy_binary.I32.pack(len(key)) + bytes(key))
-                payloads.append(payload)
+    def _walk(self, data: memoryview) -> Page:
+        """A page of uneven records, one at a time: rows whose payload has the layout's width are candidates."""
+        keys, payloads, total, pos, size = [], [], 0, 0, self.layout.itemsize
+        while pos < len(data):
+            width = copy_binary.I32.unpack_from(data, pos + 8)[0]  # a key is never NULL
+            key, pos = data[pos + 8:pos + 12 + width], pos + 12 + width
+            length, pos = copy_binary.I32.unpack_from(data, pos + 4)[0], pos + 8
+            if length == size:
+                keys.append(bytes(key))
+                payloads.append(data[pos:pos + length])
+            pos, total = pos + max(length, 0), total + 1
         records = np.frombuffer(b"".join(payloads), self.layout, len(payloads))
-        return self._judge(keys, records, len(rows))
+        return self._judge(keys, records, total)
 
     def _judge(self, keys: np.ndarray | list[bytes], records: np.ndarray, total: int) -> Page:
         """The page's good rows of the candidate ``records``: flat arrays of the right length without NULLs
@@ -107,16 +112,18 @@ def _select(keys: np.ndarray | list[bytes], mask: np.ndarray) -> np.ndarray | li
     return keys[mask] if isinstance(keys, np.ndarray) else list(itertools.compress(keys, mask.tolist()))
 
 
-def row_query(source: Source, dim: int, after: str | None = None, upto: str | None = None) -> sql.Composed:
-    """COPY of (key, payload) of the rows with a key, in key order (an index scan: ``prefer_index_order``); with
-    ``after`` / ``upto``, of the keys in (after, upto] only (the keys' text form)."""
+def page_query(source: Source, dim: int, after: str | None = None, upto: str | None = None) -> sql.Composed:
+    """COPY of one row, one field: the rows with a key in (after, upto] (the keys' text form; None: unbounded) as
+    ``record_send(ROW(key, payload))`` back to back, in key order (one aggregate over a range scan of the key's
+    index: no sort), so that the client handles a message per page, not per row."""
     payload = feature_payload(source)
     if source.feature_format == COLUMNS:
         checks = [c for kind, c in feature_checks(source, dim, values=False).items() if kind != "null_key"]
         if checks:
             payload = sql.SQL("CASE WHEN {} THEN NULL ELSE {} END").format(sql.SQL(" OR ").join(checks), payload)
-    return sql.SQL("COPY (SELECT {key}, {payload} FROM {rel} WHERE {bounds} ORDER BY {key}) TO STDOUT (FORMAT BINARY)"
-                   ).format(key=source.key, payload=payload, rel=source.relation, bounds=_bounds(source, after, upto))
+    return sql.SQL("COPY (SELECT string_agg(record_send(ROW({key}, {payload})), ''::bytea ORDER BY {key}) FROM {rel} "
+                   "WHERE {bounds}) TO STDOUT (FORMAT BINARY)").format(
+        key=source.key, payload=payload, rel=source.relation, bounds=_bounds(source, after, upto))
 
 
 def _bounds(source: Source, after: str | None, upto: str | None) -> sql.Composable:
@@ -141,9 +148,10 @@ def read_pages(conn: psycopg.Connection, source: Source, dim: int, spans: list[t
     """One page per span of keys (after, upto] (None: unbounded), a COPY each, in the order given."""
     decoder = PageDecoder(source, dim)
     for after, upto in spans:
-        with conn.cursor() as cur, cur.copy(row_query(source, dim, after, upto)) as copy:
-            page = decoder.page(list(copy_binary.rows(copy)))
-        yield page
+        with conn.cursor() as cur, cur.copy(page_query(source, dim, after, upto)) as copy:
+            (row,) = copy_binary.rows(copy)
+        (data,) = copy_binary.fields(row)
+        yield decoder.page(data)
 
 
 def pages(conn: psycopg.Connection, source: Source, dim: int, page_rows: int) -> Iterator[Page]:
