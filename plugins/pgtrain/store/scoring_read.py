@@ -150,8 +150,9 @@ def read_pages(conn: psycopg.Connection, source: Source, dim: int, spans: list[t
     for after, upto in spans:
         with conn.cursor() as cur, cur.copy(page_query(source, dim, after, upto)) as copy:
             (row,) = copy_binary.rows(copy)
-        (data,) = copy_binary.fields(row)
-        yield decoder.page(data)
+        page = decoder.page(copy_binary.fields(row)[0])
+        del row  # the message is not held while the page waits to be taken
+        yield page
 
 
 def pages(conn: psycopg.Connection, source: Source, dim: int, page_rows: int) -> Iterator[Page]:
@@ -236,7 +237,7 @@ class Alongside:
     reader holds at most depth + 1 pages, whatever the table's size."""
 
     def __init__(self, conn: psycopg.Connection, source: Source, dim: int, page_rows: int, readers: int = 2,
-                 depth: int = 2) -> None:
+                 depth: int = 1) -> None:
         ends = page_ends(conn, source, page_rows)
         self._spans = list(zip([None, *ends], [*ends, None], strict=True))
         self._readers: list[_Reader] = []
