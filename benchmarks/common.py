@@ -9,7 +9,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -84,3 +84,29 @@ def write_synthetic(conn: psycopg.Connection, table: str, rows: int, dim: int, c
         examples.insert_samples(conn, features, labels, ("public", table),
                                 keys=np.arange(start + 1, start + count + 1, dtype=np.int64))
     conn.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier("public", table)))
+
+
+def size_and_rounds(default_rows: int = 500_000, default_dim: int = 100) -> tuple[int, int, int]:
+    """(rows, dim, rounds): ROWS [DIM] from the command line, else $PGTRAIN_BENCH_ROWS / $PGTRAIN_BENCH_DIM;
+    $PGTRAIN_BENCH_ROUNDS (default 3)."""
+    args = [int(a) for a in sys.argv[1:3]] + [None, None]
+    env = os.environ.get
+    rows = args[0] or int(env("PGTRAIN_BENCH_ROWS", default_rows))
+    return rows, args[1] or int(env("PGTRAIN_BENCH_DIM", default_dim)), int(env("PGTRAIN_BENCH_ROUNDS", 3))
+
+
+def interleaved(contenders: Sequence[str], rounds: int) -> Iterator[tuple[int, str]]:
+    """(round from 1, contender): every contender once a round, their order rotated every round."""
+    for round_ in range(rounds):
+        shift = round_ % len(contenders)
+        for name in [*contenders[shift:], *contenders[:shift]]:
+            yield round_ + 1, name
+
+
+def entry(main: Callable[[], None], measure: Callable[[str, str, dict], dict]) -> None:
+    """A benchmark script's start: ``--measure CONTENDER URL SPEC`` (a fresh process that measures once) prints
+    ``measure``'s figures as one JSON line; anything else runs ``main``."""
+    if sys.argv[1:2] == ["--measure"]:
+        print(json.dumps(measure(sys.argv[2], sys.argv[3], json.loads(sys.argv[4]))))
+    else:
+        main()

@@ -222,3 +222,108 @@ def test_predict_from_packed_float32_bytea_checks_each_row(aconn):
     with torch.no_grad():
         want = model(torch.from_numpy(x.astype(np.float32)))[:, 0].numpy()
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+
+
+KEYS = {"bigint": lambda i: i * 7 - 40, "text": lambda i: f"k{i * 7 % 23:02d}-{i}",
+        "uuid": lambda i: f"{(i * 2654435761) % (1 << 128):032x}"}
+
+
+@pytest.mark.parametrize("key_type", sorted(KEYS))
+def test_predict_writes_every_key_in_key_order_on_one_connection_or_two(aconn, key_type):
+    """Autocommit: a second connection reads while the first writes (one COPY each); in the caller's transaction
+    one connection reads a page, then writes it. Either way the predictions are the module's, in key order."""
+    model = commit_random_model(aconn, "reg", 3, 1, hidden_sizes=(4,), task="regression")
+    x = np.random.default_rng(5).standard_normal((23, 3)).astype(np.float32)
+    aconn.execute(f"CREATE TABLE public.items (id {key_type} PRIMARY KEY, features real[])")
+    with aconn.cursor() as cur:
+        cur.executemany("INSERT INTO public.items VALUES (%s, %s)",
+                        [(KEYS[key_type](i), row.tolist()) for i, row in enumerate(x)])
+    with torch.no_grad():
+        want = dict(zip([KEYS[key_type](i) for i in range(23)], model(torch.from_numpy(x))[:, 0].tolist(),
+                        strict=True))
+
+    assert predict(aconn, "reg", None, "items", "id", "two", batch_rows=5).rows == 23
+    with aconn.transaction():
+        assert predict(aconn, "reg", None, "items", "id", "one", batch_rows=5).rows == 23
+
+    ordered = [k for (k,) in aconn.execute("SELECT id::text AS k FROM items ORDER BY id")]
+    for into in ("two", "one"):
+        written = aconn.execute(psycopg.sql.SQL("SELECT id::text AS k, prediction FROM {} ORDER BY ctid").format(
+            psycopg.sql.Identifier(into))).fetchall()  # in the order written
+        assert [k for k, _ in written] == ordered, into
+        np.testing.assert_allclose([p for _, p in written], [want[_key(k, key_type)] for k in ordered], atol=1e-5)
+
+
+def _key(text: str, key_type: str) -> object:
+    return int(text) if key_type == "bigint" else text.replace("-", "") if key_type == "uuid" else text
+
+
+@pytest.mark.parametrize("in_transaction", [False, True], ids=["two_connections", "one_connection"])
+def test_predict_judges_array_rows_as_the_loader_does(aconn, in_transaction):
+    """NULL, wrong-length, 2-D and NULL-element arrays, NaN, infinity and a double beyond float32's range are bad
+    rows, on pages read whole by numpy or row by row: reported (nothing written), or skipped when asked."""
+    model = commit_random_model(aconn, "clf", 3, 2, hidden_sizes=(4,))
+    x = np.random.default_rng(6).standard_normal((40, 3))
+    aconn.execute("CREATE TABLE public.arrays (id integer PRIMARY KEY, features double precision[])")
+    with aconn.cursor() as cur:
+        cur.executemany("INSERT INTO public.arrays VALUES (%s, %s)", [(i, row.tolist()) for i, row in enumerate(x)])
+    bad = {3: None, 4: "{1,2}", 5: "{{1,2,3},{4,5,6}}", 6: "{1,NULL,3}", 17: "{1,NaN,3}", 18: "{1,2,-Infinity}",
+           38: "{1e39,2,3}"}
+    for key, value in bad.items():
+        aconn.execute("UPDATE public.arrays SET features = %s::double precision[] WHERE id = %s", (value, key))
+
+    def scored(**options):
+        if not in_transaction:
+            return predict(aconn, "clf", None, "arrays", "id", "scores", batch_rows=8, **options)
+        with aconn.transaction():
+            done = predict(aconn, "clf", None, "arrays", "id", "scores", batch_rows=8, **options)
+            aconn.execute("SELECT 1")  # the caller's transaction goes on
+            return done
+
+    with pytest.raises(SourceError) as failure:
+        scored()
+    message = str(failure.value)
+    assert "7 rows of public.arrays (of 40) cannot be scored" in message, message
+    for kind, keys in (("null_features", "3"), ("wrong_length", "4, 5"), ("null_elements", "6"),
+                       ("non_finite", "17, 18"), ("out_of_range", "38")):
+        assert f"{kind}: " in message and f"e.g. keys {keys}" in message, message
+    assert aconn.execute("SELECT to_regclass('scores')").fetchone() == (None,), "nothing is written"
+
+    done = scored(skip_bad_rows=True)
+    assert (done.rows, done.skipped) == (33, 7)
+    good = [i for i in range(40) if i not in bad]
+    got = aconn.execute("SELECT id, prediction FROM scores ORDER BY ctid").fetchall()
+    assert [k for k, _ in got] == good
+    assert [p for _, p in got] == model(torch.from_numpy(x[good].astype(np.float32))).argmax(dim=1).tolist()
+
+
+def test_predict_in_the_callers_transaction_sees_its_uncommitted_rows(aconn):
+    model = commit_random_model(aconn, "reg", 2, 1, hidden_sizes=(3,), task="regression")
+    aconn.execute("CREATE TABLE public.pending (id bigint PRIMARY KEY, features real[])")
+    aconn.execute("INSERT INTO public.pending SELECT i, ARRAY[i, -i]::real[] FROM generate_series(1, 12) AS i")
+    with aconn.transaction() as outer:
+        aconn.execute("INSERT INTO public.pending VALUES (13, '{13,-13}')")
+        assert predict(aconn, "reg", None, "pending", "id", "scores", batch_rows=5).rows == 13
+        got = aconn.execute("SELECT prediction FROM scores ORDER BY id").fetchall()
+        raise psycopg.Rollback(outer)
+    x = np.array([[i, -i] for i in range(1, 14)], np.float32)
+    with torch.no_grad():
+        np.testing.assert_allclose([p for (p,) in got], model(torch.from_numpy(x))[:, 0].numpy(), atol=1e-4)
+    assert aconn.execute("SELECT to_regclass('scores')").fetchone() == (None,), "rolled back with the caller"
+
+
+def test_predicts_pages_on_one_connection_hold_at_most_batch_rows_rows(aconn):
+    """Keyset pages end at the key (not its text form) batch_rows rows on: 1..23 in text order would end the
+    first page at 13."""
+    from pgtrain.data.source.resolve import resolve_source
+    from pgtrain.store import scoring_read
+
+    aconn.execute("CREATE TABLE public.numbered (id bigint PRIMARY KEY, features real[])")
+    aconn.execute("INSERT INTO public.numbered SELECT i, ARRAY[i, 1]::real[] FROM generate_series(1, 23) AS i")
+    source = resolve_source(aconn, "numbered", "id", None, None, feature_columns=("features",))
+
+    with aconn.transaction():
+        pages = list(scoring_read.pages(aconn, source, 2, 5))
+
+    assert [len(p.x) for p in pages] == [5, 5, 5, 5, 3]
+    assert np.concatenate([p.x[:, 0] for p in pages]).tolist() == list(range(1, 24))

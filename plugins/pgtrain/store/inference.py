@@ -1,16 +1,18 @@
 """Use a committed version: ``load_model`` rebuilds it from its spec alone; ``predict`` scores a table with it.
 
 ``predict`` resolves the table like a training source (``source.resolve_source``: a unique index on the key,
-exact column names), reads it once in key order, a page at a time (keyset pages on that unique key: one
-binary COPY row per page, the features packed as ``source.feature_payload`` sends them to the loader and
-viewed with the loader's numpy layout), runs the model, and COPYs (key, prediction) into the target table,
-all in one transaction: the predictions land together or not at all. Rows the loader would call bad (NULL
-key, NULL, non-finite or out-of-range features, wrong length) stop it with a report, or are skipped when asked.
+exact column names), reads it once in key order as plain binary COPY rows of (key, features as
+``source.feature_payload`` sends them to the loader), decoded a page at a time with numpy
+(``scoring_read``), runs the model on each page, and COPYs (key, prediction) into the target table, all in one
+transaction: the predictions land together or not at all. In its own snapshot, two more connections read
+(alternate pages, in threads) while this one runs the model and writes (one COPY): reading, forward and
+writing overlap, and memory holds a few pages whatever the table's size. Rows the loader would call bad (NULL key,
+NULL, non-finite or out-of-range features, wrong length) stop it with a report, or are skipped when asked.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -22,7 +24,7 @@ from psycopg.pq import TransactionStatus
 
 from pgtrain.core import db
 from pgtrain.core.errors import PgtrainError, SourceError
-from pgtrain.data import copy_binary, encoding
+from pgtrain.data import encoding
 from pgtrain.data.source.resolve import (
     CATEGORY,
     COLUMNS,
@@ -30,18 +32,24 @@ from pgtrain.data.source.resolve import (
     Source,
     resolve_source,
 )
-from pgtrain.data.source.rows import BAD_ROW_KINDS, COLUMN_KINDS, feature_checks, feature_payload
+from pgtrain.data.source.rows import BAD_ROW_KINDS, COLUMN_KINDS, feature_checks
 from pgtrain.data.source.snapshot import prefer_index_order, snapshot_transaction
-from pgtrain.data.wire import feature_groups_of, fill_features, source_feature_fields
-from pgtrain.store import model_store
-from pgtrain.store.prediction_table import class_fields, label_type, probabilities_of, target_table, write_page
+from pgtrain.store import model_store, scoring_read
+from pgtrain.store.prediction_table import (
+    class_fields,
+    label_type,
+    page_rows,
+    prediction_copy,
+    probabilities_of,
+    target_table,
+)
+from pgtrain.store.scoring_read import Alongside, Page
 
 if TYPE_CHECKING:
     import torch
 
 DEFAULT_BATCH_ROWS = 10_000
 EXAMPLE_KEYS = 10  # as many as pgtrain.example_keys keeps
-_I64 = np.dtype(">i8")
 
 
 @dataclass(frozen=True)
@@ -80,7 +88,7 @@ def predict(conn: psycopg.Connection, name: str, version: int | str | None, sour
     """
     if batch_rows < 1:
         raise PgtrainError(f"batch_rows must be at least 1, got {batch_rows}")
-    with _scoring_transaction(conn):
+    with _scoring_transaction(conn) as own_snapshot:
         number, spec, _ = model_store.version_layout(conn, name, _version_number(version))
         _, arrays = model_store.load_tensors(conn, name, number)
         model = _build(name, number, spec, arrays)
@@ -99,15 +107,41 @@ def predict(conn: psycopg.Connection, name: str, version: int | str | None, sour
         skipped = _null_keys(conn, scored)
         if skipped and not skip_bad_rows:
             raise SourceError(_bad_rows_message(conn, scored, input_dim))
+
+        def score(pages: Iterator[Page], write: Callable[[bytes], None]) -> None:
+            nonlocal rows, skipped
+            for page in pages:
+                if page.bad and not skip_bad_rows:
+                    raise _BadRows
+                skipped += page.bad
+                if len(page.x):
+                    write(page_rows(page.keys, _forward(model, page.x), classify, output_dim, fields, probabilities))
+                    rows += len(page.x)
+
         rows = 0
-        for keys, x, bad in _pages(conn, scored, input_dim, batch_rows):
-            if bad and not skip_bad_rows:
-                raise SourceError(_bad_rows_message(conn, scored, input_dim))
-            skipped += bad
-            if keys:
-                rows += write_page(conn, target, scored, keys, _forward(model, x), classify, output_dim, fields,
-                                    probabilities)
+        try:
+            # Its own snapshot can be shared: other connections read while this one writes, in one COPY.
+            alongside = Alongside(conn, scored, input_dim, batch_rows) if own_snapshot else None
+            shared = False
+            try:
+                if alongside is not None and alongside.reading():
+                    shared = True
+                    with prediction_copy(conn, target, scored, probabilities) as write, _torch_beside_a_reader():
+                        score(alongside.pages(), write)
+            finally:
+                if alongside is not None:
+                    alongside.close()
+            if not shared:
+                for page in scoring_read.pages(conn, scored, input_dim, batch_rows):
+                    with prediction_copy(conn, target, scored, probabilities) as write:
+                        score(iter((page,)), write)
+        except _BadRows:
+            raise SourceError(_bad_rows_message(conn, scored, input_dim)) from None
     return Prediction(name, number, into, rows, skipped)
+
+
+class _BadRows(Exception):
+    """A page holds a row the model cannot score (and bad rows are not skipped): the report follows."""
 
 
 class Predictor:
@@ -184,6 +218,21 @@ def _build(name: str, version: int, spec: dict[str, Any], arrays: dict[str, np.n
     return model.eval()
 
 
+@contextmanager
+def _torch_beside_a_reader() -> Iterator[None]:
+    """One core fewer for torch's own threads while the reading threads and their backends run: with every core,
+    its OpenMP threads wait on each other whenever one of them is descheduled (a page's forward took 3x as long
+    on 2 cores)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, threads - 1))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _forward(model: torch.nn.Module, x: np.ndarray) -> np.ndarray:
     import torch
 
@@ -210,16 +259,17 @@ def _connection(conn_or_url: psycopg.Connection | str) -> Iterator[psycopg.Conne
 
 
 @contextmanager
-def _scoring_transaction(conn: psycopg.Connection) -> Iterator[None]:
-    """One transaction; its own REPEATABLE READ snapshot (every page sees the same rows) when the connection
-    is idle in autocommit, else a savepoint in the caller's transaction."""
+def _scoring_transaction(conn: psycopg.Connection) -> Iterator[bool]:
+    """One transaction; its own REPEATABLE READ snapshot (every page sees the same rows; yields True) when the
+    connection is idle in autocommit, else a savepoint in the caller's transaction (yields False: the rows it
+    may have changed are seen on this connection only)."""
     if conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
         with snapshot_transaction(conn):
             prefer_index_order(conn)
-            yield
+            yield True
     else:
         with conn.transaction():
-            yield
+            yield False
 
 
 # -- the source -------------------------------------------------------------------------------------------
@@ -272,50 +322,6 @@ def _null_keys(conn: psycopg.Connection, source: Source) -> int:
     """Rows whose key is NULL: keyset pages never reach them, so they are counted (an index scan) up front."""
     return conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE {} IS NULL").format(
         source.relation, source.key)).fetchone()[0]
-
-
-def _pages(conn: psycopg.Connection, source: Source, dim: int, batch_rows: int
-           ) -> Iterator[tuple[list[memoryview], np.ndarray, int]]:
-    """(keys of the good rows as binary COPY fields, their features float32 (rows, dim), bad rows) a page at a
-    time, in key order: keyset pages on the unique key, one binary COPY row each."""
-    checks = feature_checks(source, dim)
-    bad = sql.SQL(" OR ").join(c for kind, c in checks.items() if kind != "null_key")
-    names = [source.key_column] + [c for c in (source.column_names or (source.features_column,))
-                                   if c != source.key_column]
-    layout = np.dtype(source_feature_fields(source, dim))
-    groups = feature_groups_of(source, dim)
-    after: sql.Composable = sql.SQL("{} IS NOT NULL").format(source.key)
-    while True:
-        # The page's rows are selected (and checked, once each) in the inner query; the payload of a bad row
-        # is never computed (FILTER), so a value the checks reject cannot make a cast fail.
-        query = sql.SQL(
-            """COPY (SELECT count(*), count(*) FILTER (WHERE _pgtrain_bad),
-                            (array_agg({key}::text ORDER BY {key}))[count(*)],
-                            array_agg({key} ORDER BY {key}) FILTER (WHERE NOT _pgtrain_bad),
-                            string_agg({payload}, ''::bytea ORDER BY {key}) FILTER (WHERE NOT _pgtrain_bad)
-                     FROM (SELECT {columns}, coalesce({bad}, false) AS _pgtrain_bad FROM {rel} WHERE {after}
-                           ORDER BY {key} LIMIT {n}) AS _pgtrain_page)
-               TO STDOUT (FORMAT BINARY)""").format(
-            key=source.key, payload=feature_payload(source), columns=sql.SQL(", ").join(map(sql.Identifier, names)),
-            bad=bad, rel=source.relation, after=after, n=sql.Literal(batch_rows))
-        with conn.cursor() as cur, cur.copy(query) as copy:
-            (row,) = [bytes(r) for r in copy_binary.rows(copy)]
-        count, skipped, last, keys, payload = copy_binary.fields(memoryview(row))
-        total, skipped = int(np.frombuffer(count, _I64)[0]), int(np.frombuffer(skipped, _I64)[0])
-        if total == 0:
-            return
-        good = total - skipped
-        if good:
-            if len(payload) != good * layout.itemsize:
-                raise SourceError(f"{source.qualified_name}: {good} rows sent {len(payload)} bytes of features, "
-                                  f"not {good} x {layout.itemsize}; every row needs {dim} features")
-            x = np.empty((good, dim), np.float32)
-            fill_features(np.frombuffer(payload, layout, good), x, groups)
-            yield copy_binary.array_elements(keys, good), x, skipped
-        else:
-            yield [], np.empty((0, dim), np.float32), skipped
-        after = sql.SQL("{} > CAST({} AS {})").format(source.key, sql.Literal(bytes(last).decode()),
-                                                      sql.SQL(source.key_type))
 
 
 def _bad_rows_message(conn: psycopg.Connection, source: Source, dim: int) -> str:

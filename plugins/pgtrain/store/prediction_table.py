@@ -1,12 +1,13 @@
 """Where ``predict`` writes: the target table (created when missing, never in pgtrain's own schema, refused when its
-columns do not fit) and one page of (key, prediction[, probabilities]) as a binary COPY, classes in the label's
-own SQL type.
+columns do not fit) and its rows of (key, prediction[, probabilities]) in binary COPY form, built a page at a time
+with numpy, classes in the label's own SQL type.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 import psycopg
@@ -97,14 +98,33 @@ def _float8_arrays(values: np.ndarray) -> np.ndarray:
     return fields
 
 
-def write_page(conn: psycopg.Connection, target: sql.Identifier, source: Source, keys: list[memoryview],
-                out: np.ndarray, classify: bool, output_dim: int, class_fields: list[bytes] | None = None,
-                probabilities: bool = False) -> int:
-    # Each prediction as a binary COPY field (length word, then the value), built for the whole page at once.
+def page_rows(keys: np.ndarray | list[bytes], out: np.ndarray, classify: bool, output_dim: int,
+              class_fields: list[bytes] | None = None, probabilities: bool = False) -> bytes:
+    """A page's rows as binary COPY rows of (key, prediction[, probabilities]); ``keys``: binary COPY fields (a
+    numpy ``V`` array when they share one width). Built by numpy as one record array when every column's fields
+    share one width (fixed-width keys, any prediction but a label of uneven widths), else row by row."""
+    columns = [keys, _prediction_fields(out, classify, output_dim, class_fields)]
+    if probabilities:
+        columns.append(_float8_arrays(probabilities_of(out).astype(np.float64)))
+    if all(isinstance(c, np.ndarray) for c in columns):
+        rows = np.empty(len(out), [("n", ">i2"), *((f"f{i}", c.dtype) for i, c in enumerate(columns))])
+        rows["n"] = len(columns)
+        for i, column in enumerate(columns):
+            rows[f"f{i}"] = column
+        return rows.tobytes()
+    count = copy_binary.I16.pack(len(columns))
+    return b"".join(count + b"".join(fields) for fields in zip(*map(_each, columns), strict=True))
+
+
+def _prediction_fields(out: np.ndarray, classify: bool, output_dim: int, class_fields: list[bytes] | None
+                       ) -> np.ndarray | list[bytes]:
+    """Each row's prediction as a binary COPY field (length word, then the value), for the whole page at once."""
     if class_fields is not None:
         by_class = out.argmax(axis=1)
-        cells = [class_fields[c] for c in by_class.tolist()]
-    elif classify:
+        if len({len(f) for f in class_fields}) == 1:
+            return np.frombuffer(b"".join(class_fields), f"V{len(class_fields[0])}")[by_class]
+        return [class_fields[c] for c in by_class.tolist()]
+    if classify:
         fields = np.empty(len(out), dtype=[("len", ">i4"), ("v", ">i4")])
         fields["len"], fields["v"] = 4, out.argmax(axis=1)
     elif output_dim == 1:
@@ -112,24 +132,29 @@ def write_page(conn: psycopg.Connection, target: sql.Identifier, source: Source,
         fields["len"], fields["v"] = 8, out[:, 0]
     else:  # a 1-D double precision[]: ndim, hasnull, element type, length, lower bound, then the elements
         fields = _float8_arrays(out)
-    if class_fields is None:
-        raw, size = fields.tobytes(), fields.dtype.itemsize
-        cells = [raw[i * size:(i + 1) * size] for i in range(len(keys))]
-    columns = [source.key, sql.Identifier(PREDICTION_COLUMN)]
-    if probabilities:
-        p = _float8_arrays(probabilities_of(out).astype(np.float64))
-        raw, size = p.tobytes(), p.dtype.itemsize
-        cells = [c + raw[i * size:(i + 1) * size] for i, c in enumerate(cells)]
-        columns.append(sql.Identifier(PROBABILITIES_COLUMN))
-    field_count = copy_binary.I16.pack(len(columns))
-    rows = b"".join(field_count + k + c for k, c in zip(keys, cells, strict=True))
+    return fields
+
+
+def _each(column: np.ndarray | list[bytes]) -> list[bytes]:
+    if not isinstance(column, np.ndarray):
+        return column
+    raw, size = column.tobytes(), column.dtype.itemsize
+    return [raw[i:i + size] for i in range(0, len(raw), size)]
+
+
+@contextmanager
+def prediction_copy(conn: psycopg.Connection, target: sql.Identifier, source: Source,
+                    probabilities: bool = False) -> Iterator[Callable[[bytes], None]]:
+    """One binary COPY into ``target`` in a savepoint of ``conn``'s transaction: yields the function that sends
+    rows (``page_rows``); a key already there is a PgtrainError."""
+    columns = [source.key, sql.Identifier(PREDICTION_COLUMN)] + (
+        [sql.Identifier(PROBABILITIES_COLUMN)] if probabilities else [])
     statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(target, sql.SQL(", ").join(columns))
     try:
         with conn.transaction(), conn.cursor() as cur, cur.copy(statement) as copy:
             copy.write(copy_binary.HEADER)
-            copy.write(rows)
+            yield copy.write
             copy.write(copy_binary.TRAILER)
     except psycopg.errors.UniqueViolation:
         raise PgtrainError(f"table {target.as_string(conn)} already holds predictions for some of these keys; "
                            "predict into a new table or delete them first") from None
-    return len(keys)

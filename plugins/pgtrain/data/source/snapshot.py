@@ -135,6 +135,10 @@ class Beside:
             raise self._error
         return self._value
 
+    def running(self) -> bool:
+        """Whether the work is still under way on the second connection (False when it never started there)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def cancel(self) -> None:
         """Stop the work (the caller failed): cancel its query and wait for the thread."""
         if self._thread is None or not self._thread.is_alive():
