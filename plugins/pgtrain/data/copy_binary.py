@@ -57,15 +57,3 @@ def field(value: str | int | bytes) -> bytes:
     data = value.encode() if isinstance(value, str) else I32.pack(value) if isinstance(value, int) else value
     return I32.pack(len(data)) + data
 
-
-def array_elements(data: memoryview, count: int) -> list[memoryview]:
-    """The first ``count`` elements of a 1-D array in binary form, each with its length word: each is a
-    COPY field as is, ready to be written back (NULL elements as length -1)."""
-    ndim = I32.unpack_from(data, 0)[0]
-    pos = 12 + 8 * ndim
-    out = []
-    for _ in range(count):
-        end = pos + 4 + max(I32.unpack_from(data, pos)[0], 0)
-        out.append(data[pos:end])
-        pos = end
-    return out
