@@ -58,7 +58,8 @@ def test_each_metric_gets_a_chart_and_an_axis_of_its_own():
     assert {"train_loss", "val_loss"} == set(re.findall(r'data-series="([^"]+)"', loss))
 
 
-@pytest.mark.parametrize(("lo", "hi"), [(0.71, 0.79), (190.0, 210.0), (-3.0, 4.5), (0.8, 0.8), (1e-5, 3e-5)])
+@pytest.mark.parametrize(("lo", "hi"), [(0.71, 0.79), (190.0, 210.0), (-3.0, 4.5), (0.8, 0.8), (1e-5, 3e-5),
+                                        (0.95, 0.9500000000000001), (1e17, 1e17), (0.95, 0.95 + 1e-14)])
 def test_ticks_are_round_and_cover_the_values(lo, hi):
     ticks = charts.nice_ticks(lo, hi)
     steps = {round(b - a, 12) for a, b in zip(ticks, ticks[1:], strict=False)}
@@ -66,6 +67,16 @@ def test_ticks_are_round_and_cover_the_values(lo, hi):
     step = steps.pop()
     mantissa = step / 10 ** math.floor(math.log10(step))
     assert min(abs(mantissa - m) for m in (1, 2, 2.5, 5, 10)) < 1e-9
+
+
+def test_a_chart_of_values_an_ulp_apart_has_an_axis():
+    """Metrics that differ by float noise between epochs once hung the page (a step below one ulp) or divided by
+    an axis of zero height."""
+    epochs = [{"epoch": 1, "val_accuracy": 0.95}, {"epoch": 2, "val_accuracy": 0.9500000000000001}]
+    svg = charts.line_chart("val_accuracy", [("", epochs)], ["val_accuracy"])
+    assert float(re.search(r'data-y-min="([^"]+)"', svg).group(1)) < 0.95 < float(
+        re.search(r'data-y-max="([^"]+)"', svg).group(1))
+    assert len(re.findall(r'class="point"', svg)) == 2
 
 
 def test_compare_shows_metrics_side_by_side_the_params_that_differ_and_overlaid_curves():

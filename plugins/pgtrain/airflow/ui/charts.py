@@ -65,8 +65,11 @@ def metric_charts(runs: Sequence[Run]) -> str:
 
 def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
     """Round tick values (1, 2 or 5 times a power of ten apart) covering [lo, hi], about ``count`` of them."""
-    if hi <= lo:
-        lo, hi = lo - 0.5, hi + 0.5
+    scale = max(1.0, abs(lo), abs(hi))
+    if hi - lo <= 1e-9 * scale:
+        # Equal, or apart by float noise (an ulp between epochs): a step that small would not move a float (the
+        # loop below would never end) or would round to no step at all (an axis of zero height).
+        lo, hi = lo - 0.5 * scale, hi + 0.5 * scale
     raw = (hi - lo) / max(count - 1, 1)
     power = 10.0 ** math.floor(math.log10(raw))
     step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
