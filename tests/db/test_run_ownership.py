@@ -96,6 +96,15 @@ def test_a_dag_run_reusing_an_old_run_id_gets_a_run_of_its_own(autocommit, db_ur
     assert second == "pgtrain_training/scheduled__1#2"
     assert (get_run(autocommit, second).status, get_run(autocommit, first).status) == ("planned", "committed")
 
+    # A try killed after binding its DAG run to a run but before creating the record: its retry creates that run.
+    killed = StateStore()
+    killed.set(tasks.RUN_BINDING, "pgtrain_training/scheduled__1#3")
+    assert plan_run_task(killed, try_number=2) == "pgtrain_training/scheduled__1#3"
+    # An id freed by hand is taken again, never an existing run handed to a new DAG run.
+    autocommit.execute("DELETE FROM pgtrain.training_runs WHERE run_id = %s", (second,))
+    assert plan_run_task(StateStore()) == second
+    assert get_run(autocommit, first).status == "committed"
+
 
 def test_the_note_of_a_committed_run_never_contradicts_itself(db_url, aconn):
     first = prepare_run(db_url, "first")

@@ -5,6 +5,7 @@ The SQL contract between the Airflow side and the trainer: both call these funct
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -50,21 +51,14 @@ def training_run_id(dag_id: str, dag_run_id: str) -> str:
 
 
 def plan_run(conn: psycopg.Connection, dag_id: str, dag_run_id: str, config: TrainingConfig, *,
-             fresh: bool = False) -> Run:
+             run_id: str | None = None) -> Run:
     """Create the run record for a DAG run, or return the existing one (a re-run reuses it).
 
-    ``fresh``: always a new record, for a DAG run that has none yet (the plan_run task knows from Airflow's task
-    state store): an earlier DAG run that had the same id (a reset metadata database) keeps its own, and this one's
-    run_id is ``<dag_id>/<dag_run_id>#<n>``.
+    ``run_id``: the record's id when not ``<dag_id>/<dag_run_id>``: the one ``unused_run_id`` chose for a DAG run
+    that reuses an earlier DAG run's id (a reset metadata database), bound to it before the record exists.
     """
-    run_id = training_run_id(dag_id, dag_run_id)
+    run_id = run_id or training_run_id(dag_id, dag_run_id)
     with conn.transaction():
-        if fresh:
-            # Concurrent first tries of two DAG runs with one id number their runs one after the other.
-            conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (run_id,))
-            taken = conn.execute("SELECT count(*) FROM pgtrain.training_runs WHERE dag_id = %s AND dag_run_id = %s",
-                                 (dag_id, dag_run_id)).fetchone()[0]
-            run_id = run_id if not taken else f"{run_id}#{taken + 1}"
         conn.execute(
             """INSERT INTO pgtrain.training_runs (run_id, dag_id, dag_run_id, model_name, config, base_version)
                SELECT %(run_id)s, %(dag_id)s, %(dag_run_id)s, %(model)s, %(config)s,
@@ -73,7 +67,22 @@ def plan_run(conn: psycopg.Connection, dag_id: str, dag_run_id: str, config: Tra
             {"run_id": run_id, "dag_id": dag_id, "dag_run_id": dag_run_id,
              "model": config.model_name, "config": Jsonb(config.to_dict())},
         )
-    return get_run(conn, run_id)
+    run = get_run(conn, run_id)
+    if (run.dag_id, run.dag_run_id) != (dag_id, dag_run_id):
+        raise PgtrainError(f"training run {run_id!r} belongs to DAG run {run.dag_id}/{run.dag_run_id}, not to "
+                           f"{dag_id}/{dag_run_id}")
+    return run
+
+
+def unused_run_id(conn: psycopg.Connection, dag_id: str, dag_run_id: str) -> str:
+    """The first of ``<dag_id>/<dag_run_id>``, ``...#2``, ``...#3``, ... that no run record has: the id of a new
+    DAG run's training run, chosen (and bound to the DAG run) before its record is created, so that a try killed
+    in between plans the same run again rather than a second one."""
+    base = training_run_id(dag_id, dag_run_id)
+    taken = {row[0] for row in conn.execute(
+        "SELECT run_id FROM pgtrain.training_runs WHERE dag_id = %s AND dag_run_id = %s", (dag_id, dag_run_id))}
+    return next(candidate for n in itertools.count(1)
+                if (candidate := base if n == 1 else f"{base}#{n}") not in taken)
 
 
 def get_run(conn: psycopg.Connection, run_id: str) -> Run:

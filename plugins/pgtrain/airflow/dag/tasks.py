@@ -165,22 +165,19 @@ def _check_conf(conf: dict[str, Any], fixed: dict[str, Any]) -> None:
 
 def _bound_run(conn: Any, dag_run: Any, config: Any, state_store: Any) -> Any:
     """The training run this DAG run planned in an earlier try (its task state store says which), else a new one,
-    bound to it. Without a state store (a task called outside Airflow) the run of the DAG run's id."""
+    bound to it before its record exists. Without a state store (a task called outside Airflow) the run of the DAG
+    run's id."""
     from airflow.sdk import NEVER_EXPIRE
 
-    from pgtrain.core.errors import PgtrainError
     from pgtrain.runs import record
 
-    bound = state_store.get(RUN_BINDING) if state_store is not None else None
-    if bound:
-        try:
-            return record.get_run(conn, bound)
-        except PgtrainError:
-            log.warning("training run %s, planned by an earlier try, is gone from the database: planning anew", bound)
-    run = record.plan_run(conn, dag_run.dag_id, dag_run.run_id, config, fresh=state_store is not None)
-    if state_store is not None:
-        state_store.set(RUN_BINDING, run.run_id, retention=NEVER_EXPIRE)
-    return run
+    if state_store is None:
+        return record.plan_run(conn, dag_run.dag_id, dag_run.run_id, config)
+    run_id = state_store.get(RUN_BINDING)
+    if not run_id:
+        run_id = record.unused_run_id(conn, dag_run.dag_id, dag_run.run_id)
+        state_store.set(RUN_BINDING, run_id, retention=NEVER_EXPIRE)
+    return record.plan_run(conn, dag_run.dag_id, dag_run.run_id, config, run_id=run_id)
 
 
 def _run_type(dag_run: Any) -> str:
