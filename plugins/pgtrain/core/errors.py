@@ -38,7 +38,3 @@ class StaleLockToken(PgtrainError):
 
 class TrainingBusy(PgtrainError):
     """Another run of the model is training: this one launches nothing beside it (not retried)."""
-
-    def __init__(self, message: str, holder_run: str | None = None) -> None:
-        super().__init__(message)
-        self.holder_run = holder_run  # the training run that holds the model's claim

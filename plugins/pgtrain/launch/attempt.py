@@ -8,8 +8,11 @@ run takes its model's training claim, so that a second run of the model launches
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -17,11 +20,15 @@ import psycopg
 from pgtrain.core.errors import LockTimeout, TrainingBusy
 from pgtrain.runs import record
 from pgtrain.store import tensors
-from pgtrain.store.locks import DEFAULT_TTL, Lease, LockManager, describe_owner
+from pgtrain.store.locks import DEFAULT_TTL, Lease, LockManager, describe_owner, release_lease, renew_lease
 
 # How long a run waits for another run of its model to finish training before it is refused: a run that is just
 # ending (its commit is not under the claim) hands over; one that is training keeps its model for far longer.
 CLAIM_WAIT = 10.0
+# The lease of a claim handed to the trigger of a deferred train task, renewed on each of its polls: long enough for
+# the triggerer to pick the trigger up, or for Airflow to move it to another triggerer when one dies (its health
+# check gives up on a triggerer after 30 s); a dead triggerer with no successor leaves the model claimed this long.
+DEFERRED_TTL = 120.0
 
 
 def clear_output(conn: psycopg.Connection, run_id: str) -> None:
@@ -43,19 +50,40 @@ def claim_name(model_name: str) -> str:
     return f"training:{model_name}"
 
 
+@dataclass
+class TrainingClaim:
+    """A held training claim (``training_claim``'s block)."""
+
+    lease: Lease
+    locks: LockManager
+    handed_over: bool = False
+
+    def hand_over(self, ttl: float, **owner: Any) -> dict[str, Any]:
+        """Keep the claim past the block, for whoever watches the job now (a deferred task's trigger): its lease
+        runs ``ttl`` seconds from now and ends unless renewed (``renew_claim``); ``owner``'s keys change in its
+        owner record (None drops one). Returns what the new holder keeps to renew and release it."""
+        self.handed_over = True  # no longer this block's to release, even if it turns out to have ended
+        self.locks.hand_over(self.lease, owner, ttl)
+        return {"name": self.lease.name, "token": self.lease.token, "ttl": float(ttl)}
+
+
 @contextmanager
 def training_claim(conn: psycopg.Connection | str, run: record.Run, owner: Mapping[str, Any] | None = None,
-                   wait: float = CLAIM_WAIT) -> Iterator[Lease]:
+                   wait: float = CLAIM_WAIT) -> Iterator[TrainingClaim]:
     """Hold the model's training claim while this run's job is launched and watched.
 
     Two runs of one model started outside the scheduler (two ``airflow dags test``, a cleared task beside a
     running one) would otherwise each launch a job. The claim is a leased lock renewed in the background: it
-    ends when the block does, or one lease (``DEFAULT_TTL``) after its holder was killed. Raises TrainingBusy,
-    naming the run that holds it, when it is not free within ``wait`` seconds; nothing has been launched then.
+    ends when the block does (unless handed over), or one lease (``DEFAULT_TTL``) after its holder was killed.
+    Raises TrainingBusy, naming the run that holds it, when it is not free within ``wait`` seconds; nothing has
+    been launched then. A claim of this same run is taken over at once: it is an earlier try's (Airflow starts a new
+    try of a task once the earlier one has ended: killed, failed, or its trigger gone), whose job a Kubernetes retry
+    re-attaches to rather than launching another, and whose writes the new attempt fences off.
     """
     with LockManager(conn, owner={**(owner or {}), "training_run": run.run_id}, heartbeat=True) as locks:
         try:
-            lease = locks.acquire_lock(claim_name(run.model_name), timeout=wait)
+            lease = locks.acquire_lock(claim_name(run.model_name), timeout=wait,
+                                       take_over={"training_run": run.run_id})
         except LockTimeout:
             holder = locks.holder(claim_name(run.model_name)) or {}
             who = holder.get("owner") or {}
@@ -64,8 +92,23 @@ def training_claim(conn: psycopg.Connection | str, run: record.Run, owner: Mappi
                 f"({describe_owner({k: v for k, v in who.items() if k != 'training_run'})}; since "
                 f"{holder.get('acquired_at')}, lease until {holder.get('expires_at')}): run {run.run_id} launches no "
                 f"second job beside it. Run this train task again once that run's train task has ended (a killed "
-                f"one's claim ends {DEFAULT_TTL:g} s after it stopped)", who.get("training_run")) from None
+                f"one's claim ends {DEFAULT_TTL:g} s after it stopped, {DEFERRED_TTL:g} s if its trigger held it)"
+            ) from None
+        claim = TrainingClaim(lease, locks)
         try:
-            yield lease
+            yield claim
         finally:
-            locks.release(lease)
+            if not claim.handed_over:
+                locks.release(lease)
+
+
+def renew_claim(conn: psycopg.Connection, claim: Mapping[str, Any]) -> bool:
+    """Renew a handed-over claim (``{"name", "token", "ttl"}``) for ``ttl`` seconds, recording this process as its
+    holder; False when its row is busy this instant. Raises StaleLockToken when it has ended."""
+    owner = {"host": socket.gethostname(), "pid": os.getpid()}
+    return renew_lease(conn, claim["name"], claim["token"], claim["ttl"], owner) is not None
+
+
+def release_claim(conn: psycopg.Connection, claim: Mapping[str, Any]) -> bool:
+    """Release a handed-over claim; False when it had already ended (its lease ran out, or a retry took it)."""
+    return release_lease(conn, claim["name"], claim["token"])

@@ -52,7 +52,7 @@ WITH taken AS (
            acquired_at = clock_timestamp(),
            heartbeat_at = clock_timestamp(),
            expires_at = clock_timestamp() + %(ttl)s * interval '1 second'
-       WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp()
+       WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp() OR l.owner @> %(take_over)s::jsonb
     RETURNING token, acquired_at, expires_at)
 SELECT true, token, NULL::jsonb, acquired_at, expires_at, NULL::float8 FROM taken
 UNION ALL
@@ -79,9 +79,11 @@ SELECT pg_notify(%(channel)s, name) FROM released
 
 # SKIP LOCKED: while the holder's own fenced transaction holds the row, a renewal must not queue
 # behind it (a queued renewal would still land after the holder died and extend a dead lease).
+# %(owner)s: keys to change in the owner record (a null value drops its key), or NULL.
 _RENEW = """
 UPDATE pgtrain.locks AS l
-   SET heartbeat_at = clock_timestamp(), expires_at = clock_timestamp() + %(ttl)s * interval '1 second'
+   SET heartbeat_at = clock_timestamp(), expires_at = clock_timestamp() + %(ttl)s * interval '1 second',
+       owner = coalesce(jsonb_strip_nulls(l.owner || %(owner)s::jsonb), l.owner)
   FROM (SELECT name FROM pgtrain.locks
          WHERE name = %(name)s AND token = %(token)s AND owner IS NOT NULL
            FOR UPDATE SKIP LOCKED) AS mine
@@ -173,8 +175,13 @@ class LockManager:
         self._ctl.close()
 
     # -- acquire / release ----------------------------------------------------------------------
-    def acquire_lock(self, name: str, timeout: float | None = None, ttl: float | None = None) -> Lease:
-        """Take ``name``, waiting up to ``timeout`` seconds (0: try once); raises LockTimeout naming the holder."""
+    def acquire_lock(self, name: str, timeout: float | None = None, ttl: float | None = None,
+                     take_over: Mapping[str, Any] | None = None) -> Lease:
+        """Take ``name``, waiting up to ``timeout`` seconds (0: try once); raises LockTimeout naming the holder.
+
+        ``take_over``: also take it, at once, from a holder whose owner record holds these fields (its lease ends:
+        its renewals find it lost, its release does nothing).
+        """
         if not name:
             raise PgtrainError("lock name must be a non-empty string")
         if name in self._held:
@@ -196,7 +203,8 @@ class LockManager:
                 # connection later run without it.
                 with self._ctl.transaction():
                     self._ctl.execute("SELECT set_config('lock_timeout', %s, true)", (f"{remaining_ms}ms",))
-                    row = self._ctl.execute(_ACQUIRE, {"name": name, "owner": Jsonb(owner), "ttl": ttl}).fetchone()
+                    row = self._ctl.execute(_ACQUIRE, {"name": name, "owner": Jsonb(owner), "ttl": ttl,
+                                                       "take_over": Jsonb(take_over) if take_over else None}).fetchone()
             except psycopg.errors.LockNotAvailable:
                 busy = self._ctl.execute(_HOLDER, (name,)).fetchone()
                 row = (False, *busy) if busy else None
@@ -238,8 +246,7 @@ class LockManager:
         return self._release(lease)
 
     def _release(self, lease: Lease) -> bool:
-        rows = self._ctl.execute(_RELEASE, {"name": lease.name, "token": lease.token, "channel": CHANNEL}).fetchall()
-        if not rows:
+        if not release_lease(self._ctl, lease.name, lease.token):
             log.warning("lease on lock %r (token %s) had already ended before release: %s", lease.name,
                         lease.token, lease.lost or "it expired and was taken over")
             return False
@@ -267,16 +274,29 @@ class LockManager:
         """
         return self._renew(self._ctl, lease)
 
-    def _renew(self, conn: psycopg.Connection, lease: Lease) -> bool:
-        row = conn.execute(_RENEW, {"name": lease.name, "token": lease.token, "ttl": lease.ttl}).fetchone()
-        if row is not None:
-            lease.expires_at = row[0]
-            return True
-        current = conn.execute(_HOLDER, (lease.name,)).fetchone()
-        if current is not None and current[0] == lease.token and current[1] is not None:
+    def hand_over(self, lease: Lease, owner: Mapping[str, Any], ttl: float) -> None:
+        """Stop holding ``lease`` without releasing it: it now runs ``ttl`` seconds from now, its owner record
+        changed by ``owner`` (a None drops a key), and whoever it was handed to renews it (``renew_lease``) and
+        releases it (``release_lease``); neither this manager's heartbeat nor its close touch it again. Raises
+        StaleLockToken when the lease has already ended."""
+        with self._held_lock:
+            if self._held.get(lease.name) is not lease:
+                raise LockNotHeld(f"lease on {lease.name!r} (token {lease.token}) is not held by this manager")
+            del self._held[lease.name]
+        lease.ttl = float(ttl)
+        while not self._renew(self._ctl, lease, owner):  # busy: the heartbeat renews it at this very moment
+            time.sleep(0.01)
+
+    def _renew(self, conn: psycopg.Connection, lease: Lease, owner: Mapping[str, Any] | None = None) -> bool:
+        try:
+            expires = renew_lease(conn, lease.name, lease.token, lease.ttl, owner)
+        except StaleLockToken as lost:
+            lease.lost = str(lost)
+            raise
+        if expires is None:
             return False
-        lease.lost = self._lost_message(conn, lease)
-        raise StaleLockToken(lease.lost)
+        lease.expires_at = expires
+        return True
 
     def holder(self, name: str) -> dict[str, Any] | None:
         """The current holder of ``name`` (owner, token, since, expires) or None when free."""
@@ -306,12 +326,6 @@ class LockManager:
             f"{since.isoformat()} (token {token}), lease until {expires.isoformat()} unless renewed. "
             "Wait for that holder to finish or raise the timeout; a dead holder's lease ends by itself."
         )
-
-    @staticmethod
-    def _lost_message(conn: psycopg.Connection, lease: Lease) -> str:
-        row = conn.execute(_HOLDER, (lease.name,)).fetchone()
-        now = f"now held by {describe_owner(row[1])} with token {row[0]}" if row and row[1] else "now free"
-        return f"lease on lock {lease.name!r} with token {lease.token} has ended ({now}); take the lock again"
 
     def _start_heartbeat(self) -> None:
         if not self.heartbeat or self._beater is not None:
@@ -349,6 +363,27 @@ class LockManager:
         finally:
             if conn is not None:
                 conn.close()
+
+
+def renew_lease(conn: psycopg.Connection, name: str, token: int, ttl: float,
+                owner: Mapping[str, Any] | None = None) -> datetime | None:
+    """Extend the lease (``name``, ``token``) to ``ttl`` seconds from now, changing ``owner``'s keys in its owner
+    record (a None drops one): its new end, or None when the row is busy in the holder's own fenced transaction.
+    Raises StaleLockToken when the lease has ended (released, or taken over with a newer token)."""
+    row = conn.execute(_RENEW, {"name": name, "token": token, "ttl": ttl,
+                                "owner": Jsonb(dict(owner)) if owner else None}).fetchone()
+    if row is not None:
+        return row[0]
+    current = conn.execute(_HOLDER, (name,)).fetchone()
+    if current is not None and current[0] == token and current[1] is not None:
+        return None
+    now = f"now held by {describe_owner(current[1])} with token {current[0]}" if current and current[1] else "now free"
+    raise StaleLockToken(f"lease on lock {name!r} with token {token} has ended ({now}); take the lock again")
+
+
+def release_lease(conn: psycopg.Connection, name: str, token: int) -> bool:
+    """Free the lock if (``name``, ``token``) is still its lease, waking its waiters; False when it had ended."""
+    return bool(conn.execute(_RELEASE, {"name": name, "token": token, "channel": CHANNEL}).fetchall())
 
 
 @contextmanager

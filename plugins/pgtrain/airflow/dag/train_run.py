@@ -12,7 +12,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from pgtrain.airflow.dag.connection import database_url
 from pgtrain.airflow.dag.outcome import leave_outcome
-from pgtrain.core.errors import LockTimeout, TrainingBusy, TrainingFailed, TrainingInputError
+from pgtrain.core.errors import TrainingBusy, TrainingFailed, TrainingInputError
 
 
 def run_id_of(explicit: str | None, context: Any) -> str:
@@ -75,10 +75,11 @@ def failure_recorded(conn_id: str, run_id: str, ti: Any) -> Iterator[None]:
 
 
 @contextmanager
-def training_claimed(conn_id: str, run: Any, ti: Any) -> Iterator[None]:
-    """Hold the model's training claim (``pgtrain.launch.attempt.training_claim``) around the job. A run refused
-    because another run of the model is training is marked 'refused' with who holds it (the DAG run's note), and
-    the task fails for good: nothing was launched."""
+def training_claimed(conn_id: str, run: Any, ti: Any) -> Iterator[Any]:
+    """Hold the model's training claim (``pgtrain.launch.attempt.training_claim``) around the job; a deferring task
+    hands it to its trigger (``TrainingClaim.hand_over``). A run refused because another run of the model is
+    training is marked 'refused' with who holds it (the DAG run's note), and the task fails for good: nothing was
+    launched."""
     from pgtrain.core.db import connect
     from pgtrain.launch.attempt import training_claim
     from pgtrain.runs import record
@@ -86,12 +87,19 @@ def training_claimed(conn_id: str, run: Any, ti: Any) -> Iterator[None]:
     url = database_url(conn_id)
     owner = {"dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id, "try_number": ti.try_number}
     try:
-        with training_claim(url, run, owner):
-            yield
+        with training_claim(url, run, owner) as claim:
+            yield claim
     except TrainingBusy as busy:
-        if busy.holder_run == run.run_id:  # an earlier try of this task, killed: its lease runs out soon
-            raise LockTimeout(f"{busy}; retrying once the earlier try's claim has ended") from None
         with connect(url) as conn:
             record.record_verdict(conn, run.run_id, "refused", str(busy))
             leave_outcome(ti, conn, run.run_id)
         raise
+
+
+def release_claim(conn_id: str, claim: Any) -> bool:
+    """Release a claim a trigger held (``TrainingClaim.hand_over``'s record): False when it had already ended."""
+    from pgtrain.core.db import connect
+    from pgtrain.launch.attempt import release_claim as release
+
+    with connect(database_url(conn_id)) as conn:
+        return release(conn, claim)

@@ -400,13 +400,17 @@ class MPIJobOperator(MPIJobWatch, KubernetesPodOperator):
             except AirflowNotFoundException:
                 self.log.warning("Connection %s not found; the triggerer resolves it itself.",
                                  self.kubernetes_conn_id)
-        trigger = MPIJobTrigger(
+        trigger = self.make_trigger(
             name=self.job_name, namespace=self.job_namespace, kubernetes_conn_id=self.kubernetes_conn_id,
             connection_extras=extras, config_dict=self._config_dict, cluster_context=self.cluster_context,
             in_cluster=self.in_cluster, poll_interval=self.poll_interval,
             startup_timeout=self.startup_timeout_seconds, on_kill_action=self.on_kill_action.value,
         )
         self.defer(trigger=trigger, method_name="execute_complete")
+
+    def make_trigger(self, **arguments: Any) -> MPIJobTrigger:
+        """The trigger that watches the job while the task is deferred (built right before it defers)."""
+        return MPIJobTrigger(**arguments)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> None:
         """Back from the trigger with its ``watch_step`` verdict: log the launcher's output, act on it, clean up."""

@@ -92,15 +92,21 @@ class MPIJobTrainOperator(BaseOperator):
                     f"the train task's Kubernetes arguments are invalid: {error}; fix `kubernetes:` in the DAG "
                     "author's settings file (docs/kubernetes.md lists the keys)") from error
             job.world_size = run.config.world_size
-            # Deferred, the claim ends when the watch is handed to the triggerer (docs/locks.md).
-            with train_run.training_claimed(self.conn_id, run, context["ti"]):
+            with train_run.training_claimed(self.conn_id, run, context["ti"]) as claim:
+                job.claim = claim  # deferred, the trigger keeps it until execute_complete (docs/locks.md)
                 job.run_job(context)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> None:
         """Back from the triggerer (the job was deferrable): act on its verdict."""
         run_id = train_run.run_id_of(self.training_run_id, context)
-        with train_run.failure_recorded(self.conn_id, run_id, context["ti"]):
-            self.job_operator(context).execute_complete(context, event)
+        try:
+            with train_run.failure_recorded(self.conn_id, run_id, context["ti"]):
+                self.job_operator(context).execute_complete(context, event)
+        finally:
+            # the claim the trigger held while the job ran (none from a trigger of pgtrain 0.1.0)
+            if event.get("claim") and not train_run.release_claim(self.conn_id, event["claim"]):
+                self.log.warning("training claim %s (token %s) had already ended while the trigger watched the job",
+                                 event["claim"]["name"], event["claim"]["token"])
 
     def on_kill(self) -> None:
         if self._job is not None:

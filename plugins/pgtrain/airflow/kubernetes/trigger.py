@@ -93,6 +93,7 @@ class MPIJobTrigger(BaseTrigger):
         verdict = watch.WatchVerdict("waiting")
         try:
             while True:
+                await self.on_poll()
                 async with self.hook.get_conn() as api_client:
                     jobs = AsyncMPIJobClient(api_client, self.namespace)
                     job = await jobs.get(self.name)
@@ -115,6 +116,9 @@ class MPIJobTrigger(BaseTrigger):
             yield self._event("error", str(exc), reason=MISSING_OPERATOR)
         except ApiException as exc:
             yield self._event("error", f"Kubernetes API error {exc.status}: {exc.reason}")
+
+    async def on_poll(self) -> None:
+        """Called before each look at the job: a subclass renews what it holds while the job runs."""
 
     async def on_kill(self) -> None:
         """The deferred task was killed (Airflow 3.3+ calls this): delete the MPIJob like the operator's on_kill."""

@@ -1,0 +1,102 @@
+"""TrainingRunMPIJobTrigger: the deferred train task's wait, holding the model's training claim meanwhile.
+
+A deferrable train task hands its run's training claim (docs/locks.md, "The training claim") to this trigger
+instead of releasing it: while the triggerer watches the MPIJob, a second run of the model is still refused.
+The trigger renews the claim's lease on each poll (one short UPDATE, in a worker thread, on a connection it keeps),
+hands the claim back in its event for ``execute_complete`` to release, and releases it itself when the deferred
+task is killed (mark failed, clear). A triggerer that dies stops renewing: the lease then runs out by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from airflow.triggers.base import TriggerEvent
+
+from pgtrain.airflow.dag.connection import DEFAULT_CONN_ID
+from pgtrain.airflow.kubernetes.trigger import MPIJobTrigger
+from pgtrain.core.errors import StaleLockToken
+from pgtrain.launch.attempt import release_claim, renew_claim
+
+if TYPE_CHECKING:
+    import psycopg
+
+STATEMENT_TIMEOUT_MS = 10_000  # a renewal never holds the poll loop longer than this
+
+
+class TrainingRunMPIJobTrigger(MPIJobTrigger):
+    """An MPIJobTrigger that holds its run's training claim while it watches; its event carries ``claim``.
+
+    :param claim: the handed-over claim (``pgtrain.launch.attempt.TrainingClaim.hand_over``: name, token, ttl)
+    :param conn_id: Airflow connection of the training database
+    """
+
+    def __init__(self, *, claim: dict[str, Any], conn_id: str = DEFAULT_CONN_ID, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.claim = claim
+        self.conn_id = conn_id
+        self._conn: psycopg.Connection | None = None
+        self._claim_lost = False
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        classpath, kwargs = super().serialize()
+        return classpath, {**kwargs, "claim": self.claim, "conn_id": self.conn_id}
+
+    def _event(self, status: str, message: str, **extra: Any) -> TriggerEvent:
+        return super()._event(status, message, claim=self.claim, **extra)
+
+    async def on_poll(self) -> None:
+        """Renew the claim's lease; a failed renewal is logged, and the next poll tries again."""
+        if self._claim_lost:
+            return
+        try:
+            await self._in_database(renew_claim)
+        except StaleLockToken as lost:
+            self._claim_lost = True
+            self.log.error("training claim of MPIJob %s/%s lost: %s. Another run of the model may now launch a "
+                           "job beside this one.", self.namespace, self.name, lost)
+        except Exception as error:  # the database away: the lease lasts its ttl, later polls renew it
+            self.log.warning("could not renew the training claim %s (token %s): %s; it lasts %g s from its last "
+                             "renewal", self.claim["name"], self.claim["token"], error, self.claim["ttl"])
+            await asyncio.to_thread(self._close)
+
+    async def on_kill(self) -> None:
+        """The deferred task was killed: delete the MPIJob (MPIJobTrigger), then free the model."""
+        try:
+            await super().on_kill()
+        finally:
+            try:
+                await self._in_database(release_claim)
+            except Exception:
+                self.log.exception("could not release the training claim %s; its lease ends by itself within "
+                                   "%g s", self.claim["name"], self.claim["ttl"])
+
+    async def cleanup(self) -> None:
+        await asyncio.to_thread(self._close)
+
+    async def _in_database(self, action: Callable[[psycopg.Connection, dict[str, Any]], bool]) -> bool:
+        if self._conn is None or self._conn.closed:
+            from asgiref.sync import sync_to_async
+
+            from pgtrain.airflow.dag.connection import database_url
+
+            # Airflow's connection through its sync hook (asgiref's bridge, as a trigger must call it); the database
+            # itself is used from a worker thread, off the triggerer's event loop.
+            url = await sync_to_async(database_url)(self.conn_id)
+            self._conn = await asyncio.to_thread(self._connect, url)
+        return await asyncio.to_thread(action, self._conn, self.claim)
+
+    @staticmethod
+    def _connect(url: str) -> psycopg.Connection:
+        from pgtrain.core.db import connect
+
+        conn = connect(url, application_name="pgtrain-training-claim")
+        conn.execute(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}")
+        return conn
+
+    def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
