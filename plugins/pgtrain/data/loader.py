@@ -14,8 +14,7 @@ from __future__ import annotations
 import logging
 import struct
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -47,6 +46,9 @@ if TYPE_CHECKING:
 
 _BATCH_HEADER = struct.Struct(">hiqi")  # field count, length of count (8), count, length of payload
 ROWS_ALIAS = "_pgtrain_rows"  # the source table in batch_query
+# A two-connection load reads its batches in about this many COPYs (_Claims): a few more statements, and the
+# streams end within a chunk of each other however unevenly they are served.
+CHUNKS_PER_LOAD = 8
 log = logging.getLogger(__name__)
 
 
@@ -137,25 +139,27 @@ def batch_query(source: Source, shard: Shard, visible: sql.Composable, validatio
              filters=sql.SQL(" AND ").join(filters))
 
 
-@contextmanager
-def shard_copy(conn: psycopg.Connection, source: Source, shard: Shard, validation_fraction: float,
-               seed: int, span: BatchSpan | None = None) -> Iterator[psycopg.Copy]:
-    """The rank's COPY (``span``: of those batches only), inside the connection's open REPEATABLE READ
-    transaction (``snapshot_transaction``), whose snapshot decides what is read."""
+def read_spans(conn: psycopg.Connection, source: Source, shard: Shard, validation_fraction: float, seed: int,
+               spans: Iterable[BatchSpan]) -> Iterator[tuple[memoryview, BatchSpan]]:
+    """Each row (a batch) of the rank's COPY of each span in turn, with its span, inside the connection's open
+    REPEATABLE READ transaction (``snapshot_transaction``), whose snapshot decides what is read; ``spans`` may be
+    handed out while the rows are read (``_Claims``)."""
     clock = read_xid_clock(conn)  # per transaction: age() counts from its own first call
     prefer_index_order(conn)
-    query = batch_query(source, shard, planned_rows(source, clock, ROWS_ALIAS), validation_fraction, seed, span)
-    with conn.cursor() as cur, cur.copy(sql.SQL("COPY ({}) TO STDOUT (FORMAT BINARY)").format(query)) as copy:
-        yield copy
+    visible = planned_rows(source, clock, ROWS_ALIAS)
+    for span in spans:
+        query = batch_query(source, shard, visible, validation_fraction, seed, span)
+        with conn.cursor() as cur, cur.copy(sql.SQL("COPY ({}) TO STDOUT (FORMAT BINARY)").format(query)) as copy:
+            for row in copy_binary.rows(copy):
+                yield row, span
 
 
 def streams_for(world_size: int) -> int:
     """How many connections each rank reads its shard on: two when a rank loads alone, one otherwise.
 
     The server builds the batches of one COPY on one core, which bounds a lone rank's load; a second backend
-    reading the other half of the batches lifts that bound (not for bytea, which the client bounds; figures in
-    docs/performance.md). With more ranks, they already keep as many backends busy; a run never holds more
-    than max(2, world_size) loading connections."""
+    reading part of the batches lifts that bound (figures in benchmarks/RESULTS.md). With more ranks, they
+    already keep as many backends busy; a run never holds more than max(2, world_size) loading connections."""
     return 2 if world_size == 1 else 1
 
 
@@ -165,10 +169,11 @@ def load_shard(conn: psycopg.Connection, source: Source, shard: Shard, dim: int,
 
     The arrays are ordinary host memory, never CUDA pinned memory: the loader creates no CUDA context (a rank
     selects its GPU first), and torch's pinned allocator would round the shard up to a power of two and keep it.
-    ``streams``: 2 reads the second half of the batches on a second connection (same user, same snapshot), in a
-    thread, filling the arrays from the end (``streams_for``). Where that connection cannot be opened, cannot
-    import the snapshot, or would wait for a lock (SECOND_CONNECTION_LOCK_TIMEOUT) before its first batch, this
-    connection reads that half too.
+    ``streams``: 2 also reads on a second connection (same user, same snapshot), opened in a thread while this
+    one starts: this one claims chunks of batches from the first up, that one from the last down, filling the
+    arrays from the end, until they meet (``_Claims``; ``streams_for``). Where that connection cannot be opened,
+    cannot import the snapshot, or would wait for a lock (SECOND_CONNECTION_LOCK_TIMEOUT) before its first
+    batch, this connection reads everything.
     ``conn`` must be an autocommit connection outside a transaction (the load runs in its own snapshot).
     """
     plan = _plan(source)
@@ -185,9 +190,9 @@ def load_shard(conn: psycopg.Connection, source: Source, shard: Shard, dim: int,
     classes = ClassCoder(source) if source.target_format == "class" else None
     fill = _Fill(out, shard, record_dtype(source, dim, plan.output_dim), feature_groups_of(source, dim), classes)
 
-    def read(on: psycopg.Connection, span: BatchSpan) -> None:
-        with shard_copy(on, source, shard, validation_fraction, seed, span) as copy, np.errstate(over="ignore"):
-            for block in copy_binary.rows(copy):
+    def read(on: psycopg.Connection, spans: Iterable[BatchSpan]) -> None:
+        with np.errstate(over="ignore"):
+            for block, span in read_spans(on, source, shard, validation_fraction, seed, spans):
                 _store(block, fill, span.descending)
 
     try:
@@ -197,20 +202,16 @@ def load_shard(conn: psycopg.Connection, source: Source, shard: Shard, dim: int,
                 (plan.run_id, shard.rank)).fetchone() or (None,)
             if batches is None:
                 raise PgtrainError(f"run {plan.run_id} has no batches for rank {shard.rank}; re-run compute_shards")
-            half = (batches + 1) // 2 if streams == 2 and batches > 1 else batches
-            front, back = BatchSpan(1, half), BatchSpan(half + 1, batches, descending=True)
-            snapshot = conn.execute("SELECT pg_export_snapshot()").fetchone()[0] if half < batches else None
-            second = second_connection(conn, "pgtrain-load", "loading") if snapshot else None
-            if second is None:
-                read(conn, BatchSpan(1, batches))
+            if streams == 1 or batches < 2:
+                read(conn, [BatchSpan(1, batches)])
             else:
-                with second:
-                    both = _BackStream(second, snapshot, lambda on: read(on, back), fill).run_alongside(
-                        lambda: read(conn, front))
-                if both:
+                claims = _Claims(batches)
+                back = _BackStream(conn, conn.execute("SELECT pg_export_snapshot()").fetchone()[0],
+                                   lambda on: read(on, iter(claims.back, None)), fill)
+                if back.run_alongside(lambda: read(conn, iter(claims.front, None))):
                     out.streams = 2
                 else:
-                    read(conn, back)
+                    read(conn, [claims.reserved])
     finally:
         if prefault is not None:
             prefault.join()
@@ -268,20 +269,55 @@ class _Fill:
             )
 
 
-class _BackStream:
-    """The back half of a two-connection load, read in a thread on ``conn`` in the exported ``snapshot``."""
+class _Claims:
+    """Which batches each stream of a two-connection load reads next, a chunk at a time: the front claims from the
+    first batch up, the back from the last down, until they meet, so a stream that starts later or gets less CPU
+    reads less instead of holding up the load. The back's first chunk is ``reserved`` for it: it reads at least
+    that much, or gives it back before reading any of it."""
 
-    def __init__(self, conn: psycopg.Connection, snapshot: str, read: Callable[[psycopg.Connection], None],
+    def __init__(self, batches: int) -> None:
+        self.size = -(-batches // CHUNKS_PER_LOAD)
+        self.reserved = BatchSpan(max(batches - self.size, 1) + 1, batches, descending=True)
+        self._reserved_taken = False
+        self._next_front, self._next_back = 1, self.reserved.first - 1
+        self._lock = threading.Lock()
+
+    def front(self) -> BatchSpan | None:
+        with self._lock:
+            if self._next_front > self._next_back:
+                return None
+            last = min(self._next_front + self.size - 1, self._next_back)
+            span, self._next_front = BatchSpan(self._next_front, last), last + 1
+            return span
+
+    def back(self) -> BatchSpan | None:
+        with self._lock:
+            if not self._reserved_taken:
+                self._reserved_taken = True
+                return self.reserved
+            if self._next_back < self._next_front:
+                return None
+            first = max(self._next_back - self.size + 1, self._next_front)
+            span, self._next_back = BatchSpan(first, self._next_back, descending=True), first - 1
+            return span
+
+
+class _BackStream:
+    """The back stream of a two-connection load, read in a thread on a second connection (opened there, while the
+    first connection starts reading) in the exported ``snapshot``."""
+
+    def __init__(self, first: psycopg.Connection, snapshot: str, read: Callable[[psycopg.Connection], None],
                  fill: _Fill) -> None:
-        self.conn, self.snapshot, self.read, self.fill = conn, snapshot, read, fill
+        self.first, self.snapshot, self.read, self.fill = first, snapshot, read, fill
+        self.conn: psycopg.Connection | None = None
         self.error: BaseException | None = None
         self.handed_back = False
         self._imported = False
 
     def run_alongside(self, front: Callable[[], None]) -> bool:
-        """Run ``front()`` here while the thread reads the back half; False if the thread gave its half back
-        before reading any of it (the caller reads it then). An error of the front cancels the back's query; an
-        error of the back stops the front at its next batch. The first error is raised; the thread has ended."""
+        """Run ``front()`` here while the thread reads from the back; False if the thread gave its reserved chunk
+        back before reading any of it (the caller reads it then). An error of the front cancels the back's query;
+        an error of the back stops the front at its next batch. The first error is raised; the thread has ended."""
         thread = threading.Thread(target=self._run, name="pgtrain-load", daemon=True)
         thread.start()
         try:
@@ -290,7 +326,8 @@ class _BackStream:
         except BaseException as error:
             self.fill.failed = True
             try:
-                self.conn.cancel_safe(timeout=5)  # ends the back's COPY or lock wait now
+                if self.conn is not None:
+                    self.conn.cancel_safe(timeout=5)  # ends the back's COPY or lock wait now
             except Exception as cancel_error:  # the thread still stops at its next batch
                 log.warning("could not cancel the second loading connection's query: %s", cancel_error)
             finally:
@@ -305,16 +342,22 @@ class _BackStream:
         return not self.handed_back
 
     def _run(self) -> None:
+        self.conn = second_connection(self.first, "pgtrain-load", "loading")
+        if self.conn is None:
+            self.handed_back = True
+            return
         try:
-            with in_snapshot_of(self.conn, self.snapshot):
+            with self.conn, in_snapshot_of(self.conn, self.snapshot):
+                if self.fill.failed:  # the front failed while this connection was being opened
+                    return
                 self._imported = True
                 self.read(self.conn)
         except _Stopped:
             pass
         except BaseException as error:
             if self._may_hand_back(error):
-                log.warning("the second loading connection gave its half back before reading any of it (%s); "
-                            "reading it on the first", str(error).strip())
+                log.warning("the second loading connection gave its batches back before reading any of them (%s); "
+                            "reading them on the first", str(error).strip())
                 self.handed_back = True
             else:
                 self.error = error
