@@ -1,4 +1,4 @@
-"""Loader benchmark: load_shard against the plain COPY floor and the peers, every measurement in a fresh process.
+"""Loader benchmark: load_shard against the plain COPY floors and the peers, every measurement in a fresh process.
 
     .venv/bin/python benchmarks/bench_loader.py [ROWS [DIM]]   # default 500,000 x 100
     PGTRAIN_BENCH_ROWS / PGTRAIN_BENCH_DIM set the size, PGTRAIN_BENCH_ROUNDS the rounds (default 3),
@@ -8,30 +8,37 @@
 
 The same synthetic rows (dev.examples.synthetic) are stored three ways: ``real[]`` (float4_array), packed
 float32 ``bytea``, and DIM ``real`` columns (scalar_columns), bigint keys, integer labels; each table is planned
-as a one-rank run. Contenders, each timed in its own fresh process (imports and the connection before the
-clock; the whole call after it, so allocating and first touching the arrays counts), interleaved, their order
-rotated every round:
+as a one-rank run. Contenders, each timed in its own fresh process (imports and connections before the clock;
+the whole call after it, so allocating and first touching the arrays counts), interleaved, their order rotated
+every round:
 
 - ``copy_floor``: ``COPY (SELECT <feature columns>, label FROM t WHERE id BETWEEN <the shard's keys>) TO STDOUT
-  (FORMAT BINARY)`` drained with psycopg, nothing parsed: the floor every ratio is taken against, same round;
-- ``server_floor``: the same COPY ``TO '/dev/null'`` (the server alone; needs a superuser, as the embedded
-  server's is; reported as not measured otherwise);
+  (FORMAT BINARY)`` drained with psycopg, nothing parsed: the one-connection floor;
+- ``copy_floor_2``: the same for each half of the shard (split at its middle key), on two connections in
+  parallel threads, drained: the two-connection floor, what a load on two connections is held against;
+- ``server_floor``: the one-connection COPY ``TO '/dev/null'`` (the server alone; needs a superuser, as the
+  embedded server's is; reported as not measured otherwise);
 - ``pgtrain``: ``loader.load_shard`` as a one-rank run calls it (its batched COPY on ``loader.streams_for(1)``
   = 2 connections, numpy arrays, the validation flag);
 - ``pgtrain_one_stream``: the same on one connection, as each rank of a larger run loads (diagnostic);
-- ``pgtrain_no_prefault``: ``pgtrain`` without the thread that maps the arrays' pages while the COPY streams
-  (diagnostic: what first touching fresh memory costs);
+- ``pgtrain_prefault``: ``pgtrain`` with the thread that maps the arrays' pages while the COPY streams, even
+  where the loader leaves it out (no core to spare beside the streams' threads; diagnostic);
 - ``pgtrain_server``: pgtrain's batched COPY (one stream) ``TO '/dev/null'`` (diagnostic: what its query costs
   the server);
 - peers producing the same arrays (features float32 rows x dim, labels int64): ``fetchall`` (the seed's way:
   SELECT, fetchall(), arrays from the Python rows), ``connectorx_1`` / ``connectorx_2`` (``read_sql`` to
   Arrow, 1 or 2 partitions on id, then numpy), ``asyncpg`` (``copy_from_query`` binary parsed with one numpy
-  dtype; bytea: ``fetch`` + ``frombuffer``).
+  dtype, every layout), ``asyncpg_fetch`` (bytea only: ``fetch`` + ``frombuffer``; elsewhere ``fetch`` makes a
+  Python float per value).
 
 Every array-producing contender's checksum (integer sum of the float32 bit patterns, sum of the labels, rows)
-must be equal. Ratios are per round: contender seconds / copy_floor seconds of that round; figures are the min
-and the median over rounds. ``loader.<layout>.overhead_vs_raw_copy`` is pgtrain's median ratio;
-``loader.<layout>.vs_best_peer`` is pgtrain's median seconds / the fastest peer's median seconds.
+must be equal, and the two halves must send the whole COPY's bytes. Each round's floor is the faster of
+``copy_floor`` and ``copy_floor_2`` in that round; ``<contender>.ratio_to_floor_*`` is contender seconds / that
+floor, per round (median and min over rounds). ``loader.<layout>.vs_floor`` is pgtrain's per-round median
+ratio to that floor (``vs_one_connection_floor`` / ``vs_two_connection_floor`` to each floor alone);
+``loader.<layout>.vs_best_peer`` is pgtrain's per-round median ratio to the peer with the lowest median seconds
+(``best_peer``), in the same rounds; ``rss_vs_arrays`` is pgtrain's largest peak RSS growth / the bytes of the
+arrays it returns.
 """
 
 from __future__ import annotations
@@ -51,7 +58,7 @@ LAYOUTS = ("float4_array", "bytea", "scalar_columns")
 FLOORS = ("copy_floor", "copy_floor_2", "server_floor")
 PEERS = ("fetchall", "connectorx_1", "connectorx_2", "asyncpg", "asyncpg_fetch")
 FETCH_LAYOUTS = ("bytea",)  # elsewhere asyncpg's fetch builds a Python float per value, as fetchall does
-CONTENDERS = (*FLOORS, "pgtrain", "pgtrain_one_stream", "pgtrain_no_prefault", "pgtrain_server", *PEERS)
+CONTENDERS = (*FLOORS, "pgtrain", "pgtrain_one_stream", "pgtrain_prefault", "pgtrain_server", *PEERS)
 MB = 1 << 20
 
 
@@ -152,7 +159,7 @@ def measure(contender: str, url: str, spec: dict) -> dict:
         aconn = loop.run_until_complete(asyncpg.connect(url))
     if contender == "copy_floor_2":
         conns = [psycopg.connect(url, autocommit=True) for _ in range(2)]
-    if contender in ("copy_floor", "server_floor", "pgtrain", "pgtrain_one_stream", "pgtrain_no_prefault",
+    if contender in ("copy_floor", "server_floor", "pgtrain", "pgtrain_one_stream", "pgtrain_prefault",
                      "pgtrain_server", "fetchall"):
         conn = psycopg.connect(url, autocommit=True)
         run = record.get_run(conn, spec["run_id"])
@@ -178,9 +185,9 @@ def measure(contender: str, url: str, spec: dict) -> dict:
         result["bytes"] = _drain_in_parallel(conns, _halves(spec))
     elif contender == "server_floor":
         conn.execute(sql.SQL("COPY ({}) TO '/dev/null' (FORMAT BINARY)").format(plain))
-    elif contender in ("pgtrain", "pgtrain_one_stream", "pgtrain_no_prefault"):
-        if contender == "pgtrain_no_prefault":
-            loader.prefault_in_background = lambda arrays: None
+    elif contender in ("pgtrain", "pgtrain_one_stream", "pgtrain_prefault"):
+        if contender == "pgtrain_prefault":
+            loader.core_to_spare = lambda busy_threads: True
         streams = 1 if contender == "pgtrain_one_stream" else loader.streams_for(1)
         data = loader.load_shard(conn, source, shard, dim, cfg.validation_fraction, cfg.seed,
                                  streams=streams)
