@@ -31,6 +31,8 @@ every round:
   dtype, every layout), ``asyncpg_fetch`` (bytea only: ``fetch`` + ``frombuffer``; elsewhere ``fetch`` makes a
   Python float per value).
 
+Before its clock, each process touches and frees three times the features' bytes (``_prime_memory``: this VM's
+host reclaims freed memory, which would otherwise favour whichever contender follows a memory-hungry one).
 Every array-producing contender's checksum (integer sum of the float32 bit patterns, sum of the labels, rows)
 must be equal, and the two halves must send the whole COPY's bytes. Each round's floor is the faster of
 ``copy_floor`` and ``copy_floor_2`` in that round; ``<contender>.ratio_to_floor_*`` is contender seconds / that
@@ -71,6 +73,16 @@ def _rss(field: str) -> int:
 
 def _reset_peak() -> None:
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+
+
+def _prime_memory(nbytes: int) -> None:
+    """Touch ``nbytes`` and free them, before the clock. This VM hands the memory a process frees back to its
+    host within seconds, and the next process to touch it waits for the host: populating 200 MB took 1.0-1.4 s
+    here after a pause, 0.05-0.08 s right after another process freed 400 MB. Without this, a contender that
+    follows a memory-hungry one in the order (the same one every round) looked about 1 s faster."""
+    import numpy as np
+
+    np.ones(nbytes, np.uint8)  # freed at once (munmap): the pages stay with this guest for the contender
 
 
 def checksum(features, labels) -> list[int]:  # noqa: ANN001 (numpy arrays, imported in the measuring process)
@@ -175,6 +187,7 @@ def measure(contender: str, url: str, spec: dict) -> dict:
         cx_url = (f"postgresql://{info.get('user', 'postgres')}@{host.replace('/', '%2F')}"
                   f"{':' + str(info['port']) if info.get('port') and not host.startswith('/') else ''}"
                   f"/{info['dbname']}")
+    _prime_memory(3 * rows * dim * 4)  # the arrays and a copy as large as the peers' (pgtrain needs one)
     before = _rss("VmRSS")
     _reset_peak()
     start = time.perf_counter()
