@@ -21,8 +21,8 @@ every round:
 - ``pgtrain``: ``loader.load_shard`` as a one-rank run calls it (its batched COPY on ``loader.streams_for(1)``
   = 2 connections, numpy arrays, the validation flag);
 - ``pgtrain_one_stream``: the same on one connection, as each rank of a larger run loads (diagnostic);
-- ``pgtrain_prefault``: ``pgtrain`` with the thread that maps the arrays' pages while the COPY streams, even
-  where the loader leaves it out (no core to spare beside the streams' threads; diagnostic);
+- ``pgtrain_no_prefault``: ``pgtrain`` without the thread that maps the arrays' pages while the COPY streams
+  (diagnostic: what first touching fresh memory costs);
 - ``pgtrain_server``: pgtrain's batched COPY (one stream) ``TO '/dev/null'`` (diagnostic: what its query costs
   the server);
 - peers producing the same arrays (features float32 rows x dim, labels int64): ``fetchall`` (the seed's way:
@@ -60,7 +60,7 @@ LAYOUTS = ("float4_array", "bytea", "scalar_columns")
 FLOORS = ("copy_floor", "copy_floor_2", "server_floor")
 PEERS = ("fetchall", "connectorx_1", "connectorx_2", "asyncpg", "asyncpg_fetch")
 FETCH_LAYOUTS = ("bytea",)  # elsewhere asyncpg's fetch builds a Python float per value, as fetchall does
-CONTENDERS = (*FLOORS, "pgtrain", "pgtrain_one_stream", "pgtrain_prefault", "pgtrain_server", *PEERS)
+CONTENDERS = (*FLOORS, "pgtrain", "pgtrain_one_stream", "pgtrain_no_prefault", "pgtrain_server", *PEERS)
 MB = 1 << 20
 
 
@@ -171,7 +171,7 @@ def measure(contender: str, url: str, spec: dict) -> dict:
         aconn = loop.run_until_complete(asyncpg.connect(url))
     if contender == "copy_floor_2":
         conns = [psycopg.connect(url, autocommit=True) for _ in range(2)]
-    if contender in ("copy_floor", "server_floor", "pgtrain", "pgtrain_one_stream", "pgtrain_prefault",
+    if contender in ("copy_floor", "server_floor", "pgtrain", "pgtrain_one_stream", "pgtrain_no_prefault",
                      "pgtrain_server", "fetchall"):
         conn = psycopg.connect(url, autocommit=True)
         run = record.get_run(conn, spec["run_id"])
@@ -198,9 +198,9 @@ def measure(contender: str, url: str, spec: dict) -> dict:
         result["bytes"] = _drain_in_parallel(conns, _halves(spec))
     elif contender == "server_floor":
         conn.execute(sql.SQL("COPY ({}) TO '/dev/null' (FORMAT BINARY)").format(plain))
-    elif contender in ("pgtrain", "pgtrain_one_stream", "pgtrain_prefault"):
-        if contender == "pgtrain_prefault":
-            loader.core_to_spare = lambda busy_threads: True
+    elif contender in ("pgtrain", "pgtrain_one_stream", "pgtrain_no_prefault"):
+        if contender == "pgtrain_no_prefault":
+            loader.prefault_in_background = lambda arrays: None
         streams = 1 if contender == "pgtrain_one_stream" else loader.streams_for(1)
         data = loader.load_shard(conn, source, shard, dim, cfg.validation_fraction, cfg.seed,
                                  streams=streams)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import re
 import threading
 import time
@@ -16,7 +15,7 @@ import torch
 from psycopg import sql
 
 from dev import examples
-from pgtrain.data import loader, manifest, prefault
+from pgtrain.data import loader, manifest
 from pgtrain.data.source import snapshot
 from pgtrain.data.source.snapshot import planned_rows, prefer_index_order, read_xid_clock, snapshot_transaction
 from pgtrain.runs import record
@@ -416,7 +415,3 @@ def test_non_finite_rows_are_counted_exactly_and_large_finite_sums_are_not_mista
     x[7, -1], x[9, 0], x[9, -1] = np.nan, np.inf, -np.inf
     assert loader.non_finite_rows(x) == 2
 
-
-def test_the_prefault_thread_runs_only_with_a_core_to_spare_beside_the_loading_threads():
-    cpus = len(os.sched_getaffinity(0))
-    assert prefault.core_to_spare(cpus - 1) and not prefault.core_to_spare(cpus)

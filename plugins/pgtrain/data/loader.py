@@ -25,7 +25,7 @@ from psycopg import sql
 from pgtrain.core.errors import PgtrainError, SourceError
 from pgtrain.data import copy_binary
 from pgtrain.data.encoding import ClassCoder
-from pgtrain.data.prefault import core_to_spare, prefault_in_background
+from pgtrain.data.prefault import prefault_in_background
 from pgtrain.data.row_check import load_refusal
 from pgtrain.data.source.resolve import Source
 from pgtrain.data.source.rows import bad_row, feature_payload, is_validation, key_range, target_payload
@@ -185,10 +185,8 @@ def load_shard(conn: psycopg.Connection, source: Source, shard: Shard, dim: int,
     targets = None if source.target_format in ("label", "class") else plan.output_dim
     out = _allocate(shard.row_count, dim, targets)
     # Fresh arrays' pages are mapped (and zeroed by the kernel) on first write: in a thread, while the COPY
-    # streams, rather than one page fault at a time in the loop below; only with a core for it beside the
-    # streams' own threads (without one it slowed two-stream loads: benchmarks/RESULTS.md).
-    arrays = [out.features, out.labels, out.is_validation]
-    prefault = prefault_in_background(arrays) if core_to_spare(streams) else None
+    # streams, rather than one page fault at a time in the loop below.
+    prefault = prefault_in_background([out.features, out.labels, out.is_validation])
     classes = ClassCoder(source) if source.target_format == "class" else None
     fill = _Fill(out, shard, record_dtype(source, dim, plan.output_dim), feature_groups_of(source, dim), classes)
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import mmap
-import os
 import sys
 import threading
 from typing import Any
@@ -27,13 +26,6 @@ def prefault_in_background(arrays: list[np.ndarray]) -> threading.Thread | None:
     thread = threading.Thread(target=_populate, args=(arrays,), name="pgtrain-prefault", daemon=True)
     thread.start()
     return thread
-
-
-def core_to_spare(busy_threads: int) -> bool:
-    """Whether this process may run on more CPUs than ``busy_threads``: the prefault thread pays off only on a
-    core of its own; on a core the loading threads need, it takes their time."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return cpus > busy_threads
 
 
 def _populate(arrays: list[np.ndarray]) -> None:
