@@ -1,4 +1,4 @@
-"""Loader benchmark: load_shard against the plain COPY floor and the peers, every measurement in a fresh process.
+"""Loader benchmark: load_shard against the plain COPY floors and the peers, every measurement in a fresh process.
 
     .venv/bin/python benchmarks/bench_loader.py [ROWS [DIM]]   # default 500,000 x 100
     PGTRAIN_BENCH_ROWS / PGTRAIN_BENCH_DIM set the size, PGTRAIN_BENCH_ROUNDS the rounds (default 3),
@@ -8,14 +8,16 @@
 
 The same synthetic rows (dev.examples.synthetic) are stored three ways: ``real[]`` (float4_array), packed
 float32 ``bytea``, and DIM ``real`` columns (scalar_columns), bigint keys, integer labels; each table is planned
-as a one-rank run. Contenders, each timed in its own fresh process (imports and the connection before the
-clock; the whole call after it, so allocating and first touching the arrays counts), interleaved, their order
-rotated every round:
+as a one-rank run. Contenders, each timed in its own fresh process (imports and connections before the clock;
+the whole call after it, so allocating and first touching the arrays counts), interleaved, their order rotated
+every round:
 
 - ``copy_floor``: ``COPY (SELECT <feature columns>, label FROM t WHERE id BETWEEN <the shard's keys>) TO STDOUT
-  (FORMAT BINARY)`` drained with psycopg, nothing parsed: the floor every ratio is taken against, same round;
-- ``server_floor``: the same COPY ``TO '/dev/null'`` (the server alone; needs a superuser, as the embedded
-  server's is; reported as not measured otherwise);
+  (FORMAT BINARY)`` drained with psycopg, nothing parsed: the one-connection floor;
+- ``copy_floor_2``: the same for each half of the shard (split at its middle key), on two connections in
+  parallel threads, drained: the two-connection floor, what a load on two connections is held against;
+- ``server_floor``: the one-connection COPY ``TO '/dev/null'`` (the server alone; needs a superuser, as the
+  embedded server's is; reported as not measured otherwise);
 - ``pgtrain``: ``loader.load_shard`` as a one-rank run calls it (its batched COPY on ``loader.streams_for(1)``
   = 2 connections, numpy arrays, the validation flag);
 - ``pgtrain_one_stream``: the same on one connection, as each rank of a larger run loads (diagnostic);
@@ -26,12 +28,19 @@ rotated every round:
 - peers producing the same arrays (features float32 rows x dim, labels int64): ``fetchall`` (the seed's way:
   SELECT, fetchall(), arrays from the Python rows), ``connectorx_1`` / ``connectorx_2`` (``read_sql`` to
   Arrow, 1 or 2 partitions on id, then numpy), ``asyncpg`` (``copy_from_query`` binary parsed with one numpy
-  dtype; bytea: ``fetch`` + ``frombuffer``).
+  dtype, every layout), ``asyncpg_fetch`` (bytea only: ``fetch`` + ``frombuffer``; elsewhere ``fetch`` makes a
+  Python float per value).
 
+Before its clock, each process touches and frees three times the features' bytes (``_prime_memory``: this VM's
+host reclaims freed memory, which would otherwise favour whichever contender follows a memory-hungry one).
 Every array-producing contender's checksum (integer sum of the float32 bit patterns, sum of the labels, rows)
-must be equal. Ratios are per round: contender seconds / copy_floor seconds of that round; figures are the min
-and the median over rounds. ``loader.<layout>.overhead_vs_raw_copy`` is pgtrain's median ratio;
-``loader.<layout>.vs_best_peer`` is pgtrain's median seconds / the fastest peer's median seconds.
+must be equal, and the two halves must send the whole COPY's bytes. Each round's floor is the faster of
+``copy_floor`` and ``copy_floor_2`` in that round; ``<contender>.ratio_to_floor_*`` is contender seconds / that
+floor, per round (median and min over rounds). ``loader.<layout>.vs_floor`` is pgtrain's per-round median
+ratio to that floor (``vs_one_connection_floor`` / ``vs_two_connection_floor`` to each floor alone);
+``loader.<layout>.vs_best_peer`` is pgtrain's per-round median ratio to the peer with the lowest median seconds
+(``best_peer``), in the same rounds; ``rss_vs_arrays`` is pgtrain's largest peak RSS growth / the bytes of the
+arrays it returns.
 """
 
 from __future__ import annotations
@@ -48,8 +57,9 @@ from pathlib import Path
 from common import bench_database, machine, report
 
 LAYOUTS = ("float4_array", "bytea", "scalar_columns")
-FLOORS = ("copy_floor", "server_floor")
-PEERS = ("fetchall", "connectorx_1", "connectorx_2", "asyncpg")
+FLOORS = ("copy_floor", "copy_floor_2", "server_floor")
+PEERS = ("fetchall", "connectorx_1", "connectorx_2", "asyncpg", "asyncpg_fetch")
+FETCH_LAYOUTS = ("bytea",)  # elsewhere asyncpg's fetch builds a Python float per value, as fetchall does
 CONTENDERS = (*FLOORS, "pgtrain", "pgtrain_one_stream", "pgtrain_no_prefault", "pgtrain_server", *PEERS)
 MB = 1 << 20
 
@@ -65,6 +75,16 @@ def _reset_peak() -> None:
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
 
 
+def _prime_memory(nbytes: int) -> None:
+    """Touch ``nbytes`` and free them, before the clock. This VM hands the memory a process frees back to its
+    host within seconds, and the next process to touch it waits for the host: populating 200 MB took 1.0-1.4 s
+    here after a pause, 0.05-0.08 s right after another process freed 400 MB. Without this, a contender that
+    follows a memory-hungry one in the order (the same one every round) looked about 1 s faster."""
+    import numpy as np
+
+    np.ones(nbytes, np.uint8)  # freed at once (munmap): the pages stay with this guest for the contender
+
+
 def checksum(features, labels) -> list[int]:  # noqa: ANN001 (numpy arrays, imported in the measuring process)
     """Order-independent and exact: the float32 bit patterns summed as integers, the labels summed, the rows."""
     import numpy as np
@@ -73,13 +93,47 @@ def checksum(features, labels) -> list[int]:  # noqa: ANN001 (numpy arrays, impo
     return [int(bits.sum(dtype=np.uint64)), int(np.asarray(labels).sum(dtype=np.int64)), len(labels)]
 
 
-def _plain_select(spec: dict):  # noqa: ANN202 (a psycopg sql.Composed)
-    """SELECT the layout's feature column(s) and label of the shard's key range (no ORDER BY: a plain query)."""
+def _plain_select(spec: dict, lo: int | None = None, hi: int | None = None):  # noqa: ANN202 (a sql.Composed)
+    """SELECT the layout's feature column(s) and label of the shard's key range, or of keys ``lo``..``hi`` in
+    it (no ORDER BY: a plain query)."""
     from psycopg import sql
 
     return sql.SQL("SELECT {}, label FROM {} WHERE id BETWEEN {} AND {}").format(
         sql.SQL(", ").join(map(sql.Identifier, spec["columns"])), sql.Identifier(*spec["table"]),
-        sql.Literal(int(spec["lo"])), sql.Literal(int(spec["hi"])))
+        sql.Literal(int(spec["lo"] if lo is None else lo)), sql.Literal(int(spec["hi"] if hi is None else hi)))
+
+
+def _halves(spec: dict) -> list:
+    """The plain SELECTs of the shard's two halves (split at its middle key, ``prepare`` finds it)."""
+    return [_plain_select(spec, spec["lo"], spec["mid"] - 1), _plain_select(spec, spec["mid"], spec["hi"])]
+
+
+def _drain_in_parallel(conns: list, queries: list) -> int:
+    """Each query's binary COPY on its own connection, in parallel threads, drained (nothing parsed); the bytes
+    received. psycopg releases the GIL while it waits, so the threads overlap as two clients would."""
+    import threading
+
+    from psycopg import sql
+
+    received = [0] * len(queries)
+    errors: list[BaseException] = []
+
+    def drain(i: int) -> None:
+        try:
+            with conns[i].cursor() as cur, cur.copy(
+                    sql.SQL("COPY ({}) TO STDOUT (FORMAT BINARY)").format(queries[i])) as copy:
+                received[i] = sum(map(len, copy))
+        except BaseException as error:  # re-raised below, in the measuring thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=drain, args=(i,)) for i in range(len(queries))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return sum(received)
 
 
 def _copy_row_dtype(spec: dict):  # noqa: ANN202 (a numpy dtype)
@@ -110,6 +164,13 @@ def measure(contender: str, url: str, spec: dict) -> dict:
     dim, rows, result = spec["dim"], spec["rows"], {}
     plain = _plain_select(spec)
     arrays = None
+    if contender.startswith("asyncpg"):
+        import asyncpg
+
+        loop = asyncio.new_event_loop()
+        aconn = loop.run_until_complete(asyncpg.connect(url))
+    if contender == "copy_floor_2":
+        conns = [psycopg.connect(url, autocommit=True) for _ in range(2)]
     if contender in ("copy_floor", "server_floor", "pgtrain", "pgtrain_one_stream", "pgtrain_no_prefault",
                      "pgtrain_server", "fetchall"):
         conn = psycopg.connect(url, autocommit=True)
@@ -126,12 +187,15 @@ def measure(contender: str, url: str, spec: dict) -> dict:
         cx_url = (f"postgresql://{info.get('user', 'postgres')}@{host.replace('/', '%2F')}"
                   f"{':' + str(info['port']) if info.get('port') and not host.startswith('/') else ''}"
                   f"/{info['dbname']}")
+    _prime_memory(3 * rows * dim * 4)  # the arrays and a copy as large as the peers' (pgtrain needs one)
     before = _rss("VmRSS")
     _reset_peak()
     start = time.perf_counter()
     if contender == "copy_floor":
         with conn.cursor() as cur, cur.copy(sql.SQL("COPY ({}) TO STDOUT (FORMAT BINARY)").format(plain)) as copy:
             result["bytes"] = sum(map(len, copy))
+    elif contender == "copy_floor_2":
+        result["bytes"] = _drain_in_parallel(conns, _halves(spec))
     elif contender == "server_floor":
         conn.execute(sql.SQL("COPY ({}) TO '/dev/null' (FORMAT BINARY)").format(plain))
     elif contender in ("pgtrain", "pgtrain_one_stream", "pgtrain_no_prefault"):
@@ -176,8 +240,8 @@ def measure(contender: str, url: str, spec: dict) -> dict:
         else:
             features = np.column_stack([table.column(c).to_numpy() for c in spec["columns"]])
         arrays = (features, labels)
-    elif contender == "asyncpg":
-        arrays = asyncio.run(_asyncpg(url, plain.as_string(None), spec))
+    elif contender.startswith("asyncpg"):
+        arrays = loop.run_until_complete(_asyncpg(aconn, plain.as_string(None), spec, contender == "asyncpg_fetch"))
     else:
         raise ValueError(contender)
     seconds = time.perf_counter() - start
@@ -190,27 +254,24 @@ def measure(contender: str, url: str, spec: dict) -> dict:
     return result
 
 
-async def _asyncpg(url: str, query: str, spec: dict):  # noqa: ANN202 (numpy arrays)
-    import asyncpg
+async def _asyncpg(conn, query: str, spec: dict, fetch: bool):  # noqa: ANN001, ANN202 (asyncpg; numpy)
+    """asyncpg's ``copy_from_query`` (binary, parsed with one numpy dtype), or (``fetch``, bytea only) ``fetch``
+    and the features joined into one buffer."""
     import numpy as np
 
-    conn = await asyncpg.connect(url)
-    try:
-        if spec["layout"] == "bytea":  # fetch + frombuffer
-            records = await conn.fetch(query)
-            features = np.frombuffer(b"".join(r[0] for r in records), "<f4").reshape(len(records), spec["dim"])
-            return features, np.array([r[1] for r in records], np.int64)
-        buffer = bytearray()
+    if fetch:
+        records = await conn.fetch(query)
+        features = np.frombuffer(b"".join(r[0] for r in records), "<f4").reshape(len(records), spec["dim"])
+        return features, np.array([r[1] for r in records], np.int64)
+    buffer = bytearray()
 
-        async def sink(chunk: bytes) -> None:
-            buffer.extend(chunk)
+    async def sink(chunk: bytes) -> None:
+        buffer.extend(chunk)
 
-        await conn.copy_from_query(query, output=sink, format="binary")
-        layout = _copy_row_dtype(spec)
-        records = np.frombuffer(buffer, layout, (len(buffer) - 21) // layout.itemsize, 19)  # header, trailer
-        return records["x"]["v"].astype(np.float32), records["label"].astype(np.int64)
-    finally:
-        await conn.close()
+    await conn.copy_from_query(query, output=sink, format="binary")
+    layout = _copy_row_dtype(spec)
+    records = np.frombuffer(buffer, layout, (len(buffer) - 21) // layout.itemsize, 19)  # header, trailer
+    return records["x"]["v"].astype(np.float32), records["label"].astype(np.int64)
 
 
 def in_subprocess(contender: str, url: str, spec: dict) -> dict | str:
@@ -253,26 +314,40 @@ def prepare(url: str, rows: int, dim: int, layouts: list[str]) -> dict[str, dict
             config = TrainingConfig(world_size=1, source_table=".".join(table), num_classes=10, **params)
             run = record.plan_run(conn, "bench_loader", layout, config)
             shard = manifest.plan_shards(conn, run).shards[0]
+            (mid,) = conn.execute(sql.SQL("SELECT percentile_disc(0.5) WITHIN GROUP (ORDER BY id) FROM {} "
+                                          "WHERE id BETWEEN %s AND %s").format(sql.Identifier(*table)),
+                                  (int(shard.key_lo), int(shard.key_hi))).fetchone()
             specs[layout] = {"layout": layout, "table": table, "columns": names, "rows": rows, "dim": dim,
-                             "run_id": run.run_id, "lo": shard.key_lo, "hi": shard.key_hi}
+                             "run_id": run.run_id, "lo": shard.key_lo, "hi": shard.key_hi, "mid": mid}
     return specs
 
 
+def _per_round(measured: dict[str, list[dict]], name: str) -> list[float]:
+    return [m["seconds"] for m in measured.get(name, [])]
+
+
+def _median_ratio(numerator: list[float], denominator: list[float]) -> tuple[float, float]:
+    """(median, min) over rounds of numerator / denominator, each pair from the same round."""
+    ratios = [n / d for n, d in zip(numerator, denominator, strict=True)]
+    return round(statistics.median(ratios), 3), round(min(ratios), 3)
+
+
 def summarize(layout: str, measured: dict[str, list[dict]], skipped: dict[str, str]) -> dict[str, float | str]:
-    """Per contender: min and median seconds, median ratio to the same round's copy_floor; pgtrain's ratios."""
-    floor = [m["seconds"] for m in measured["copy_floor"]]
+    """Per contender: min and median seconds, ratio to the same round's floor (the faster of the one- and the
+    two-connection plain COPY); pgtrain's ratios to the floor and to the fastest peer."""
+    one, two = _per_round(measured, "copy_floor"), _per_round(measured, "copy_floor_2")
+    floor = [min(pair) for pair in zip(one, two, strict=True)] if two else one
     figures: dict[str, float | str] = {}
     checksums = {name: runs[0]["checksum"] for name, runs in measured.items() if runs and "checksum" in runs[0]}
     for name, runs in measured.items():
         if not runs:
             continue
-        seconds = [m["seconds"] for m in runs]
-        ratios = [s / f for s, f in zip(seconds, floor, strict=False)]
+        seconds = _per_round(measured, name)
         key = f"loader.{layout}.{name}"
+        median, least = _median_ratio(seconds, floor)
         figures |= {f"{key}.seconds_min": round(min(seconds), 3),
                     f"{key}.seconds_median": round(statistics.median(seconds), 3),
-                    f"{key}.ratio_to_floor_min": round(min(ratios), 3),
-                    f"{key}.ratio_to_floor_median": round(statistics.median(ratios), 3),
+                    f"{key}.ratio_to_floor_median": median, f"{key}.ratio_to_floor_min": least,
                     f"{key}.peak_rss_mb": round(max(m["peak_rss_mb"] for m in runs), 1)}
         assert all(m.get("checksum") == runs[0].get("checksum") for m in runs), f"{name}: checksums differ"
     for name, reason in skipped.items():
@@ -281,19 +356,28 @@ def summarize(layout: str, measured: dict[str, list[dict]], skipped: dict[str, s
     unequal = [name for name, value in checksums.items() if value != reference]
     if unequal:
         raise AssertionError(f"{layout}: checksums differ from pgtrain's: {unequal} ({checksums})")
-    pgtrain = [m["seconds"] for m in measured["pgtrain"]]
-    figures[f"loader.{layout}.overhead_vs_raw_copy"] = figures[f"loader.{layout}.pgtrain.ratio_to_floor_median"]
-    figures[f"loader.{layout}.overhead_vs_raw_copy_min"] = figures[f"loader.{layout}.pgtrain.ratio_to_floor_min"]
-    figures[f"loader.{layout}.copy_mb"] = round(measured["copy_floor"][0]["bytes"] / MB, 1)
-    figures[f"loader.{layout}.tensor_mb"] = round(measured["pgtrain"][0]["tensor_mb"], 1)
-    peers = {name: statistics.median(m["seconds"] for m in measured[name]) for name in PEERS if measured.get(name)}
+    if two and measured["copy_floor_2"][0]["bytes"] - measured["copy_floor"][0]["bytes"] != 19 + 2:
+        raise AssertionError(f"{layout}: the halves' COPYs did not send the whole COPY's rows")  # + header, trailer
+    pgtrain = _per_round(measured, "pgtrain")
+    prefix = f"loader.{layout}"
+    figures[f"{prefix}.vs_floor"], figures[f"{prefix}.vs_floor_min"] = _median_ratio(pgtrain, floor)
+    figures[f"{prefix}.vs_one_connection_floor"] = _median_ratio(pgtrain, one)[0]
+    if two:
+        figures[f"{prefix}.vs_two_connection_floor"] = _median_ratio(pgtrain, two)[0]
+        figures[f"{prefix}.two_connection_floor_vs_one"] = _median_ratio(two, one)[0]
+    figures[f"{prefix}.copy_mb"] = round(measured["copy_floor"][0]["bytes"] / MB, 1)
+    figures[f"{prefix}.tensor_mb"] = round(measured["pgtrain"][0]["tensor_mb"], 1)
+    figures[f"{prefix}.rss_vs_arrays"] = round(  # the whole call's peak RSS growth / the arrays it returns
+        max(m["peak_rss_mb"] for m in measured["pgtrain"]) / measured["pgtrain"][0]["tensor_mb"], 3)
+    peers = {name: statistics.median(_per_round(measured, name)) for name in PEERS if measured.get(name)}
     if peers:
         best = min(peers, key=peers.get)
-        figures[f"loader.{layout}.vs_best_peer"] = round(statistics.median(pgtrain) / peers[best], 3)
-        figures[f"loader.{layout}.best_peer"] = best
+        figures[f"{prefix}.vs_best_peer"], figures[f"{prefix}.vs_best_peer_min"] = _median_ratio(
+            pgtrain, _per_round(measured, best))
+        figures[f"{prefix}.best_peer"] = best
     if measured.get("fetchall"):
-        figures[f"loader.{layout}.speedup_vs_fetchall"] = round(
-            statistics.median(m["seconds"] for m in measured["fetchall"]) / statistics.median(pgtrain), 2)
+        figures[f"{prefix}.speedup_vs_fetchall"] = round(
+            statistics.median(_per_round(measured, "fetchall")) / statistics.median(pgtrain), 2)
     print(f"  {layout}: checksums equal across {sorted(checksums)}: {reference}", flush=True)
     return figures
 
@@ -305,7 +389,7 @@ def main() -> None:
     rounds = int(os.environ.get("PGTRAIN_BENCH_ROUNDS", 3))
     layouts = [x for x in os.environ.get("PGTRAIN_BENCH_LAYOUTS", ",".join(LAYOUTS)).split(",") if x]
     contenders = [x for x in os.environ.get("PGTRAIN_BENCH_CONTENDERS", ",".join(CONTENDERS)).split(",") if x]
-    contenders = [c for c in CONTENDERS if c in contenders or c in ("copy_floor", "pgtrain")]
+    contenders = [c for c in CONTENDERS if c in contenders or c in ("copy_floor", "copy_floor_2", "pgtrain")]
     with bench_database() as (_, url):
         print(f"loader benchmark: {rows} rows x {dim} features, {rounds} rounds, {machine()}, "
               f"load average {os.getloadavg()[0]:.1f}", flush=True)
@@ -313,7 +397,8 @@ def main() -> None:
         figures: dict[str, float | int | str] = {"loader.rows": rows, "loader.dim": dim, "loader.rounds": rounds}
         for layout in layouts:
             measured: dict[str, list[dict]] = {name: [] for name in contenders}
-            skipped: dict[str, str] = {}
+            skipped: dict[str, str] = {} if layout in FETCH_LAYOUTS else {
+                "asyncpg_fetch": "fetch builds one Python float per value here (as fetchall does): bytea only"}
             for round_ in range(rounds):
                 shift = round_ % len(contenders)
                 for name in contenders[shift:] + contenders[:shift]:
@@ -321,7 +406,7 @@ def main() -> None:
                         continue
                     result = in_subprocess(name, url, specs[layout])
                     if isinstance(result, str):
-                        if name in ("copy_floor", "pgtrain"):
+                        if name in ("copy_floor", "copy_floor_2", "pgtrain"):
                             raise RuntimeError(f"{layout} {name}: {result}")
                         skipped[name] = result
                         measured[name] = []

@@ -238,7 +238,7 @@ def second_connections(monkeypatch):
 
 @pytest.mark.usefixtures("small_batches")
 def test_a_second_stream_reads_the_back_half_on_a_connection_of_its_own(ac, second_connections):
-    make_table(ac, "t", 1001, dim=5)  # 63 batches of 16: the back stream reads 31, last first
+    make_table(ac, "t", 1001, dim=5)  # 63 batches of 16, claimed 8 at a time: the back stream reads last first
     run, _ = plan(ac, "public.t", world_size=1, validation_fraction=0.3)
     assert loader.streams_for(1) == 2 and loader.streams_for(2) == 1
     (one,) = load_all(ac, run)
@@ -255,22 +255,23 @@ def test_a_second_stream_reads_the_back_half_on_a_connection_of_its_own(ac, seco
 
 
 @pytest.mark.usefixtures("small_batches")
-def test_a_second_stream_that_would_wait_behind_a_queued_lock_gives_its_half_back(ac, db_url, monkeypatch, caplog):
+def test_a_second_stream_that_would_wait_behind_a_queued_lock_gives_its_batches_back(ac, db_url, monkeypatch, caplog):
     """The first connection holds shard_batches while a DDL queues behind it; the second connection's lock would
-    queue behind the DDL, and the first would wait for the second for ever. It gives its half back instead."""
+    queue behind the DDL, and the first would wait for the second for ever. It gives its batches back instead."""
     make_table(ac, "t", 500)
     run, _ = plan(ac, "public.t", world_size=1)
     (expected,) = load_all(ac, run)
-    ddl = psycopg.connect(db_url)
+    ddl, watcher = psycopg.connect(db_url), psycopg.connect(db_url, autocommit=True)
     ddl.execute("SET lock_timeout = '120s'")  # a broken fix would still end, and fail below
     queued = threading.Thread(target=ddl.execute, args=("LOCK TABLE pgtrain.shard_batches IN ACCESS EXCLUSIVE MODE",))
     real = snapshot.connect_like
 
-    def connect_like(conn, application_name):
+    def connect_like(conn, application_name):  # in the loading thread, while the first connection streams
         queued.start()
-        while not ac.execute("SELECT EXISTS (SELECT FROM pg_locks WHERE NOT granted AND mode = 'AccessExclusiveLock' "
-                             "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-                             "AND relation = 'pgtrain.shard_batches'::regclass)").fetchone()[0]:
+        while not watcher.execute(
+                "SELECT EXISTS (SELECT FROM pg_locks WHERE NOT granted AND mode = 'AccessExclusiveLock' "
+                "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+                "AND relation = 'pgtrain.shard_batches'::regclass)").fetchone()[0]:
             assert queued.is_alive(), "the LOCK TABLE ended before it queued"
             time.sleep(0.01)
         return real(conn, application_name)
@@ -285,8 +286,9 @@ def test_a_second_stream_that_would_wait_behind_a_queued_lock_gives_its_half_bac
     finally:
         queued.join()  # granted as soon as the load's transaction ended
         ddl.close()
+        watcher.close()
     assert data.streams == 1
-    assert "gave its half back before reading any of it" in caplog.text and "lock timeout" in caplog.text
+    assert "gave its batches back before reading any of them" in caplog.text and "lock timeout" in caplog.text
     for name in ("features", "labels", "is_validation"):
         np.testing.assert_array_equal(getattr(data, name), getattr(expected, name))
 
@@ -311,7 +313,7 @@ def test_any_other_failure_of_the_second_stream_fails_the_load_and_leaves_the_fi
         with caplog.at_level(logging.WARNING), pytest.raises(psycopg.errors.InsufficientPrivilege,
                                                              match="permission denied for table t"):
             load_all(ac, run, streams=2)
-        assert "gave its half back" not in caplog.text
+        assert "gave its batches back" not in caplog.text
         assert [c.closed for c in opened] == [True]
         assert ac.execute("SELECT count(*) FROM t").fetchone() == (500,)  # the first connection is usable
     finally:
@@ -340,6 +342,80 @@ def test_a_rank_refused_a_second_connection_loads_on_one(ac, db_url, caplog):
         ac.execute(sql.SQL("DROP OWNED BY {r}; DROP ROLE {r}").format(r=sql.Identifier(role)))
 
 
+class OrderedClaims(loader.Claims):
+    """The loader's claims, recorded; ``hold`` ("front" or "back") makes that stream wait, after its first chunk,
+    until the other has claimed everything it can: the most uneven load there is, made deterministic."""
+
+    instances: list[OrderedClaims] = []
+    hold: str | None = None
+
+    def __init__(self, batches):
+        super().__init__(batches)
+        self.spans = {"front": [], "back": []}
+        self.done = {"front": threading.Event(), "back": threading.Event()}
+        OrderedClaims.instances.append(self)
+
+    def _claim(self, stream, claim):
+        if stream == self.hold and self.spans[stream]:
+            other = "back" if stream == "front" else "front"
+            assert self.done[other].wait(60), f"the {other} stream never finished"
+        span = claim()
+        if span is None:
+            self.done[stream].set()
+        else:
+            self.spans[stream].append(span)
+        return span
+
+    def front(self):
+        return self._claim("front", super().front)
+
+    def back(self):
+        return self._claim("back", super().back)
+
+
+@pytest.mark.usefixtures("small_batches")
+@pytest.mark.parametrize("held", ["front", "back"])
+def test_two_streams_claim_chunks_until_they_meet_so_the_faster_reads_more(ac, monkeypatch, held):
+    make_table(ac, "t", 1001, dim=5)  # 63 batches of 16: chunks of 8, the back's first (56-63) reserved for it
+    run, _ = plan(ac, "public.t", world_size=1, validation_fraction=0.3)
+    (one,) = load_all(ac, run)
+    monkeypatch.setattr(OrderedClaims, "hold", held)
+    monkeypatch.setattr(OrderedClaims, "instances", [])
+    monkeypatch.setattr(loader, "Claims", OrderedClaims)
+    (two,) = load_all(ac, run, streams=2)
+    assert two.streams == 2
+    for name in ("features", "labels", "is_validation"):
+        np.testing.assert_array_equal(getattr(two, name), getattr(one, name))
+    ((claims,),) = [OrderedClaims.instances]
+    front, back = claims.spans["front"], claims.spans["back"]
+    assert back[0] == loader.BatchSpan(56, 63, descending=True)
+    if held == "back":  # it read its reserved chunk only
+        assert back == [back[0]] and front == [loader.BatchSpan(i, min(i + 7, 55)) for i in range(1, 56, 8)]
+    else:  # the front read its first chunk only
+        assert front == [loader.BatchSpan(1, 8)]
+        assert back[1:] == [loader.BatchSpan(max(i - 7, 9), i, descending=True) for i in range(55, 8, -8)]
+    covered = sorted(b for span in front + back for b in range(span.first, span.last + 1))
+    assert covered == list(range(1, 64))
+
+
+@pytest.mark.parametrize("batches", [2, 3, 8, 9, 17, 1000])
+@pytest.mark.parametrize("order", ["front first", "back first", "alternating"])
+def test_claims_hand_out_every_batch_once_whatever_the_order_of_the_streams(batches, order):
+    claims, spans, exhausted, turn = loader.Claims(batches), [], set(), 0
+    while len(exhausted) < 2:
+        back = {"front first": turn >= batches, "back first": turn < batches, "alternating": turn % 2 == 1}[order]
+        back = back if back not in exhausted else not back
+        turn += 1
+        span = (claims.back if back else claims.front)()
+        if span is None:
+            exhausted.add(back)
+            continue
+        assert span.descending == back and span.first <= span.last
+        spans.append(span)
+    assert spans.count(claims.reserved) == 1
+    assert sorted(b for s in spans for b in range(s.first, s.last + 1)) == list(range(1, batches + 1))
+
+
 def test_prefaulting_maps_fresh_arrays_without_changing_rows_already_stored():
     features = np.empty((300_000, 10), np.float32)  # 12 MB: more than one prefault chunk
     features[:1000] = 7.0  # rows stored before (and while) the thread runs
@@ -358,3 +434,4 @@ def test_non_finite_rows_are_counted_exactly_and_large_finite_sums_are_not_mista
     assert loader.non_finite_rows(x) == 0
     x[7, -1], x[9, 0], x[9, -1] = np.nan, np.inf, -np.inf
     assert loader.non_finite_rows(x) == 2
+

@@ -14,8 +14,7 @@ from __future__ import annotations
 import logging
 import struct
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -26,17 +25,16 @@ from psycopg import sql
 from pgtrain.core.errors import PgtrainError, SourceError
 from pgtrain.data import copy_binary
 from pgtrain.data.encoding import ClassCoder
+from pgtrain.data.load_streams import BackStream, BatchSpan, Claims, Stopped
 from pgtrain.data.prefault import prefault_in_background
 from pgtrain.data.row_check import load_refusal
 from pgtrain.data.source.resolve import Source
 from pgtrain.data.source.rows import bad_row, feature_payload, is_validation, key_range, target_payload
 from pgtrain.data.source.snapshot import (
     PlannedRows,
-    in_snapshot_of,
     planned_rows,
     prefer_index_order,
     read_xid_clock,
-    second_connection,
     snapshot_transaction,
 )
 from pgtrain.data.wire import Group, feature_groups_of, fill_features, record_dtype
@@ -79,16 +77,6 @@ class ShardData:
                 (self.features[train_count:], self.labels[train_count:]))
 
 
-@dataclass(frozen=True)
-class BatchSpan:
-    """Which of a rank's batches one COPY reads: ordinals ``first``..``last`` (from 1), last first if
-    ``descending`` (the rows inside a batch stay in key order)."""
-
-    first: int
-    last: int
-    descending: bool = False
-
-
 def batch_query(source: Source, shard: Shard, visible: sql.Composable, validation_fraction: float,
                 seed: int, span: BatchSpan | None = None) -> sql.Composed:
     """One row per batch of the rank (``span``: of those only), in key order (the batches last first if
@@ -127,25 +115,27 @@ def batch_query(source: Source, shard: Shard, visible: sql.Composable, validatio
              filters=sql.SQL(" AND ").join(filters))
 
 
-@contextmanager
-def shard_copy(conn: psycopg.Connection, source: Source, shard: Shard, validation_fraction: float,
-               seed: int, span: BatchSpan | None = None) -> Iterator[psycopg.Copy]:
-    """The rank's COPY (``span``: of those batches only), inside the connection's open REPEATABLE READ
-    transaction (``snapshot_transaction``), whose snapshot decides what is read."""
+def read_spans(conn: psycopg.Connection, source: Source, shard: Shard, validation_fraction: float, seed: int,
+               spans: Iterable[BatchSpan]) -> Iterator[tuple[memoryview, BatchSpan]]:
+    """Each row (a batch) of the rank's COPY of each span in turn, with its span, inside the connection's open
+    REPEATABLE READ transaction (``snapshot_transaction``), whose snapshot decides what is read; ``spans`` may be
+    handed out while the rows are read (``load_streams.Claims``)."""
     clock = read_xid_clock(conn)  # per transaction: age() counts from its own first call
     prefer_index_order(conn)
-    query = batch_query(source, shard, planned_rows(source, clock, ROWS_ALIAS), validation_fraction, seed, span)
-    with conn.cursor() as cur, cur.copy(sql.SQL("COPY ({}) TO STDOUT (FORMAT BINARY)").format(query)) as copy:
-        yield copy
+    visible = planned_rows(source, clock, ROWS_ALIAS)
+    for span in spans:
+        query = batch_query(source, shard, visible, validation_fraction, seed, span)
+        with conn.cursor() as cur, cur.copy(sql.SQL("COPY ({}) TO STDOUT (FORMAT BINARY)").format(query)) as copy:
+            for row in copy_binary.rows(copy):
+                yield row, span
 
 
 def streams_for(world_size: int) -> int:
     """How many connections each rank reads its shard on: two when a rank loads alone, one otherwise.
 
     The server builds the batches of one COPY on one core, which bounds a lone rank's load; a second backend
-    reading the other half of the batches lifts that bound (not for bytea, which the client bounds; figures in
-    docs/performance.md). With more ranks, they already keep as many backends busy; a run never holds more
-    than max(2, world_size) loading connections."""
+    reading part of the batches lifts that bound (figures in benchmarks/RESULTS.md). With more ranks, they
+    already keep as many backends busy; a run never holds more than max(2, world_size) loading connections."""
     return 2 if world_size == 1 else 1
 
 
@@ -155,10 +145,11 @@ def load_shard(conn: psycopg.Connection, source: Source, shard: Shard, dim: int,
 
     The arrays are ordinary host memory, never CUDA pinned memory: the loader creates no CUDA context (a rank
     selects its GPU first), and torch's pinned allocator would round the shard up to a power of two and keep it.
-    ``streams``: 2 reads the second half of the batches on a second connection (same user, same snapshot), in a
-    thread, filling the arrays from the end (``streams_for``). Where that connection cannot be opened, cannot
-    import the snapshot, or would wait for a lock (SECOND_CONNECTION_LOCK_TIMEOUT) before its first batch, this
-    connection reads that half too.
+    ``streams``: 2 also reads on a second connection (same user, same snapshot), opened in a thread while this
+    one starts: this one claims chunks of batches from the first up, that one from the last down, filling the
+    arrays from the end, until they meet (``load_streams.Claims``; ``streams_for``). Where that connection cannot
+    be opened, cannot import the snapshot, or would wait for a lock (SECOND_CONNECTION_LOCK_TIMEOUT) before its
+    first batch, this connection reads everything.
     ``validation_last``: the training rows first, then the validation rows, each in key order (``ShardData.split``):
     the planned split says where each part begins, so every batch is stored where it stays. Else all rows in key
     order.
@@ -179,9 +170,9 @@ def load_shard(conn: psycopg.Connection, source: Source, shard: Shard, dim: int,
     fill = _Fill(out, shard, record_dtype(source, dim, plan.output_dim), feature_groups_of(source, dim), classes,
                  validation_last)
 
-    def read(on: psycopg.Connection, span: BatchSpan) -> None:
-        with shard_copy(on, source, shard, validation_fraction, seed, span) as copy, np.errstate(over="ignore"):
-            for block in copy_binary.rows(copy):
+    def read(on: psycopg.Connection, spans: Iterable[BatchSpan]) -> None:
+        with np.errstate(over="ignore"):
+            for block, span in read_spans(on, source, shard, validation_fraction, seed, spans):
                 _store(block, fill, span.descending)
 
     try:
@@ -191,20 +182,16 @@ def load_shard(conn: psycopg.Connection, source: Source, shard: Shard, dim: int,
                 (plan.run_id, shard.rank)).fetchone() or (None,)
             if batches is None:
                 raise PgtrainError(f"run {plan.run_id} has no batches for rank {shard.rank}; re-run compute_shards")
-            half = (batches + 1) // 2 if streams == 2 and batches > 1 else batches
-            front, back = BatchSpan(1, half), BatchSpan(half + 1, batches, descending=True)
-            snapshot = conn.execute("SELECT pg_export_snapshot()").fetchone()[0] if half < batches else None
-            second = second_connection(conn, "pgtrain-load", "loading") if snapshot else None
-            if second is None:
-                read(conn, BatchSpan(1, batches))
+            if streams == 1 or batches < 2:
+                read(conn, [BatchSpan(1, batches)])
             else:
-                with second:
-                    both = _BackStream(second, snapshot, lambda on: read(on, back), fill).run_alongside(
-                        lambda: read(conn, front))
-                if both:
+                claims = Claims(batches)
+                back = BackStream(conn, conn.execute("SELECT pg_export_snapshot()").fetchone()[0],
+                                   lambda on: read(on, iter(claims.back, None)), fill)
+                if back.run_alongside(lambda: read(conn, iter(claims.front, None))):
                     out.streams = 2
                 else:
-                    read(conn, back)
+                    read(conn, [claims.reserved])
     finally:
         if prefault is not None:
             prefault.join()
@@ -212,10 +199,6 @@ def load_shard(conn: psycopg.Connection, source: Source, shard: Shard, dim: int,
     if fill.non_finite:
         raise load_refusal(conn, source, shard.rank, fill.non_finite)
     return out
-
-
-class _Stopped(Exception):
-    """The other stream of the same load failed: this one stops (the other's error is the one raised)."""
 
 
 class _Region:
@@ -254,7 +237,7 @@ class _Fill:
     def place(self, count: int, kind: bool | None, from_back: bool) -> slice:
         with self._lock:
             if self.failed:
-                raise _Stopped
+                raise Stopped
             region = self.regions[kind]
             if count > region.back - region.front:
                 raise SourceError(
@@ -285,65 +268,6 @@ class _Fill:
                     f"planned {region.hi - region.lo}: rows were deleted or updated after compute_shards; re-run the "
                     "DAG run from compute_shards"
                 )
-
-
-class _BackStream:
-    """The back half of a two-connection load, read in a thread on ``conn`` in the exported ``snapshot``."""
-
-    def __init__(self, conn: psycopg.Connection, snapshot: str, read: Callable[[psycopg.Connection], None],
-                 fill: _Fill) -> None:
-        self.conn, self.snapshot, self.read, self.fill = conn, snapshot, read, fill
-        self.error: BaseException | None = None
-        self.handed_back = False
-        self._imported = False
-
-    def run_alongside(self, front: Callable[[], None]) -> bool:
-        """Run ``front()`` here while the thread reads the back half; False if the thread gave its half back
-        before reading any of it (the caller reads it then). An error of the front cancels the back's query; an
-        error of the back stops the front at its next batch. The first error is raised; the thread has ended."""
-        thread = threading.Thread(target=self._run, name="pgtrain-load", daemon=True)
-        thread.start()
-        try:
-            front()
-            thread.join()
-        except BaseException as error:
-            self.fill.failed = True
-            try:
-                self.conn.cancel_safe(timeout=5)  # ends the back's COPY or lock wait now
-            except Exception as cancel_error:  # the thread still stops at its next batch
-                log.warning("could not cancel the second loading connection's query: %s", cancel_error)
-            finally:
-                thread.join()
-            if isinstance(error, _Stopped) and self.error is not None:
-                raise self.error from None
-            if self.error is not None and not isinstance(self.error, _Stopped):
-                error.add_note(f"the second loading connection failed too: {self.error}")
-            raise
-        if self.error is not None:
-            raise self.error
-        return not self.handed_back
-
-    def _run(self) -> None:
-        try:
-            with in_snapshot_of(self.conn, self.snapshot):
-                self._imported = True
-                self.read(self.conn)
-        except _Stopped:
-            pass
-        except BaseException as error:
-            if self._may_hand_back(error):
-                log.warning("the second loading connection gave its half back before reading any of it (%s); "
-                            "reading it on the first", str(error).strip())
-                self.handed_back = True
-            else:
-                self.error = error
-                self.fill.failed = True
-
-    def _may_hand_back(self, error: BaseException) -> bool:
-        """Only a snapshot it could not import or a lock it would wait for, before it placed any row."""
-        fits = isinstance(error, psycopg.errors.LockNotAvailable) or (
-            isinstance(error, psycopg.Error) and not self._imported)
-        return fits and not self.fill.failed and not self.fill.back_started()
 
 
 def non_finite_rows(features: np.ndarray) -> int:
