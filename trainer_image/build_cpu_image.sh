@@ -107,6 +107,7 @@ else
       -f trainer_image/Dockerfile --ignorefile trainer_image/Dockerfile.dockerignore \
       "${args[@]}" "${volumes[@]}" --volume "$wheels:/var/cache/pgtrain/wheels" \
       --label pgtrain.inputs="$inputs" -t "$image" . >&2
-  buildah rmi --prune >/dev/null  # the image this one replaced
+  # the image this one replaced; a working container left by an interrupted build still uses it: keep it then
+  buildah rmi --prune >/dev/null 2>&1 || echo "image: an older image is still in use (buildah containers lists it)" >&2
 fi
 echo "$image"
