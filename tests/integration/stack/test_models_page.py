@@ -140,18 +140,14 @@ def stack_regression_versions(airflow_stack: AirflowStack) -> list[dict]:
     base = {"source_table": ".".join(REGRESSION_TABLE), "features_column": None, "feature_columns": names,
             "label_column": "progression", "task": "regression", "model_name": REGRESSION_MODEL, "world_size": 1,
             "hidden_sizes": [8], "batch_size": 32, "seed": 3}
-    airflow_stack.wait_for_dag("pgtrain_training")
+    airflow_stack.wait_for_dag("pgtrain_training")  # active from its creation: a trigger runs
     runs = []
-    try:
-        for changes in REGRESSION_RUNS:
-            conf = {**base, **changes}
-            run_id = airflow_stack.trigger("pgtrain_training", conf)
-            airflow_stack.unpause("pgtrain_training")
-            state = airflow_stack.wait_for_run("pgtrain_training", run_id)
-            assert state == "success", airflow_stack.describe_failure("pgtrain_training", run_id)
-            runs.append({"dag_run_id": run_id, "conf": conf})
-    finally:
-        airflow_stack.pause("pgtrain_training")
+    for changes in REGRESSION_RUNS:
+        conf = {**base, **changes}
+        run_id = airflow_stack.trigger("pgtrain_training", conf)
+        state = airflow_stack.wait_for_run("pgtrain_training", run_id)
+        assert state == "success", airflow_stack.describe_failure("pgtrain_training", run_id)
+        runs.append({"dag_run_id": run_id, "conf": conf})
     return runs
 
 

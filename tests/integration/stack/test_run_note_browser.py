@@ -51,12 +51,8 @@ def test_opening_a_run_requests_no_url_its_conf_carried(airflow_stack: AirflowSt
     markdown = [f"![x]({base}/image.png)", f"[y]({base}/link)", f"<{base}/autolink>"]
     conf = {"source_table": f"public.{STACK_TABLE}", "model_name": "stack-note", "epochs": 1, "world_size": 1,
             "feature_columns": markdown}
-    run_id = airflow_stack.trigger("pgtrain_training", conf)
-    airflow_stack.unpause("pgtrain_training")
-    try:
-        assert airflow_stack.wait_for_run("pgtrain_training", run_id) == "failed"  # refused: no such columns
-    finally:
-        airflow_stack.pause("pgtrain_training")
+    run_id = airflow_stack.trigger("pgtrain_training", conf)  # active from its creation: the trigger runs
+    assert airflow_stack.wait_for_run("pgtrain_training", run_id) == "failed"  # refused: no such columns
 
     page = f"{airflow_stack.base_url}/dags/pgtrain_training/runs/{quote(run_id, safe='')}"
     log_in(browser, airflow_stack, page)
