@@ -108,12 +108,13 @@ def compute_shards(training_run: str, settings: dict[str, Any], conn_id: str = D
 @task(outlets=[MODELS_ALIAS])
 def commit_parameters(training_run: str, conn_id: str = DEFAULT_CONN_ID, ti: Any = None,
                       outlet_events: Any = None) -> dict[str, Any]:
+    from pgtrain.airflow.dag.train_run import task_owner
     from pgtrain.core.db import connect
     from pgtrain.core.errors import CommitRejected
     from pgtrain.runs import record
     from pgtrain.store.model_store import commit_run
 
-    owner = {"dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id, "try_number": ti.try_number}
+    owner = task_owner(ti)
     with connect(database_url(conn_id)) as conn:
         # Committed, or rejected with the reason: the DAG run's note (pgtrain.airflow.ui.run_notes).
         try:

@@ -15,6 +15,11 @@ from pgtrain.airflow.dag.outcome import leave_outcome
 from pgtrain.core.errors import TrainingBusy, TrainingFailed, TrainingInputError
 
 
+def task_owner(ti: Any) -> dict[str, Any]:
+    """Who holds a lock or commits, as the lock table's owner record names a task's try."""
+    return {"dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id, "try_number": ti.try_number}
+
+
 def run_id_of(explicit: str | None, context: Any) -> str:
     """The training run a train task trains: ``explicit`` (plan_run's XCom), else the DAG run's own."""
     if explicit:
@@ -85,9 +90,8 @@ def training_claimed(conn_id: str, run: Any, ti: Any) -> Iterator[Any]:
     from pgtrain.runs import record
 
     url = database_url(conn_id)
-    owner = {"dag_id": ti.dag_id, "run_id": ti.run_id, "task_id": ti.task_id, "try_number": ti.try_number}
     try:
-        with training_claim(url, run, owner) as claim:
+        with training_claim(url, run, task_owner(ti)) as claim:
             yield claim
     except TrainingBusy as busy:
         with connect(url) as conn:
