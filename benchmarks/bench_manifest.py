@@ -116,6 +116,33 @@ def measure(contender: str, url: str, world_size: int) -> dict[str, object]:
         return {"seconds": seconds, "checksum": written_plan(conn, run.run_id), "run_id": run.run_id}
 
 
+def parts_vs_one_scan(conn: psycopg.Connection, source: object, dim: int, rows: int, world_size: int, batch: int,
+                      clock: object, repeats: int = 5) -> dict[str, float]:
+    """Each pass of a plan alone, as a ratio to one scan timed beside it (interleaved, medians of ``repeats``), in
+    the open snapshot: the check with the bad-row tests only, the check as plan_shards runs it (also hashing every
+    key for the validation split and collecting the validation keys), and the key pass (count the keys, sort them).
+    Planning needs at least the second and the third: their sum, less one scan, bounds what any overlap can save."""
+    split = manifest.folded_split(conn, source, 0.1, 0)
+    work = {
+        "one_scan": lambda: conn.execute(sql.SQL("SELECT count(*), sum(cardinality(features)) FROM {}").format(T)),
+        "check_bad_row_tests": lambda: row_check.check_rows(conn, source, dim, 10, clock, values=False),
+        "check_as_planned": lambda: row_check.check_rows(conn, source, dim, 10, clock, values=False, split=split),
+        "key_pass": lambda: (conn.execute(sql.SQL("SELECT count(*) FROM {}").format(T)), key_order.keys_at(
+            conn, source, rows, key_order.shard_grid(rows, world_size, batch)[2])),
+    }
+    seconds: dict[str, list[float]] = {name: [] for name in work}
+    for _ in range(repeats):
+        for name, run in work.items():
+            with stopwatch() as elapsed:
+                run()
+            seconds[name].append(elapsed())
+    floor = statistics.median(seconds["one_scan"])
+    figures = {f"manifest.parts.{name}_vs_one_scan": round(statistics.median(times) / floor, 3)
+               for name, times in seconds.items() if name != "one_scan"}
+    print(f"  each pass alone, over one scan ({floor:.3f} s): {figures}", flush=True)
+    return figures
+
+
 def postmaster_of(conn: psycopg.Connection) -> int | None:
     """The server's postmaster pid when it runs on this machine (the checkpointer's parent), else None."""
     (pid,) = conn.execute("SELECT pid FROM pg_stat_activity WHERE backend_type = 'checkpointer'").fetchone()
@@ -210,6 +237,7 @@ def run_benchmark(url: str, rows: int, world_size: int, dim: int, rounds: int) -
                 row_check.check_rows(conn, source, dim, 10, clock)
             with stopwatch() as key_pass:
                 keys = key_order.keys_at(conn, source, rows, key_order.shard_grid(rows, world_size, batch)[2])
+            parts = parts_vs_one_scan(conn, source, dim, rows, world_size, batch, clock)
             with stopwatch() as cutting:
                 manifest.cut_shards(conn, source, rows, world_size, 0.1, 0, batch, None,
                                     validation_keys=check.validation_keys, keys=keys)
@@ -248,6 +276,7 @@ def run_benchmark(url: str, rows: int, world_size: int, dim: int, rounds: int) -
                                                                                    "one_scan")), 3),
         "manifest.plan_vs_plan_one_connection": round(statistics.median(ratios("plan", "plan_one_connection")), 3),
         **cpu,
+        **parts,
         "manifest.check_seconds": round(checking(), 3),
         "manifest.check_values_seconds": round(checking_values(), 3),
         "manifest.key_pass_seconds": round(key_pass(), 3),
