@@ -23,9 +23,10 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from pgtrain.core.database_url import DATABASE_URL_ENV
 from pgtrain.core.db import connect, split_password
@@ -36,7 +37,11 @@ from pgtrain.launch.lifetime import memory_file, preexec_die_with_this_process
 from pgtrain.launch.trainer_command import horovodrun_options, trainer_argv
 from pgtrain.runs import record
 
+if TYPE_CHECKING:
+    from pgtrain.store.locks import Lease
+
 TAIL_LINES = 40
+WATCH_INTERVAL = 0.5  # seconds between the watchdog's looks at the job's timeout and claim
 # The worker's environment the ranks may see: what Python, horovodrun, Gloo/NCCL, the BLAS libraries
 # and libpq need to behave as they do here. Anything else (credentials, tokens, PGPASSWORD) stays out.
 PASSED_NAMES = frozenset({
@@ -132,12 +137,14 @@ def _remove_stale_secret_dirs() -> None:
 
 
 def run_local(run_id: str, world_size: int, database_url: str, log: logging.Logger,
-              timeout_seconds: float | None = None) -> None:
+              timeout_seconds: float | None = None, claim: Lease | None = None) -> None:
     """Start a new attempt of the run and its job; every output line goes to ``log`` as it comes.
 
     A refused input (the trainer's recorded verdict) raises TrainingInputError with the trainer's
     reason; any other failure TrainingFailed with the reason, if any, and the output's tail.
-    ``timeout_seconds``: past it the ranks are killed and TrainingFailed is raised.
+    ``timeout_seconds``: past it the ranks are killed and TrainingFailed is raised. ``claim``: the model's training
+    claim the job runs under; once its heartbeat finds it lost (another run may now train the model), the ranks are
+    killed and TrainingFailed is raised, so that two jobs never go on training one model.
     """
     rank_url, password = split_password(database_url)
     password = password or os.environ.get("PGPASSWORD") or None  # the worker's libpq password reaches them too
@@ -146,12 +153,18 @@ def run_local(run_id: str, world_size: int, database_url: str, log: logging.Logg
     command = local_command(run_id, world_size, attempt)
     log.info("starting %d Horovod ranks (attempt %d): %s", world_size, attempt, " ".join(command))
     with private_passfile(password) as passfile:
-        returncode, tail, timed_out = _run(command, rank_environment(os.environ, rank_url, passfile), log,
-                                           timeout_seconds, passfile.fds if passfile else ())
-    if timed_out:
+        returncode, tail, stopped = _run(command, rank_environment(os.environ, rank_url, passfile), log,
+                                         timeout_seconds, passfile.fds if passfile else (),
+                                         claim.lost_event if claim is not None else None)
+    if stopped == "timeout":
         raise TrainingFailed(
             f"the Horovod job of run {run_id} did not finish within {timeout_seconds:g} s and was stopped; "
             "last output lines:\n" + "\n".join(tail)
+        )
+    if stopped == "claim lost":
+        raise TrainingFailed(
+            f"the Horovod job of run {run_id} was stopped: its model's training claim was lost ({claim.lost}), so "
+            "another run may be training the model now; last output lines:\n" + "\n".join(tail)
         )
     if returncode == 0:
         return
@@ -165,19 +178,21 @@ def run_local(run_id: str, world_size: int, database_url: str, log: logging.Logg
     )
 
 
-def _run(command: list[str], env: dict[str, str], log: logging.Logger,
-         timeout_seconds: float | None, pass_fds: tuple[int, ...]) -> tuple[int, list[str], bool]:
-    """(exit status, the last output lines, whether the timeout stopped it)."""
+def _run(command: list[str], env: dict[str, str], log: logging.Logger, timeout_seconds: float | None,
+         pass_fds: tuple[int, ...], lost: threading.Event | None = None) -> tuple[int, list[str], str | None]:
+    """(exit status, the last output lines, what stopped it: "timeout", "claim lost" or None)."""
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-    timed_out = threading.Event()
+    stopped: list[str] = []
+    ended = threading.Event()
     with subprocess.Popen(
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
         # Between fork and exec the child only calls prctl and getppid: no lock another thread may hold.
         start_new_session=True, preexec_fn=preexec_die_with_this_process(), pass_fds=pass_fds,
     ) as process:
         # Killing the group closes the pipe, which ends the read loop below.
-        watchdog = threading.Timer(timeout_seconds or 0, lambda: (timed_out.set(), _kill_group(process)))
-        if timeout_seconds:
+        watchdog = threading.Thread(target=_watch, args=(process, ended, timeout_seconds, lost, stopped),
+                                    name="pgtrain-job-watchdog", daemon=True)
+        if timeout_seconds or lost is not None:
             watchdog.start()
         try:
             assert process.stdout is not None
@@ -190,8 +205,27 @@ def _run(command: list[str], env: dict[str, str], log: logging.Logger,
             _kill_group(process)
             raise
         finally:
-            watchdog.cancel()
-    return returncode, list(tail), timed_out.is_set()
+            ended.set()
+    return returncode, list(tail), stopped[0] if stopped else None
+
+
+def _watch(process: subprocess.Popen, ended: threading.Event, timeout_seconds: float | None,
+           lost: threading.Event | None, stopped: list[str]) -> None:
+    """Kill the job's process group once it runs past ``timeout_seconds`` or ``lost`` is set, noting why in
+    ``stopped``; return when the job has ``ended``."""
+    deadline = time.monotonic() + timeout_seconds if timeout_seconds else None
+    while True:
+        left = WATCH_INTERVAL if deadline is None else min(WATCH_INTERVAL, max(0.0, deadline - time.monotonic()))
+        if ended.wait(left):
+            return
+        if lost is not None and lost.is_set():
+            stopped.append("claim lost")
+        elif deadline is not None and time.monotonic() >= deadline:
+            stopped.append("timeout")
+        else:
+            continue
+        _kill_group(process)
+        return
 
 
 def _kill_group(process: subprocess.Popen) -> None:

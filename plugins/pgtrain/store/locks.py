@@ -107,6 +107,8 @@ class Lease:
     expires_at: datetime
     ttl: float
     lost: str | None = field(default=None)  # set when a renewal finds the lease taken over
+    # set with ``lost``: whoever does work under the lease waits on it to stop that work (run_local)
+    lost_event: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
 
 
 def owner_identity(extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -292,6 +294,7 @@ class LockManager:
             expires = renew_lease(conn, lease.name, lease.token, lease.ttl, owner)
         except StaleLockToken as lost:
             lease.lost = str(lost)
+            lease.lost_event.set()
             raise
         if expires is None:
             return False

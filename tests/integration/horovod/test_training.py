@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import threading
 import time
 
 import numpy as np
@@ -246,6 +248,42 @@ def test_a_job_past_its_timeout_is_stopped(autocommit, db_url, monkeypatch):
         launch_local.run_local(run.run_id, 2, db_url, logging.getLogger("test.timeout"), timeout_seconds=1)
     assert time.monotonic() - started < 10
     assert "started" in str(failure.value)
+
+
+def test_a_job_whose_training_claim_is_lost_is_stopped(autocommit, db_url, monkeypatch, tmp_path):
+    """The claim's heartbeat finds it taken over (here by a retry of the run; after a lease ran out, by another run):
+    the job is killed at once rather than train beside another job of the model."""
+    from pgtrain.launch.attempt import claim_name, training_claim
+    from pgtrain.store.locks import LockManager
+
+    seed_samples(autocommit, rows=60)
+    run = planned_run(autocommit, world_size=2, epochs=1)
+    pid_file = tmp_path / "pid"
+    slow = [sys.executable, "-c", f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+                                  "print('started', flush=True); time.sleep(300)"]
+    monkeypatch.setattr(launch_local, "local_command", lambda run_id, world_size, attempt: slow)
+    outcome: list[BaseException] = []
+
+    def job(lease) -> None:
+        try:
+            launch_local.run_local(run.run_id, 2, db_url, logging.getLogger("test.claim"), claim=lease)
+        except BaseException as error:
+            outcome.append(error)
+
+    with training_claim(db_url, run) as claim, LockManager(db_url, heartbeat=False) as retry:
+        watcher = threading.Thread(target=job, args=(claim.lease,), daemon=True)
+        watcher.start()
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert pid_file.exists(), "the job did not start"
+        retry.acquire_lock(claim_name(run.model_name), timeout=5, take_over={"training_run": run.run_id})
+        watcher.join(120)  # the heartbeat renews every ttl/3 seconds
+        assert not watcher.is_alive(), "the job went on after its claim was lost"
+    assert len(outcome) == 1 and isinstance(outcome[0], TrainingFailed), outcome
+    assert "its model's training claim was lost" in str(outcome[0]) and "started" in str(outcome[0])
+    assert not os.path.exists(f"/proc/{pid_file.read_text()}/status") or "zombie" in open(
+        f"/proc/{pid_file.read_text()}/status").read().lower()
 
 
 def test_two_rank_training_on_categories_and_imputed_nulls_equals_single_process(autocommit, db_url):

@@ -45,10 +45,11 @@ class LocalTrainOperator(BaseOperator):
         with train_run.failure_recorded(self.conn_id, run_id, context["ti"]):
             run = train_run.planned_run(self.conn_id, run_id, "local")
             self.log.info("training run %s: world_size %d, launcher local", run_id, run.config.world_size)
-            with train_run.training_claimed(self.conn_id, run, context["ti"]):
+            with train_run.training_claimed(self.conn_id, run, context["ti"]) as claim:
                 self._running = True  # run_local starts a new attempt and clears the earlier one's output
                 try:
-                    run_local(run_id, run.config.world_size, database_url(self.conn_id), self.log)
+                    run_local(run_id, run.config.world_size, database_url(self.conn_id), self.log,
+                              claim=claim.lease)
                 finally:
                     self._running = False
 
