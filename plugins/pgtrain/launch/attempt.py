@@ -64,7 +64,8 @@ class TrainingClaim:
         owner record (None drops one). Returns what the new holder keeps to renew and release it."""
         self.handed_over = True  # no longer this block's to release, even if it turns out to have ended
         self.locks.hand_over(self.lease, owner, ttl)
-        return {"name": self.lease.name, "token": self.lease.token, "ttl": float(ttl)}
+        return {"name": self.lease.name, "token": self.lease.token, "ttl": float(ttl),
+                "training_run": self.lease.owner.get("training_run")}
 
 
 @contextmanager
@@ -100,6 +101,21 @@ def training_claim(conn: psycopg.Connection | str, run: record.Run, owner: Mappi
         finally:
             if not claim.handed_over:
                 locks.release(lease)
+
+
+def lost_to_another_run(conn: psycopg.Connection, name: str, training_run: str) -> str | None:
+    """Why the job of ``training_run``, whose claim ``name`` was found lost, must stop: who holds the claim now. None
+    when that is a new try of the same run: on Kubernetes it re-attached to this very job, which must go on."""
+    row = conn.execute("SELECT owner, acquired_at FROM pgtrain.locks WHERE name = %s", (name,)).fetchone()
+    owner = row[0] if row else None
+    if owner and owner.get("training_run") == training_run:
+        return None
+    others = {k: v for k, v in (owner or {}).items() if k != "training_run"}
+    holder = (f"run {owner.get('training_run', '?')} ({describe_owner(others)}) since {row[1]}" if owner
+              else "nobody (its lease ran out, so any run may take it)")
+    return (f"the training claim {name} of run {training_run} was lost (its lease ran out while its holder could "
+            f"not reach the database) and is now held by {holder}: this run's job was stopped so that two jobs do "
+            "not train the model at once")
 
 
 def renew_claim(conn: psycopg.Connection, claim: Mapping[str, Any]) -> bool:

@@ -15,8 +15,9 @@ import threading
 import psycopg
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
+from psycopg.types.json import Jsonb
 
-from pgtrain.core.errors import TrainingBusy
+from pgtrain.core.errors import TrainingBusy, TrainingFailed
 from pgtrain.launch.attempt import DEFERRED_TTL, claim_name, release_claim, training_claim
 from pgtrain.launch.mpijob import api
 from pgtrain.runs import record
@@ -134,3 +135,63 @@ def test_a_retry_takes_over_its_own_runs_claim_from_the_trigger(k8s, namespace, 
     asyncio.run(rebuilt(retry).on_kill())  # the deferred task is killed (mark failed): job deleted, model freed
     assert not claim_row(db_url)["held"]
     k8s.wait_for(lambda: not k8s.mpijobs(namespace), 10, "the job to be deleted")
+
+
+def taken_by_another_run(db_url: str, run_id: str) -> None:
+    """What another run's acquire writes once the claim's lease has run out (its holder could not reach the database
+    for a whole lease): a new token and owner, in one statement, so that no renewal slips in between."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        taken = conn.execute(
+            "UPDATE pgtrain.locks SET token = nextval('pgtrain.fencing_tokens'), owner = %s, "
+            "acquired_at = clock_timestamp(), heartbeat_at = clock_timestamp(), "
+            "expires_at = clock_timestamp() + interval '300 seconds' WHERE name = %s AND owner IS NOT NULL",
+            (Jsonb({"training_run": run_id, "host": "elsewhere", "pid": 1}), CLAIM)).rowcount
+    assert taken == 1
+
+
+def test_a_claim_lost_to_another_run_stops_the_deferred_job(k8s, namespace, db_url):
+    k8s.queue_jobs(namespace)  # the job stays queued: nothing trains
+    first, second = plan(db_url, "lost-deferred-first"), plan(db_url, "lost-deferred-second")
+    store = FakeTaskStateStore()
+    context = task_context(DAG_ID, "lost-deferred-first", state_store=store)
+    trigger = rebuilt(deferred_try(namespace, first, "lost-deferred-first", state_store=store).trigger)
+    assert trigger.claim["training_run"] == first
+    taken_by_another_run(db_url, second)
+
+    async def first_event():
+        async for event in trigger.run():
+            return event.payload
+
+    event = asyncio.run(asyncio.wait_for(first_event(), 120))
+    assert (event["status"], event["reason"]) == ("error", "stopped"), event
+    assert f"is now held by run {second} (host=elsewhere, pid=1)" in event["message"]
+    k8s.wait_for(lambda: not k8s.mpijobs(namespace), 30, "the job to be deleted")
+    with pytest.raises(TrainingFailed, match=rf"training claim {CLAIM} of run {first} was lost"):
+        train_operator(namespace, training_run_id=first, deferrable=True).execute_complete(context, event)
+    assert claim_row(db_url)["owner"]["training_run"] == second  # the resumed task released nothing of the other's
+
+
+def test_a_claim_lost_to_another_run_stops_the_synchronous_job(k8s, namespace, db_url):
+    """The synchronous watch: the claim's heartbeat (every ttl / 3 = 10 s) finds it lost, and the job is deleted."""
+    k8s.queue_jobs(namespace)
+    first, second = plan(db_url, "lost-sync-first"), plan(db_url, "lost-sync-second")
+    failures: list[BaseException] = []
+
+    def train() -> None:
+        try:
+            train_operator(namespace, training_run_id=first, labels=QUEUE).execute(
+                task_context(DAG_ID, "lost-sync-first"))
+        except BaseException as error:
+            failures.append(error)
+
+    watcher = threading.Thread(target=train, daemon=True)
+    watcher.start()
+    k8s.wait_for(lambda: k8s.mpijobs(namespace), 60, "the job to be created")
+    k8s.wait_for(lambda: claim_row(db_url)["held"], 60, "the claim to be held")
+    taken_by_another_run(db_url, second)
+    watcher.join(120)
+    assert not watcher.is_alive(), "the job was watched on after its claim was lost"
+    assert len(failures) == 1 and isinstance(failures[0], TrainingFailed), failures
+    assert f"is now held by run {second} (host=elsewhere, pid=1)" in str(failures[0])
+    k8s.wait_for(lambda: not k8s.mpijobs(namespace), 30, "the job to be deleted")
+    assert claim_row(db_url)["owner"]["training_run"] == second

@@ -107,3 +107,13 @@ def release_claim(conn_id: str, claim: Any) -> bool:
 
     with connect(database_url(conn_id)) as conn:
         return release(conn, claim)
+
+
+def lost_to_another_run(conn_id: str, lease: Any) -> str | None:
+    """Why a job whose claim (``lease``) was found lost must stop (``pgtrain.launch.attempt.lost_to_another_run``);
+    None when a new try of the same run holds it."""
+    from pgtrain.core.db import connect
+    from pgtrain.launch.attempt import lost_to_another_run as lost_to
+
+    with connect(database_url(conn_id)) as conn:
+        return lost_to(conn, lease.name, lease.owner.get("training_run"))

@@ -4,7 +4,8 @@ A deferrable train task hands its run's training claim (docs/locks.md, "The trai
 instead of releasing it: while the triggerer watches the MPIJob, a second run of the model is still refused.
 The trigger renews the claim's lease on each poll (one short UPDATE, in a worker thread, on a connection it keeps),
 hands the claim back in its event for ``execute_complete`` to release, and releases it itself when the deferred
-task is killed (mark failed, clear). A triggerer that dies stops renewing: the lease then runs out by itself.
+task is killed (mark failed, clear). A triggerer that dies stops renewing: the lease then runs out by itself. A
+renewal that finds the claim taken by another run deletes the job (docs/locks.md).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from airflow.triggers.base import TriggerEvent
 from pgtrain.airflow.dag.connection import DEFAULT_CONN_ID
 from pgtrain.airflow.kubernetes.trigger import MPIJobTrigger
 from pgtrain.core.errors import StaleLockToken
-from pgtrain.launch.attempt import release_claim, renew_claim
+from pgtrain.launch.attempt import lost_to_another_run, release_claim, renew_claim
 
 if TYPE_CHECKING:
     import psycopg
@@ -47,20 +48,27 @@ class TrainingRunMPIJobTrigger(MPIJobTrigger):
     def _event(self, status: str, message: str, **extra: Any) -> TriggerEvent:
         return super()._event(status, message, claim=self.claim, **extra)
 
-    async def on_poll(self) -> None:
-        """Renew the claim's lease; a failed renewal is logged, and the next poll tries again."""
+    async def on_poll(self) -> str | None:
+        """Renew the claim's lease; a failed renewal is logged, and the next poll tries again. A claim found lost
+        stops the job (``lost_to_another_run``), unless a new try of this run took it over: that try watches this
+        very job now."""
         if self._claim_lost:
-            return
+            return None
         try:
             await self._in_database(renew_claim)
         except StaleLockToken as lost:
             self._claim_lost = True
-            self.log.error("training claim of MPIJob %s/%s lost: %s. Another run of the model may now launch a "
-                           "job beside this one.", self.namespace, self.name, lost)
+            run = self.claim.get("training_run")  # absent in a trigger deferred by pgtrain 0.1.0: only logged
+            stop = await self._in_database(lambda conn, claim: lost_to_another_run(conn, claim["name"], run)
+                                           ) if run else None
+            self.log.error("training claim of MPIJob %s/%s lost: %s. %s", self.namespace, self.name, lost,
+                           stop or "A new try of the run holds it and watches this job now.")
+            return stop
         except Exception as error:  # the database away: the lease lasts its ttl, later polls renew it
             self.log.warning("could not renew the training claim %s (token %s): %s; it lasts %g s from its last "
                              "renewal", self.claim["name"], self.claim["token"], error, self.claim["ttl"])
             await asyncio.to_thread(self._close)
+        return None
 
     async def on_kill(self) -> None:
         """The deferred task was killed: delete the MPIJob (MPIJobTrigger), then free the model."""
@@ -76,7 +84,7 @@ class TrainingRunMPIJobTrigger(MPIJobTrigger):
     async def cleanup(self) -> None:
         await asyncio.to_thread(self._close)
 
-    async def _in_database(self, action: Callable[[psycopg.Connection, dict[str, Any]], bool]) -> bool:
+    async def _in_database(self, action: Callable[[psycopg.Connection, dict[str, Any]], Any]) -> Any:
         if self._conn is None or self._conn.closed:
             from asgiref.sync import sync_to_async
 

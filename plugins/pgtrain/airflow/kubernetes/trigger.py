@@ -24,6 +24,7 @@ from pgtrain.airflow.kubernetes.errors import MPIOperatorMissing
 from pgtrain.launch.mpijob import watch
 
 MISSING_OPERATOR = "mpi_operator_missing"  # an error event's reason: MPIJobs are no longer served
+STOPPED = "stopped"  # an error event's reason: on_poll gave a reason to stop, and the MPIJob was deleted
 
 
 class MPIJobTrigger(BaseTrigger):
@@ -93,9 +94,13 @@ class MPIJobTrigger(BaseTrigger):
         verdict = watch.WatchVerdict("waiting")
         try:
             while True:
-                await self.on_poll()
+                stop = await self.on_poll()
                 async with self.hook.get_conn() as api_client:
                     jobs = AsyncMPIJobClient(api_client, self.namespace)
+                    if stop is not None:
+                        await jobs.delete(self.name)
+                        yield self._event("error", stop, reason=STOPPED)
+                        return
                     job = await jobs.get(self.name)
                     if job is None:
                         yield self._event("error", "the MPIJob no longer exists: it was deleted while the task "
@@ -117,8 +122,10 @@ class MPIJobTrigger(BaseTrigger):
         except ApiException as exc:
             yield self._event("error", f"Kubernetes API error {exc.status}: {exc.reason}")
 
-    async def on_poll(self) -> None:
-        """Called before each look at the job: a subclass renews what it holds while the job runs."""
+    async def on_poll(self) -> str | None:
+        """Called before each look at the job: a subclass renews what it holds while the job runs. A reason to stop
+        (a text) deletes the MPIJob and fires an error event with it."""
+        return None
 
     async def on_kill(self) -> None:
         """The deferred task was killed (Airflow 3.3+ calls this): delete the MPIJob like the operator's on_kill."""
