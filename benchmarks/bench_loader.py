@@ -23,6 +23,8 @@ every round:
 - ``pgtrain_one_stream``: the same on one connection, as each rank of a larger run loads (diagnostic);
 - ``pgtrain_no_prefault``: ``pgtrain`` without the thread that maps the arrays' pages while the COPY streams
   (diagnostic: what first touching fresh memory costs);
+- ``pgtrain_impute_all``: ``pgtrain`` replacing NULLs in every scalar feature column, as a plan from before
+  ``shard_plans.nullable_columns`` does (diagnostic: what a ``coalesce`` per value costs; the table has no NULL);
 - ``pgtrain_server``: pgtrain's batched COPY (one stream) ``TO '/dev/null'`` (diagnostic: what its query costs
   the server);
 - peers producing the same arrays (features float32 rows x dim, labels int64): ``fetchall`` (the seed's way:
@@ -46,6 +48,7 @@ arrays it returns.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import statistics
@@ -60,7 +63,8 @@ LAYOUTS = ("float4_array", "bytea", "scalar_columns")
 FLOORS = ("copy_floor", "copy_floor_2", "server_floor")
 PEERS = ("fetchall", "connectorx_1", "connectorx_2", "asyncpg", "asyncpg_fetch")
 FETCH_LAYOUTS = ("bytea",)  # elsewhere asyncpg's fetch builds a Python float per value, as fetchall does
-CONTENDERS = (*FLOORS, "pgtrain", "pgtrain_one_stream", "pgtrain_no_prefault", "pgtrain_server", *PEERS)
+CONTENDERS = (*FLOORS, "pgtrain", "pgtrain_one_stream", "pgtrain_no_prefault", "pgtrain_impute_all", "pgtrain_server",
+              *PEERS)
 MB = 1 << 20
 
 
@@ -172,12 +176,14 @@ def measure(contender: str, url: str, spec: dict) -> dict:
     if contender == "copy_floor_2":
         conns = [psycopg.connect(url, autocommit=True) for _ in range(2)]
     if contender in ("copy_floor", "server_floor", "pgtrain", "pgtrain_one_stream", "pgtrain_no_prefault",
-                     "pgtrain_server", "fetchall"):
+                     "pgtrain_impute_all", "pgtrain_server", "fetchall"):
         conn = psycopg.connect(url, autocommit=True)
         run = record.get_run(conn, spec["run_id"])
         source = manifest.source_for(conn, run)
         shard = record.get_manifest(conn, run.run_id)[0]
         cfg = run.config
+        if contender == "pgtrain_impute_all":
+            source = dataclasses.replace(source, plan=dataclasses.replace(source.plan, nullable_columns=None))
     if contender == "connectorx_1" or contender == "connectorx_2":
         import connectorx
         import psycopg.conninfo
@@ -198,7 +204,7 @@ def measure(contender: str, url: str, spec: dict) -> dict:
         result["bytes"] = _drain_in_parallel(conns, _halves(spec))
     elif contender == "server_floor":
         conn.execute(sql.SQL("COPY ({}) TO '/dev/null' (FORMAT BINARY)").format(plain))
-    elif contender in ("pgtrain", "pgtrain_one_stream", "pgtrain_no_prefault"):
+    elif contender in ("pgtrain", "pgtrain_one_stream", "pgtrain_no_prefault", "pgtrain_impute_all"):
         if contender == "pgtrain_no_prefault":
             loader.prefault_in_background = lambda arrays: None
         streams = 1 if contender == "pgtrain_one_stream" else loader.streams_for(1)
@@ -399,6 +405,8 @@ def main() -> None:
             measured: dict[str, list[dict]] = {name: [] for name in contenders}
             skipped: dict[str, str] = {} if layout in FETCH_LAYOUTS else {
                 "asyncpg_fetch": "fetch builds one Python float per value here (as fetchall does): bytea only"}
+            if layout != "scalar_columns":
+                skipped["pgtrain_impute_all"] = "only scalar feature columns have NULLs to replace"
             for round_ in range(rounds):
                 shift = round_ % len(contenders)
                 for name in contenders[shift:] + contenders[:shift]:

@@ -17,8 +17,9 @@ from psycopg import sql
 
 from dev import examples
 from pgtrain.core.errors import SourceError
-from pgtrain.data import loader, manifest
+from pgtrain.data import encoding, loader, manifest
 from pgtrain.data.source import snapshot
+from pgtrain.data.source.resolve import Source
 from pgtrain.data.source.snapshot import planned_rows, prefer_index_order, read_xid_clock, snapshot_transaction
 from pgtrain.runs import record
 from tests import support
@@ -174,6 +175,48 @@ def test_scalar_columns_of_every_type_load_in_the_given_order_like_a_direct_sele
     np.testing.assert_array_equal(np.concatenate([d.features for d in data]), expected)
     np.testing.assert_array_equal(np.concatenate([d.labels for d in data]), [r[-1] for r in rows])
     assert [int(d.is_validation.sum()) for d in data] == [s.val_count for s in planned.shards]
+
+
+@pytest.mark.usefixtures("small_batches")
+@pytest.mark.parametrize("streams", [1, 2])
+def test_only_columns_null_in_some_planned_row_are_imputed_and_the_rows_load_as_if_every_column_were(ac, streams):
+    ac.execute("""CREATE TABLE public.gappy (id text PRIMARY KEY, a real, b double precision, n integer, colour text,
+                  label integer)""")
+    ac.execute("""INSERT INTO public.gappy
+                  SELECT 'k' || lpad(g::text, 4, '0'), CASE WHEN g % 7 = 0 THEN NULL ELSE g / 3.0 END, sqrt(g), g - 100,
+                         CASE WHEN g % 5 = 0 THEN NULL ELSE 'c' || g % 3 END, g % 3
+                  FROM generate_series(1, 300) g""")
+    run, _ = plan(ac, "public.gappy", world_size=2, features_column=None, feature_columns=["a", "b", "n", "colour"],
+                  validation_fraction=0.2)
+    shards = record.get_manifest(ac, run.run_id)
+
+    def load(source: Source) -> list[loader.ShardData]:
+        return [loader.load_shard(ac, source, shard, run.input_dim, 0.2, run.config.seed, streams=streams,
+                                  validation_last=True) for shard in shards]
+
+    source = manifest.source_for(ac, run)
+    assert source.plan.nullable_columns == ("a", "colour")  # b and n hold a value in every row
+    query = loader.batch_query(source, shards[0], sql.SQL("true"), 0.2, run.config.seed).as_string(ac)
+    assert query.count("coalesce(") == 2  # a's mean and colour's NULL hash only
+    sent_as_they_are = load(source)
+    # A plan from before nullable_columns was recorded: every column's NULLs are replaced, as they always were.
+    ac.execute("UPDATE pgtrain.shard_plans SET nullable_columns = NULL WHERE run_id = %s", (run.run_id,))
+    every = manifest.source_for(ac, run)
+    assert every.plan.nullable_columns is None
+    assert loader.batch_query(every, shards[0], sql.SQL("true"), 0.2, run.config.seed).as_string(ac).count(
+        "coalesce(") == 4  # a, b, n (imputed means) and colour
+    for fast, slow in zip(sent_as_they_are, load(every), strict=True):
+        assert fast.streams == streams
+        np.testing.assert_array_equal(fast.features, slow.features)
+        np.testing.assert_array_equal(fast.labels, slow.labels)
+        np.testing.assert_array_equal(fast.is_validation, slow.is_validation)
+    features = np.concatenate([d.features for d in sent_as_they_are])
+    mean_a = next(c.mean for c in source.feature_columns if c.name == "a")
+    assert run.input_dim == 5  # a, b, n, a was missing, colour's code
+    missing = features[:, 3] == 1
+    assert missing.sum() == 300 // 7 and (features[missing, 0] == np.float32(mean_a)).all()
+    assert (features[~missing, 0] != np.float32(mean_a)).all()
+    assert (features[:, 4] == encoding.NULL_LEVEL).sum() == 300 // 5
 
 
 def test_a_scalar_regression_target_loads_as_float32_rows_by_one(ac):

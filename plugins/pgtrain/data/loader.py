@@ -107,8 +107,8 @@ def batch_query(source: Source, shard: Shard, visible: sql.Composable, validatio
            ORDER BY _pgtrain_batch.i {order}"""
     ).format(run=sql.Literal(plan.run_id), rank=sql.Literal(shard.rank),
              in_span=sql.SQL(" AND b.i BETWEEN {} AND {}").format(span.first, span.last) if span else sql.SQL(""),
-             order=sql.SQL("DESC" if span and span.descending else "ASC"), features=feature_payload(source),
-             target=target_payload(source),
+             order=sql.SQL("DESC" if span and span.descending else "ASC"),
+             features=feature_payload(source, plan.nullable_columns), target=target_payload(source),
              is_val=is_validation(source, validation_fraction, seed), key=source.key, rel=source.relation,
              rows=sql.Identifier(ROWS_ALIAS),
              in_batch=key_range(source, sql.SQL("_pgtrain_batch.lo"), sql.SQL("_pgtrain_batch.hi")),

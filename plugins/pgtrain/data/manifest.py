@@ -117,6 +117,7 @@ def plan_shards(conn: psycopg.Connection, run: record.Run, *, input_dim: int | N
                 keys = None
             rows = _usable_rows(source, check, dim, config, length_given=bool(given_dim), outputs=outputs)
             source = statistics.with_values(source, check.total, check.extra)
+            nullable = statistics.nullable_columns(source, check.total, check.extra)
             if source.feature_format == COLUMNS:
                 dim = encoding.layout(source.feature_columns).width
             # The rows the loader will leave out: the same whether num_classes is given or inferred (max + 1 of
@@ -146,7 +147,7 @@ def plan_shards(conn: psycopg.Connection, run: record.Run, *, input_dim: int | N
             planned = {**encoding.to_dict(source), "parent_version": parent["version"] if parent else None}
         record.write_manifest(conn, run.run_id, shards, dim, num_classes, output_dim, planned)
         seen, horizon = seen_xmins(check.alias_xmin_ages, clock)
-        _write_plan(conn, run, clock, seen, horizon, check, batch_rows, batches)
+        _write_plan(conn, run, clock, seen, horizon, check, batch_rows, batches, nullable)
     return Plan(shards, dim, num_classes, rows, check.bad, check.kinds, clock.snapshot, output_dim,
                 check.bad_columns, encoded.warnings, source.column_names, source.classes)
 
@@ -263,31 +264,34 @@ def read_plan(conn: psycopg.Connection, run_id: str) -> PlannedRows | None:
                   pg_snapshot_xmax(p.snapshot)::text::bigint,
                   array(SELECT x::text::bigint FROM pg_snapshot_xip(p.snapshot) AS x ORDER BY 1),
                   p.seen_xmins::text[], p.xid_horizon, r.input_dim, r.num_classes, p.excluded_rows > 0, p.batch_rows,
-                  r.output_dim, r.encoding
+                  r.output_dim, r.encoding, p.nullable_columns
            FROM pgtrain.shard_plans p JOIN pgtrain.training_runs r USING (run_id) WHERE p.run_id = %s""",
         (run_id,),
     ).fetchone()
     if row is None:
         return None
-    snapshot, xmin, xmax, in_progress, seen, horizon, dim, classes, exclude, batch_rows, outputs, planned = row
+    (snapshot, xmin, xmax, in_progress, seen, horizon, dim, classes, exclude, batch_rows, outputs, planned,
+     nullable) = row
     return PlannedRows(run_id, snapshot, xmin, xmax, tuple(x % (1 << 32) for x in in_progress),
-                       tuple(int(x) for x in seen), horizon, dim, classes, exclude, batch_rows, outputs, planned)
+                       tuple(int(x) for x in seen), horizon, dim, classes, exclude, batch_rows, outputs, planned,
+                       None if nullable is None else tuple(nullable))
 
 
 def _write_plan(conn: psycopg.Connection, run: record.Run, clock: XidClock, seen: tuple[int, ...], horizon: int,
-                check: RowCheck, batch_rows: int, batches: list[tuple[list[str], list[str]]]) -> None:
+                check: RowCheck, batch_rows: int, batches: list[tuple[list[str], list[str]]],
+                nullable: tuple[str, ...]) -> None:
     conn.execute(
         """INSERT INTO pgtrain.shard_plans (run_id, snapshot, seen_xmins, xid_horizon, excluded_rows, bad_rows,
-                                            batch_rows)
+                                            batch_rows, nullable_columns)
            VALUES (%(run)s, %(snapshot)s::pg_snapshot, %(seen)s::xid[], %(horizon)s, %(excluded)s, %(report)s,
-                   %(batch)s)
+                   %(batch)s, %(nullable)s::text[])
            ON CONFLICT (run_id) DO UPDATE SET
              snapshot = EXCLUDED.snapshot, seen_xmins = EXCLUDED.seen_xmins, xid_horizon = EXCLUDED.xid_horizon,
              excluded_rows = EXCLUDED.excluded_rows, bad_rows = EXCLUDED.bad_rows,
-             batch_rows = EXCLUDED.batch_rows, planned_at = now()""",
+             batch_rows = EXCLUDED.batch_rows, nullable_columns = EXCLUDED.nullable_columns, planned_at = now()""",
         {"run": run.run_id, "snapshot": clock.snapshot, "seen": "{" + ",".join(map(str, seen)) + "}",
          "horizon": horizon, "excluded": check.bad, "report": Jsonb(bad_rows_report(check.kinds)),
-         "batch": batch_rows},
+         "batch": batch_rows, "nullable": list(nullable)},
     )
     with conn.cursor() as cur:
         cur.executemany(

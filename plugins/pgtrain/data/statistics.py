@@ -78,10 +78,7 @@ def with_values(source: Source, total: int, lean: Sequence[Any]) -> Source:
     """``source`` with each numeric or date column's mean and "was missing" input, from the lean scan's ``lean``
     values over ``total`` rows; refuses a column that is NULL in every row. The input row's width follows (the
     vocabularies do not change it)."""
-    numbers = len(valued(source.feature_columns))
-    means, present = lean[0:2 * numbers:2], lean[1:2 * numbers:2]
-    stats = dict(zip([c.name for c in valued(source.feature_columns)], zip(means, present, strict=True),
-                     strict=True))
+    stats = _lean_values(source, lean)
     impute = source.missing_values == "impute"
     columns = []
     for column in source.feature_columns:
@@ -94,6 +91,20 @@ def with_values(source: Source, total: int, lean: Sequence[Any]) -> Source:
         columns.append(replace(column, mean=float(mean) if impute and mean is not None else None,
                                missing=impute and present < total))
     return replace(source, feature_columns=tuple(columns))
+
+
+def nullable_columns(source: Source, total: int, lean: Sequence[Any]) -> tuple[str, ...]:
+    """The feature columns that are NULL in some of the ``total`` rows the lean scan checked (``lean``: its
+    values): each numeric or date column with fewer values than rows, and every categorical one (not counted)."""
+    stats = _lean_values(source, lean)
+    return tuple(c.name for c in source.feature_columns if c.kind == CATEGORY or stats[c.name][1] < total)
+
+
+def _lean_values(source: Source, lean: Sequence[Any]) -> dict[str, tuple[Any, int]]:
+    """Each numeric or date column's (mean, non-NULL count) from the lean scan's values (``lean_aggregates``)."""
+    names = [c.name for c in valued(source.feature_columns)]
+    numbers = len(names)
+    return dict(zip(names, zip(lean[0:2 * numbers:2], lean[1:2 * numbers:2], strict=True), strict=True))
 
 
 def encode(conn: psycopg.Connection, source: Source, config: TrainingConfig, max_label: int | None,

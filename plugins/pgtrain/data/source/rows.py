@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from psycopg import sql
 
 from pgtrain.data.encoding import NULL_HASH, inputs
@@ -279,16 +281,17 @@ def text_hash(value: sql.Composable) -> sql.Composable:
     return sql.SQL('hashtextextended(CAST({} AS text) COLLATE "C", 0)').format(value)
 
 
-def input_value(part: str, column: Column, null_hash: int) -> sql.Composable:
+def input_value(part: str, column: Column, null_hash: int, *, nulls: bool = True) -> sql.Composable:
     """SQL for one column of the input row (``pgtrain.data.encoding.inputs``): a value (a NULL imputed with the
-    column's mean when it has one), a 0/1 "was missing", or a category's hash (``null_hash`` for NULL)."""
+    column's mean when it has one), a 0/1 "was missing", or a category's hash (``null_hash`` for NULL).
+    ``nulls=False``: the rows read never hold a NULL in this column, which is sent as it is."""
     name = sql.Identifier(column.name)
     if part == "missing":
         return sql.SQL("CAST(CAST({} IS NULL AS integer) AS real)").format(name)
     if part == "code":
-        return sql.SQL("coalesce({}, {})").format(text_hash(name), sql.Literal(null_hash))
+        return sql.SQL("coalesce({}, {})").format(text_hash(name), sql.Literal(null_hash)) if nulls else text_hash(name)
     value = scalar_value(name, column.type)
-    if column.mean is None:
+    if column.mean is None or not nulls:
         return value
     return sql.SQL("coalesce({}, CAST({} AS {}))").format(
         value, sql.Literal(repr(float(column.mean))), sql.SQL("real" if column.wire == "f4" else "double precision"))
@@ -308,8 +311,10 @@ def _inputs(source: Source) -> list[tuple[str, Column]]:
     return inputs(source.feature_columns)
 
 
-def feature_payload(source: Source) -> sql.Composable:
-    """SQL bytea: a row's features as the loader reads them."""
+def feature_payload(source: Source, nullable: Collection[str] | None = None) -> sql.Composable:
+    """SQL bytea: a row's features as the loader reads them. ``nullable``: the scalar feature columns that may be
+    NULL in the rows read (None: any); the others skip the NULL replacement (a coalesce per value: 0.3-0.4 of
+    the 2.5 server CPU-seconds of a 500k x 100 load, benchmarks/RESULTS.md)."""
     if source.feature_format == "bytea":
         return source.features
     if source.feature_format != COLUMNS:
@@ -319,7 +324,9 @@ def feature_payload(source: Source) -> sql.Composable:
     # one float4send per column (each || copies the row so far) and than the plain COPY's 100 fields.
     return sql.SQL(" || ").join(
         sql.SQL("array_send(CAST(ARRAY[{}] AS {}))").format(
-            sql.SQL(", ").join(input_value(*planned[i], NULL_HASH) for i in positions),
+            sql.SQL(", ").join(input_value(*planned[i], NULL_HASH,
+                                           nulls=nullable is None or planned[i][1].name in nullable)
+                               for i in positions),
             sql.SQL(ARRAY_ELEMENTS[WIRE_ARRAYS[wire]] + "[]"))
         for wire, positions in feature_groups(source).items())
 

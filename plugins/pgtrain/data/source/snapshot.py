@@ -50,6 +50,8 @@ class PlannedRows:
     batch_rows: int
     output_dim: int | None = None  # classes, or the regression target's width
     encoding: dict[str, Any] | None = None  # how the rows become input (pgtrain.data.encoding); None: as they are
+    # The scalar feature columns NULL in some planned row (statistics.nullable_columns); None: any may be.
+    nullable_columns: tuple[str, ...] | None = None
 
 
 @contextmanager
