@@ -192,3 +192,18 @@ def mixed_params(**params: Any) -> dict[str, Any]:
     """Train on every column of public.penguins, predicting the text species."""
     return {"source_table": "public.penguins", "key_column": "id", "feature_columns": "*",
             "label_column": "species", "model_name": "penguins", "min_category_count": 1, **params}
+
+
+def taken_by_another_run(db_url: str, claim: str, run_id: str) -> None:
+    """What another run's acquire of the training claim ``claim`` writes once its lease has run out (its holder could
+    not reach the database for a whole lease): a new token and owner, in one statement, so that no renewal of the
+    holder slips in between."""
+    from psycopg.types.json import Jsonb
+
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        taken = conn.execute(
+            "UPDATE pgtrain.locks SET token = nextval('pgtrain.fencing_tokens'), owner = %s, "
+            "acquired_at = clock_timestamp(), heartbeat_at = clock_timestamp(), "
+            "expires_at = clock_timestamp() + interval '300 seconds' WHERE name = %s AND owner IS NOT NULL",
+            (Jsonb({"training_run": run_id, "host": "elsewhere", "pid": 1}), claim)).rowcount
+    assert taken == 1

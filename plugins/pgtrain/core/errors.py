@@ -36,5 +36,15 @@ class StaleLockToken(PgtrainError):
     """A write carried a fencing token older than the newest one seen: the writer lost its lease."""
 
 
+class ClaimLost(TrainingFailed):
+    """The job's training claim was lost while it trained, so its job was stopped (``superseded``: False) or, when a
+    new try of the same run took the claim over and watches the job now, left to that try (``superseded``: True;
+    that try's outcome is the run's, so this one records nothing)."""
+
+    def __init__(self, message: str, *, superseded: bool = False) -> None:
+        super().__init__(message)
+        self.superseded = superseded
+
+
 class TrainingBusy(PgtrainError):
     """Another run of the model is training: this one launches nothing beside it (not retried)."""

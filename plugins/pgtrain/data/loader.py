@@ -292,8 +292,8 @@ def _store(block: memoryview, fill: _Fill, from_back: bool) -> None:
     if payload_len != count * layout.itemsize:
         raise SourceError(
             f"rank {shard.rank}: a batch of {count} rows holds {payload_len} bytes, not {count} x "
-            f"{layout.itemsize}: the rows do not all have {out.features.shape[1]} features any more; "
-            "re-run compute_shards"
+            f"{layout.itemsize}: the rows do not all have {out.features.shape[1]} features any more, or a feature "
+            "column holds a NULL that compute_shards did not see; re-run compute_shards"
         )
     records = np.frombuffer(block, layout, count, _BATCH_HEADER.size)
     if "ndim" in layout.names:

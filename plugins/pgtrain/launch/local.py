@@ -28,10 +28,12 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+import psycopg
+
 from pgtrain.core.database_url import DATABASE_URL_ENV
 from pgtrain.core.db import connect, split_password
-from pgtrain.core.errors import ConfigError, TrainingFailed, TrainingInputError
-from pgtrain.launch.attempt import start_attempt
+from pgtrain.core.errors import ClaimLost, ConfigError, TrainingFailed, TrainingInputError
+from pgtrain.launch.attempt import lost_to_another_run, start_attempt, superseded
 from pgtrain.launch.horovodrun import PASSFILE_ENV, PASSFILE_FD_ENV
 from pgtrain.launch.lifetime import memory_file, preexec_die_with_this_process
 from pgtrain.launch.trainer_command import horovodrun_options, trainer_argv
@@ -162,10 +164,7 @@ def run_local(run_id: str, world_size: int, database_url: str, log: logging.Logg
             "last output lines:\n" + "\n".join(tail)
         )
     if stopped == "claim lost":
-        raise TrainingFailed(
-            f"the Horovod job of run {run_id} was stopped: its model's training claim was lost ({claim.lost}), so "
-            "another run may be training the model now; last output lines:\n" + "\n".join(tail)
-        )
+        raise _claim_lost(database_url, run_id, claim, tail)
     if returncode == 0:
         return
     with connect(database_url) as conn:
@@ -176,6 +175,19 @@ def run_local(run_id: str, world_size: int, database_url: str, log: logging.Logg
         f"the Horovod job of run {run_id} exited with status {returncode}"
         + (f": {verdict[1]}" if verdict else "") + "; last output lines:\n" + "\n".join(tail)
     )
+
+
+def _claim_lost(database_url: str, run_id: str, claim: Lease, tail: list[str]) -> ClaimLost:
+    """The error of a job stopped because its claim was lost: who took it (``attempt.lost_to_another_run``)."""
+    try:
+        with connect(database_url) as conn:
+            reason = lost_to_another_run(conn, claim.name, run_id)
+    except psycopg.Error as error:
+        reason = (f"the training claim {claim.name} of run {run_id} was lost ({claim.lost}; who holds it now could "
+                  f"not be read: {str(error).strip()}), so its job was stopped")
+    if reason is None:  # its new try runs a job of its own
+        return ClaimLost(superseded(claim.name, run_id) + "; this try's job was stopped", superseded=True)
+    return ClaimLost(reason + "; last output lines:\n" + "\n".join(tail))
 
 
 def _run(command: list[str], env: dict[str, str], log: logging.Logger, timeout_seconds: float | None,
@@ -200,12 +212,14 @@ def _run(command: list[str], env: dict[str, str], log: logging.Logger, timeout_s
                 line = line.rstrip("\n")
                 tail.append(line)
                 log.info("%s", line)
-            returncode = process.wait()
         except BaseException:
             _kill_group(process)
             raise
         finally:
             ended.set()
+            if watchdog.is_alive():
+                watchdog.join()  # before the process is reaped: the watchdog never kills a reused pid's group
+        returncode = process.wait()
     return returncode, list(tail), stopped[0] if stopped else None
 
 

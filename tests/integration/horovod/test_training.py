@@ -14,13 +14,23 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pgtrain.core.errors import TrainingFailed, TrainingInputError
+from pgtrain.airflow.dag import train_run
+from pgtrain.core.errors import ClaimLost, TrainingFailed, TrainingInputError
 from pgtrain.data import loader, manifest
 from pgtrain.launch import local as launch_local
 from pgtrain.runs import record
 from pgtrain.store import tensors
 from pgtrain.store.model_spec import ModelSpec
-from tests.support import make_mixed_table, mixed_params, planned_run, run_job, seed_noise, seed_samples
+from tests.k8s_sim.airflow_context import task_context
+from tests.support import (
+    make_mixed_table,
+    mixed_params,
+    planned_run,
+    run_job,
+    seed_noise,
+    seed_samples,
+    taken_by_another_run,
+)
 from trainer.model import build_model
 from trainer.optim import Schedule, make_optimizer
 from trainer.train import batch_and_rate, epoch_batches, parse_args, steps_per_epoch
@@ -250,9 +260,11 @@ def test_a_job_past_its_timeout_is_stopped(autocommit, db_url, monkeypatch):
     assert "started" in str(failure.value)
 
 
-def test_a_job_whose_training_claim_is_lost_is_stopped(autocommit, db_url, monkeypatch, tmp_path):
-    """The claim's heartbeat finds it taken over (here by a retry of the run; after a lease ran out, by another run):
-    the job is killed at once rather than train beside another job of the model."""
+@pytest.mark.parametrize("taken_by", ["another run", "a new try"])
+def test_a_job_whose_training_claim_is_lost_is_stopped(autocommit, db_url, monkeypatch, tmp_path, taken_by):
+    """The claim's heartbeat (every ttl / 3 = 10 s) finds it taken: the job is killed at once rather than train beside
+    another job of the model. Taken by another run (its holder's lease ran out), the run is marked failed, naming
+    that run; by a new try of the same run, which runs its own job, this try leaves the run to it."""
     from pgtrain.launch.attempt import claim_name, training_claim
     from pgtrain.store.locks import LockManager
 
@@ -264,26 +276,41 @@ def test_a_job_whose_training_claim_is_lost_is_stopped(autocommit, db_url, monke
     monkeypatch.setattr(launch_local, "local_command", lambda run_id, world_size, attempt: slow)
     outcome: list[BaseException] = []
 
+    monkeypatch.setenv("AIRFLOW_CONN_PGTRAIN_DB", db_url)  # the train task's connection, as Airflow provides it
+    ti = task_context("pgtrain_test", run.dag_run_id)["ti"]
+
     def job(lease) -> None:
         try:
-            launch_local.run_local(run.run_id, 2, db_url, logging.getLogger("test.claim"), claim=lease)
+            with train_run.failure_recorded("pgtrain_db", run.run_id, ti):  # as LocalTrainOperator runs it
+                launch_local.run_local(run.run_id, 2, db_url, logging.getLogger("test.claim"), claim=lease)
         except BaseException as error:
             outcome.append(error)
 
-    with training_claim(db_url, run) as claim, LockManager(db_url, heartbeat=False) as retry:
+    with training_claim(db_url, run) as claim, LockManager(db_url, heartbeat=False,
+                                                           owner={"training_run": run.run_id}) as retry:
         watcher = threading.Thread(target=job, args=(claim.lease,), daemon=True)
         watcher.start()
         deadline = time.monotonic() + 60
         while not pid_file.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         assert pid_file.exists(), "the job did not start"
-        retry.acquire_lock(claim_name(run.model_name), timeout=5, take_over={"training_run": run.run_id})
-        watcher.join(120)  # the heartbeat renews every ttl/3 seconds
+        if taken_by == "another run":
+            taken_by_another_run(db_url, claim_name(run.model_name), "pgtrain_test/other")
+        else:
+            retry.acquire_lock(claim_name(run.model_name), timeout=5, take_over={"training_run": run.run_id})
+        watcher.join(120)
         assert not watcher.is_alive(), "the job went on after its claim was lost"
-    assert len(outcome) == 1 and isinstance(outcome[0], TrainingFailed), outcome
-    assert "its model's training claim was lost" in str(outcome[0]) and "started" in str(outcome[0])
-    assert not os.path.exists(f"/proc/{pid_file.read_text()}/status") or "zombie" in open(
-        f"/proc/{pid_file.read_text()}/status").read().lower()
+    assert len(outcome) == 1 and isinstance(outcome[0], ClaimLost), outcome
+    pid = pid_file.read_text()
+    assert not os.path.exists(f"/proc/{pid}/status") or "zombie" in open(f"/proc/{pid}/status").read().lower()
+    after = record.get_run(autocommit, run.run_id)
+    if taken_by == "another run":
+        assert not outcome[0].superseded and "and run pgtrain_test/other (host=elsewhere, pid=1) took it" in str(
+            outcome[0]) and "started" in str(outcome[0])  # the job's last lines
+        assert after.status == "failed" and "pgtrain_test/other" in after.status_reason
+    else:
+        assert outcome[0].superseded and "taken over by a new try of the run" in str(outcome[0])
+        assert after.status != "failed"  # the run's outcome is the new try's
 
 
 def test_two_rank_training_on_categories_and_imputed_nulls_equals_single_process(autocommit, db_url):

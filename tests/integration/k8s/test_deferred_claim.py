@@ -15,15 +15,15 @@ import threading
 import psycopg
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
-from psycopg.types.json import Jsonb
 
-from pgtrain.core.errors import TrainingBusy, TrainingFailed
+from pgtrain.core.errors import ClaimLost, TrainingBusy
 from pgtrain.launch.attempt import DEFERRED_TTL, claim_name, release_claim, training_claim
 from pgtrain.launch.mpijob import api
 from pgtrain.runs import record
-from pgtrain.store.locks import list_locks
+from pgtrain.store.locks import LockManager, list_locks
 from tests.integration.k8s.test_operator import DAG_ID, launcher_running, plan, staged, train_operator
 from tests.k8s_sim.airflow_context import FakeTaskStateStore, task_context
+from tests.support import taken_by_another_run
 
 pytestmark = pytest.mark.horovod
 QUEUE = {api.QUEUE_NAME_LABEL: "gpu-queue"}
@@ -126,8 +126,9 @@ def test_a_retry_takes_over_its_own_runs_claim_from_the_trigger(k8s, namespace, 
                                                                                        "trigger")
 
     dead = rebuilt(first)
-    asyncio.run(dead.on_poll())  # a renewal of the taken-over claim: lost, logged, not renewed
-    assert dead._claim_lost and claim_row(db_url)["heartbeat_at"] == held["heartbeat_at"]
+    # a renewal of the claim its own run's retry took over: lost and logged, and the job is left to the retry
+    assert asyncio.run(dead.on_poll()) is None
+    assert dead._claim_lost and dead._superseded and claim_row(db_url)["heartbeat_at"] == held["heartbeat_at"]
     with psycopg.connect(db_url, autocommit=True) as conn:
         assert not release_claim(conn, first.claim)
     assert claim_row(db_url)["held"]
@@ -137,18 +138,6 @@ def test_a_retry_takes_over_its_own_runs_claim_from_the_trigger(k8s, namespace, 
     k8s.wait_for(lambda: not k8s.mpijobs(namespace), 10, "the job to be deleted")
 
 
-def taken_by_another_run(db_url: str, run_id: str) -> None:
-    """What another run's acquire writes once the claim's lease has run out (its holder could not reach the database
-    for a whole lease): a new token and owner, in one statement, so that no renewal slips in between."""
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        taken = conn.execute(
-            "UPDATE pgtrain.locks SET token = nextval('pgtrain.fencing_tokens'), owner = %s, "
-            "acquired_at = clock_timestamp(), heartbeat_at = clock_timestamp(), "
-            "expires_at = clock_timestamp() + interval '300 seconds' WHERE name = %s AND owner IS NOT NULL",
-            (Jsonb({"training_run": run_id, "host": "elsewhere", "pid": 1}), CLAIM)).rowcount
-    assert taken == 1
-
-
 def test_a_claim_lost_to_another_run_stops_the_deferred_job(k8s, namespace, db_url):
     k8s.queue_jobs(namespace)  # the job stays queued: nothing trains
     first, second = plan(db_url, "lost-deferred-first"), plan(db_url, "lost-deferred-second")
@@ -156,7 +145,7 @@ def test_a_claim_lost_to_another_run_stops_the_deferred_job(k8s, namespace, db_u
     context = task_context(DAG_ID, "lost-deferred-first", state_store=store)
     trigger = rebuilt(deferred_try(namespace, first, "lost-deferred-first", state_store=store).trigger)
     assert trigger.claim["training_run"] == first
-    taken_by_another_run(db_url, second)
+    taken_by_another_run(db_url, CLAIM, second)
 
     async def first_event():
         async for event in trigger.run():
@@ -164,15 +153,18 @@ def test_a_claim_lost_to_another_run_stops_the_deferred_job(k8s, namespace, db_u
 
     event = asyncio.run(asyncio.wait_for(first_event(), 120))
     assert (event["status"], event["reason"]) == ("error", "stopped"), event
-    assert f"is now held by run {second} (host=elsewhere, pid=1)" in event["message"]
+    assert f"and run {second} (host=elsewhere, pid=1) took it" in event["message"]
     k8s.wait_for(lambda: not k8s.mpijobs(namespace), 30, "the job to be deleted")
-    with pytest.raises(TrainingFailed, match=rf"training claim {CLAIM} of run {first} was lost"):
+    with pytest.raises(ClaimLost, match=rf"training claim {CLAIM} of run {first} was lost"):
         train_operator(namespace, training_run_id=first, deferrable=True).execute_complete(context, event)
     assert claim_row(db_url)["owner"]["training_run"] == second  # the resumed task released nothing of the other's
 
 
-def test_a_claim_lost_to_another_run_stops_the_synchronous_job(k8s, namespace, db_url):
-    """The synchronous watch: the claim's heartbeat (every ttl / 3 = 10 s) finds it lost, and the job is deleted."""
+@pytest.mark.parametrize("taken_by", ["another run", "a new try"])
+def test_a_lost_claim_in_the_synchronous_watch(k8s, namespace, db_url, taken_by):
+    """The synchronous watch: once the claim's heartbeat (every ttl / 3 = 10 s) finds it lost, the job is deleted
+    when another run took the claim, and left running (this try stops watching it and records nothing) when a new
+    try of the same run did: that try re-attached to it."""
     k8s.queue_jobs(namespace)
     first, second = plan(db_url, "lost-sync-first"), plan(db_url, "lost-sync-second")
     failures: list[BaseException] = []
@@ -188,10 +180,23 @@ def test_a_claim_lost_to_another_run_stops_the_synchronous_job(k8s, namespace, d
     watcher.start()
     k8s.wait_for(lambda: k8s.mpijobs(namespace), 60, "the job to be created")
     k8s.wait_for(lambda: claim_row(db_url)["held"], 60, "the claim to be held")
-    taken_by_another_run(db_url, second)
-    watcher.join(120)
-    assert not watcher.is_alive(), "the job was watched on after its claim was lost"
-    assert len(failures) == 1 and isinstance(failures[0], TrainingFailed), failures
-    assert f"is now held by run {second} (host=elsewhere, pid=1)" in str(failures[0])
-    k8s.wait_for(lambda: not k8s.mpijobs(namespace), 30, "the job to be deleted")
-    assert claim_row(db_url)["owner"]["training_run"] == second
+    with LockManager(db_url, heartbeat=False, owner={"training_run": first}) as retry:
+        if taken_by == "another run":
+            taken_by_another_run(db_url, CLAIM, second)
+        else:
+            retry.acquire_lock(CLAIM, timeout=5, take_over={"training_run": first})
+        watcher.join(120)
+        assert not watcher.is_alive(), "the job was watched on after its claim was lost"
+        assert len(failures) == 1 and isinstance(failures[0], ClaimLost), failures
+        with psycopg.connect(db_url) as conn:
+            status = record.get_run(conn, first).status
+        if taken_by == "another run":
+            assert not failures[0].superseded
+            assert f"and run {second} (host=elsewhere, pid=1) took it" in str(failures[0])
+            k8s.wait_for(lambda: not k8s.mpijobs(namespace), 30, "the job to be deleted")
+            assert claim_row(db_url)["owner"]["training_run"] == second
+            assert status == "failed"
+        else:
+            assert failures[0].superseded and "taken over by a new try of the run" in str(failures[0])
+            assert k8s.mpijobs(namespace) and not k8s.history(namespace, verb="delete", resource="mpijobs")
+            assert status != "failed"  # the run's outcome is the new try's

@@ -12,7 +12,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from pgtrain.airflow.dag.connection import database_url
 from pgtrain.airflow.dag.outcome import leave_outcome
-from pgtrain.core.errors import TrainingBusy, TrainingFailed, TrainingInputError
+from pgtrain.core.errors import ClaimLost, TrainingBusy, TrainingFailed, TrainingInputError
 
 
 def task_owner(ti: Any) -> dict[str, Any]:
@@ -64,19 +64,28 @@ def trainer_verdict(conn_id: str, run_id: str, attempt: int | None) -> tuple[str
 @contextmanager
 def failure_recorded(conn_id: str, run_id: str, ti: Any) -> Iterator[None]:
     """A failed job marks the run 'failed' (with the first line of why) before the task fails, unless the
-    trainer recorded its own verdict (refused, or failed with its reason): that one stays."""
+    trainer recorded its own verdict (refused, or failed with its reason): that one stays. A try whose claim a new
+    try of the run took over records nothing: the run's outcome is that try's."""
     try:
         yield
-    except TrainingFailed as failure:
-        from pgtrain.core.db import connect
-        from pgtrain.runs import record
-
-        status = "refused" if isinstance(failure, TrainingInputError) else "failed"
-        with connect(database_url(conn_id)) as conn:
-            record.record_verdict(conn, run_id, status, str(failure).splitlines()[0])
-            # The DAG run's note (pgtrain.airflow.ui.run_notes): the verdict that stays, with its reason.
-            leave_outcome(ti, conn, run_id)
+    except ClaimLost as lost:
+        if not lost.superseded:
+            _record_failure(conn_id, run_id, ti, lost)
         raise
+    except TrainingFailed as failure:
+        _record_failure(conn_id, run_id, ti, failure)
+        raise
+
+
+def _record_failure(conn_id: str, run_id: str, ti: Any, failure: TrainingFailed) -> None:
+    from pgtrain.core.db import connect
+    from pgtrain.runs import record
+
+    status = "refused" if isinstance(failure, TrainingInputError) else "failed"
+    with connect(database_url(conn_id)) as conn:
+        record.record_verdict(conn, run_id, status, str(failure).splitlines()[0])
+        # The DAG run's note (pgtrain.airflow.ui.run_notes): the verdict that stays, with its reason.
+        leave_outcome(ti, conn, run_id)
 
 
 @contextmanager
@@ -109,11 +118,13 @@ def release_claim(conn_id: str, claim: Any) -> bool:
         return release(conn, claim)
 
 
-def lost_to_another_run(conn_id: str, lease: Any) -> str | None:
-    """Why a job whose claim (``lease``) was found lost must stop (``pgtrain.launch.attempt.lost_to_another_run``);
-    None when a new try of the same run holds it."""
+def claim_lost(conn_id: str, lease: Any) -> ClaimLost:
+    """The error of a job whose claim (``lease``) was found lost: stop it (another run, or nobody, holds the claim),
+    or leave it to a new try of the same run (``superseded``). Raises when the database cannot be asked."""
     from pgtrain.core.db import connect
-    from pgtrain.launch.attempt import lost_to_another_run as lost_to
+    from pgtrain.launch.attempt import lost_to_another_run, superseded
 
+    run_id = lease.owner.get("training_run")
     with connect(database_url(conn_id)) as conn:
-        return lost_to(conn, lease.name, lease.owner.get("training_run"))
+        reason = lost_to_another_run(conn, lease.name, run_id)
+    return ClaimLost(reason) if reason else ClaimLost(superseded(lease.name, run_id), superseded=True)

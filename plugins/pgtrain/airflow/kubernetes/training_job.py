@@ -11,8 +11,8 @@ from pgtrain.airflow.dag import train_run
 from pgtrain.airflow.dag.connection import DEFAULT_CONN_ID
 from pgtrain.airflow.kubernetes.operator import MPIJobOperator
 from pgtrain.airflow.kubernetes.training_trigger import TrainingRunMPIJobTrigger
-from pgtrain.airflow.kubernetes.trigger import MPIJobTrigger
-from pgtrain.core.errors import TrainingFailed
+from pgtrain.airflow.kubernetes.trigger import STOPPED, MPIJobTrigger
+from pgtrain.core.errors import ClaimLost, StaleLockToken, TrainingFailed
 from pgtrain.launch.attempt import DEFERRED_TTL
 
 if TYPE_CHECKING:
@@ -43,7 +43,8 @@ class TrainingRunMPIJobOperator(MPIJobOperator):
         super().__init__(**kwargs)
         self.conn_id = conn_id
         self.claim: TrainingClaim | None = None
-        self._claim_lost: str | None = None  # why the job was deleted: its claim went to another run
+        self._lost: ClaimLost | None = None  # the claim was lost: the job deleted, or left to a new try of the run
+        self._guard_lock = threading.Lock()  # the claim guard acts only while the synchronous watch runs
 
     def before_submit(self, context: Context) -> None:
         """A new job is a new attempt (the earlier one's writes are refused from now on) and trains from
@@ -58,14 +59,24 @@ class TrainingRunMPIJobOperator(MPIJobOperator):
     def make_trigger(self, **arguments: Any) -> MPIJobTrigger:
         if self.claim is None:
             return super().make_trigger(**arguments)
-        # renewed on each poll: a lease of at least three polls
-        kept = self.claim.hand_over(max(DEFERRED_TTL, 3 * float(self.poll_interval)), held_by="trigger",
-                                    host=None, pid=None, mpijob=f"{arguments['namespace']}/{arguments['name']}")
+        try:  # renewed on each poll: a lease of at least three polls
+            kept = self.claim.hand_over(max(DEFERRED_TTL, 3 * float(self.poll_interval)), held_by="trigger",
+                                        host=None, pid=None, mpijob=f"{arguments['namespace']}/{arguments['name']}")
+        except StaleLockToken:  # lost between its acquisition and now
+            lost = train_run.claim_lost(self.conn_id, self.claim.lease)
+            if not lost.superseded:
+                self.delete_mpijob(str(lost))
+            raise lost from None
         return TrainingRunMPIJobTrigger(claim=kept, conn_id=self.conn_id, **arguments)
 
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> None:
+        if event.get("status") == "error" and event.get("reason") == STOPPED:  # the trigger deleted the job
+            raise ClaimLost(event.get("message") or "the training claim was lost")
+        super().execute_complete(context, event)
+
     def _wait(self) -> watch.WatchVerdict:
-        """The synchronous watch; meanwhile a guard deletes the job if the claim's heartbeat finds the claim lost to
-        another run (``train_run.lost_to_another_run``), so that two jobs never go on training one model."""
+        """The synchronous watch; meanwhile a guard acts once the claim's heartbeat finds the claim lost
+        (``_guard_claim``), so that two jobs never go on training one model."""
         if self.claim is None:
             return super()._wait()
         ended = threading.Event()
@@ -73,29 +84,57 @@ class TrainingRunMPIJobOperator(MPIJobOperator):
         try:
             return super()._wait()
         except TrainingFailed:
-            if self._claim_lost:  # the deleted job's own failure says less than why it was deleted
-                raise TrainingFailed(self._claim_lost) from None
+            if self._lost is not None:  # the deleted job's own failure says less than why it was deleted
+                raise self._lost from None
             raise
         finally:
-            ended.set()
+            with self._guard_lock:
+                ended.set()
 
     def _guard_claim(self, ended: threading.Event) -> None:
-        lost = self.claim.lease.lost_event
-        while not lost.wait(CLAIM_GUARD_INTERVAL):
+        """Once the claim is lost: delete the job when another run (or nobody) holds the claim now; leave it when a
+        new try of this run does (it re-attached to this very job), and stop watching it. Who holds it is asked
+        again until the database answers."""
+        lease = self.claim.lease
+        while not lease.lost_event.wait(CLAIM_GUARD_INTERVAL):
             if ended.is_set():
                 return
-        if ended.is_set():
-            return
-        reason = train_run.lost_to_another_run(self.conn_id, self.claim.lease)
-        if reason is None:
-            self.log.error("training claim of MPIJob %s/%s lost: %s. A new try of the run holds it and watches this "
-                           "job now.", self.job_namespace, self.job_name, self.claim.lease.lost)
-            return
-        self.log.error("%s", reason)
-        self._claim_lost = reason
-        self.delete_mpijob(reason)
+        lost = None
+        while lost is None:
+            try:
+                lost = train_run.claim_lost(self.conn_id, lease)
+            except Exception:
+                self.log.warning("training claim %s lost; who holds it now could not be read, asking again",
+                                 lease.name, exc_info=True)
+                if ended.wait(CLAIM_GUARD_INTERVAL):
+                    return
+        with self._guard_lock:
+            if ended.is_set():  # the watch has ended (the job succeeded or failed): nothing to stop
+                return
+            self.log.error("%s", lost)
+            self._lost = lost
+            if lost.superseded:
+                return
+            try:
+                self.delete_mpijob(str(lost))
+            except Exception:
+                self.log.exception("could not delete MPIJob %s/%s: delete it by hand", self.job_namespace,
+                                   self.job_name)
+
+    def watch_abandoned(self) -> bool:
+        return self._lost is not None and self._lost.superseded
 
     def _finish(self, verdict: watch.WatchVerdict, context: Context) -> None:
-        if self._claim_lost:
-            raise TrainingFailed(self._claim_lost)
+        if self._lost is not None:
+            raise self._lost
         super()._finish(verdict, context)
+
+    def _cleanup(self, verdict: watch.WatchVerdict | None) -> None:
+        if self.watch_abandoned():  # the job is the new try's now
+            return
+        super()._cleanup(verdict)
+
+    def on_kill(self) -> None:
+        if self.watch_abandoned():
+            return
+        super().on_kill()

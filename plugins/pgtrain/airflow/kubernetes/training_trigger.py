@@ -19,7 +19,7 @@ from airflow.triggers.base import TriggerEvent
 from pgtrain.airflow.dag.connection import DEFAULT_CONN_ID
 from pgtrain.airflow.kubernetes.trigger import MPIJobTrigger
 from pgtrain.core.errors import StaleLockToken
-from pgtrain.launch.attempt import lost_to_another_run, release_claim, renew_claim
+from pgtrain.launch.attempt import lost_to_another_run, release_claim, renew_claim, superseded
 
 if TYPE_CHECKING:
     import psycopg
@@ -40,6 +40,7 @@ class TrainingRunMPIJobTrigger(MPIJobTrigger):
         self.conn_id = conn_id
         self._conn: psycopg.Connection | None = None
         self._claim_lost = False
+        self._superseded = False  # a new try of the run took the claim over and watches the job
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         classpath, kwargs = super().serialize()
@@ -50,30 +51,47 @@ class TrainingRunMPIJobTrigger(MPIJobTrigger):
 
     async def on_poll(self) -> str | None:
         """Renew the claim's lease; a failed renewal is logged, and the next poll tries again. A claim found lost
-        stops the job (``lost_to_another_run``), unless a new try of this run took it over: that try watches this
-        very job now."""
+        stops the job when another run (or nobody) holds it now (``lost_to_another_run``); when a new try of this
+        run does, that try watches this very job: it goes on, and this trigger no longer deletes it."""
         if self._claim_lost:
             return None
         try:
             await self._in_database(renew_claim)
+            return None
         except StaleLockToken as lost:
-            self._claim_lost = True
-            run = self.claim.get("training_run")  # absent in a trigger deferred by pgtrain 0.1.0: only logged
-            stop = await self._in_database(lambda conn, claim: lost_to_another_run(conn, claim["name"], run)
-                                           ) if run else None
-            self.log.error("training claim of MPIJob %s/%s lost: %s. %s", self.namespace, self.name, lost,
-                           stop or "A new try of the run holds it and watches this job now.")
-            return stop
+            found = str(lost)
         except Exception as error:  # the database away: the lease lasts its ttl, later polls renew it
             self.log.warning("could not renew the training claim %s (token %s): %s; it lasts %g s from its last "
                              "renewal", self.claim["name"], self.claim["token"], error, self.claim["ttl"])
             await asyncio.to_thread(self._close)
-        return None
+            return None
+        run = self.claim.get("training_run")
+        if run is None:  # handed over by an earlier pgtrain, whose claims did not name their run
+            self._claim_lost = True
+            self.log.error("training claim of MPIJob %s/%s lost: %s. This trigger cannot tell who took it (its claim "
+                           "does not name its run), so the job goes on.", self.namespace, self.name, found)
+            return None
+        try:
+            stop = await self._in_database(lambda conn, claim: lost_to_another_run(conn, claim["name"], run))
+        except Exception as error:  # asked again at the next poll, whose renewal finds the claim lost again
+            self.log.warning("training claim %s lost; who holds it now could not be read (%s), asking again at the "
+                             "next poll", self.claim["name"], error)
+            await asyncio.to_thread(self._close)
+            return None
+        self._claim_lost = True
+        if stop is None:
+            self._superseded = True
+            self.log.error("%s", superseded(self.claim["name"], run))
+            return None
+        self.log.error("%s", stop)
+        return stop
 
     async def on_kill(self) -> None:
-        """The deferred task was killed: delete the MPIJob (MPIJobTrigger), then free the model."""
+        """The deferred task was killed: delete the MPIJob (MPIJobTrigger), unless a new try of the run watches it
+        now, then free the model."""
         try:
-            await super().on_kill()
+            if not self._superseded:
+                await super().on_kill()
         finally:
             try:
                 await self._in_database(release_claim)

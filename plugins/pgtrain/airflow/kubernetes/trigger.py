@@ -98,7 +98,12 @@ class MPIJobTrigger(BaseTrigger):
                 async with self.hook.get_conn() as api_client:
                     jobs = AsyncMPIJobClient(api_client, self.namespace)
                     if stop is not None:
-                        await jobs.delete(self.name)
+                        try:
+                            await jobs.delete(self.name)
+                        except ApiException as exc:
+                            if exc.status != 404:
+                                stop += (f" (deleting MPIJob {self.namespace}/{self.name} failed: Kubernetes API "
+                                         f"error {exc.status}: {exc.reason}; delete it by hand)")
                         yield self._event("error", stop, reason=STOPPED)
                         return
                     job = await jobs.get(self.name)
