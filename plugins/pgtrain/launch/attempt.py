@@ -17,7 +17,7 @@ from typing import Any
 
 import psycopg
 
-from pgtrain.core.errors import LockTimeout, TrainingBusy
+from pgtrain.core.errors import ClaimLost, LockTimeout, TrainingBusy
 from pgtrain.runs import record
 from pgtrain.store import tensors
 from pgtrain.store.locks import DEFAULT_TTL, Lease, LockManager, describe_owner, release_lease, renew_lease
@@ -103,26 +103,23 @@ def training_claim(conn: psycopg.Connection | str, run: record.Run, owner: Mappi
                 locks.release(lease)
 
 
-def lost_to_another_run(conn: psycopg.Connection, name: str, training_run: str) -> str | None:
-    """Why the job of ``training_run``, whose claim ``name`` was found lost, must stop: who took the claim. None
-    when a new try of the same run holds it: on Kubernetes it re-attached to this very job, which must go on."""
+def claim_lost(conn: psycopg.Connection, name: str, training_run: str) -> ClaimLost:
+    """The error of the job of ``training_run``, whose claim ``name`` was found lost, naming who took the claim: the
+    job must stop, unless a new try of the same run holds it (``superseded``: on Kubernetes that try re-attached to
+    this very job, which must go on)."""
     row = conn.execute("SELECT owner, acquired_at FROM pgtrain.locks WHERE name = %s", (name,)).fetchone()
     owner = row[0] if row else None
     if owner and owner.get("training_run") == training_run:
-        return None
+        return ClaimLost(f"the training claim {name} of run {training_run} was taken over by a new try of the run, "
+                         "which watches the job now: this try leaves the job and the run's outcome to it",
+                         superseded=True)
     others = {k: v for k, v in (owner or {}).items() if k != "training_run"}
     holder = (f"run {owner.get('training_run', '?')} ({describe_owner(others)}) took it at {row[1]}" if owner
               else "another holder took it and has released it since")
-    return (f"the training claim {name} of run {training_run} was lost: its holder could not renew the lease for "
-            f"a whole lease (a lost link to the database, or a paused process), and {holder}. This run's job was "
-            "stopped so that two jobs do not train the model at once; a retry is refused while another run holds "
-            "the claim. Check the worker's link to the database")
-
-
-def superseded(name: str, training_run: str) -> str:
-    """Why a job whose claim a new try of the same run took over is left to that try."""
-    return (f"the training claim {name} of run {training_run} was taken over by a new try of the run, which "
-            "watches the job now: this try leaves the job and the run's outcome to it")
+    return ClaimLost(f"the training claim {name} of run {training_run} was lost: its holder could not renew the lease "
+                     f"for a whole lease (a lost link to the database, or a paused process), and {holder}. This run's "
+                     "job was stopped so that two jobs do not train the model at once; a retry is refused while "
+                     "another run holds the claim. Check the worker's link to the database")
 
 
 def renew_claim(conn: psycopg.Connection, claim: Mapping[str, Any]) -> bool:

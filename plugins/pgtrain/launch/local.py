@@ -33,7 +33,7 @@ import psycopg
 from pgtrain.core.database_url import DATABASE_URL_ENV
 from pgtrain.core.db import connect, split_password
 from pgtrain.core.errors import ClaimLost, ConfigError, TrainingFailed, TrainingInputError
-from pgtrain.launch.attempt import lost_to_another_run, start_attempt, superseded
+from pgtrain.launch.attempt import claim_lost, start_attempt
 from pgtrain.launch.horovodrun import PASSFILE_ENV, PASSFILE_FD_ENV
 from pgtrain.launch.lifetime import memory_file, preexec_die_with_this_process
 from pgtrain.launch.trainer_command import horovodrun_options, trainer_argv
@@ -178,16 +178,16 @@ def run_local(run_id: str, world_size: int, database_url: str, log: logging.Logg
 
 
 def _claim_lost(database_url: str, run_id: str, claim: Lease, tail: list[str]) -> ClaimLost:
-    """The error of a job stopped because its claim was lost: who took it (``attempt.lost_to_another_run``)."""
+    """The error of a job stopped because its claim was lost, naming who took it (``attempt.claim_lost``)."""
     try:
         with connect(database_url) as conn:
-            reason = lost_to_another_run(conn, claim.name, run_id)
+            lost = claim_lost(conn, claim.name, run_id)
     except psycopg.Error as error:
-        reason = (f"the training claim {claim.name} of run {run_id} was lost ({claim.lost}; who holds it now could "
-                  f"not be read: {str(error).strip()}), so its job was stopped")
-    if reason is None:  # its new try runs a job of its own
-        return ClaimLost(superseded(claim.name, run_id) + "; this try's job was stopped", superseded=True)
-    return ClaimLost(reason + "; last output lines:\n" + "\n".join(tail))
+        return ClaimLost(f"the training claim {claim.name} of run {run_id} was lost ({claim.lost}; who holds it now "
+                         f"could not be read: {str(error).strip()}), so its job was stopped")
+    if lost.superseded:  # its new try runs a job of its own
+        return ClaimLost(f"{lost}; this try's job was stopped", superseded=True)
+    return ClaimLost(f"{lost}; last output lines:\n" + "\n".join(tail))
 
 
 def _run(command: list[str], env: dict[str, str], log: logging.Logger, timeout_seconds: float | None,

@@ -119,12 +119,10 @@ def release_claim(conn_id: str, claim: Any) -> bool:
 
 
 def claim_lost(conn_id: str, lease: Any) -> ClaimLost:
-    """The error of a job whose claim (``lease``) was found lost: stop it (another run, or nobody, holds the claim),
-    or leave it to a new try of the same run (``superseded``). Raises when the database cannot be asked."""
+    """``pgtrain.launch.attempt.claim_lost`` for the claim ``lease``, asked through the task's connection. Raises when
+    the database cannot be asked."""
     from pgtrain.core.db import connect
-    from pgtrain.launch.attempt import lost_to_another_run, superseded
+    from pgtrain.launch.attempt import claim_lost as lost_to
 
-    run_id = lease.owner.get("training_run")
     with connect(database_url(conn_id)) as conn:
-        reason = lost_to_another_run(conn, lease.name, run_id)
-    return ClaimLost(reason) if reason else ClaimLost(superseded(lease.name, run_id), superseded=True)
+        return lost_to(conn, lease.name, lease.owner.get("training_run"))

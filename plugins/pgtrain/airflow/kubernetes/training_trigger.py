@@ -19,7 +19,7 @@ from airflow.triggers.base import TriggerEvent
 from pgtrain.airflow.dag.connection import DEFAULT_CONN_ID
 from pgtrain.airflow.kubernetes.trigger import MPIJobTrigger
 from pgtrain.core.errors import StaleLockToken
-from pgtrain.launch.attempt import lost_to_another_run, release_claim, renew_claim, superseded
+from pgtrain.launch.attempt import claim_lost, release_claim, renew_claim
 
 if TYPE_CHECKING:
     import psycopg
@@ -51,7 +51,7 @@ class TrainingRunMPIJobTrigger(MPIJobTrigger):
 
     async def on_poll(self) -> str | None:
         """Renew the claim's lease; a failed renewal is logged, and the next poll tries again. A claim found lost
-        stops the job when another run (or nobody) holds it now (``lost_to_another_run``); when a new try of this
+        stops the job when another run (or nobody) holds it now (``claim_lost``); when a new try of this
         run does, that try watches this very job: it goes on, and this trigger no longer deletes it."""
         if self._claim_lost:
             return None
@@ -72,19 +72,16 @@ class TrainingRunMPIJobTrigger(MPIJobTrigger):
                            "does not name its run), so the job goes on.", self.namespace, self.name, found)
             return None
         try:
-            stop = await self._in_database(lambda conn, claim: lost_to_another_run(conn, claim["name"], run))
+            lost = await self._in_database(lambda conn, claim: claim_lost(conn, claim["name"], run))
         except Exception as error:  # asked again at the next poll, whose renewal finds the claim lost again
             self.log.warning("training claim %s lost; who holds it now could not be read (%s), asking again at the "
                              "next poll", self.claim["name"], error)
             await asyncio.to_thread(self._close)
             return None
         self._claim_lost = True
-        if stop is None:
-            self._superseded = True
-            self.log.error("%s", superseded(self.claim["name"], run))
-            return None
-        self.log.error("%s", stop)
-        return stop
+        self._superseded = lost.superseded
+        self.log.error("%s", lost)
+        return None if lost.superseded else str(lost)
 
     async def on_kill(self) -> None:
         """The deferred task was killed: delete the MPIJob (MPIJobTrigger), unless a new try of the run watches it
