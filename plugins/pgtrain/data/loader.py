@@ -37,7 +37,7 @@ from pgtrain.data.source.snapshot import (
     read_xid_clock,
     snapshot_transaction,
 )
-from pgtrain.data.wire import Group, feature_groups_of, fill_features, record_dtype
+from pgtrain.data.wire import Group, feature_arrays, feature_groups_of, fill_features, record_dtype, well_formed
 from pgtrain.runs.record import Shard
 
 if TYPE_CHECKING:
@@ -296,11 +296,8 @@ def _store(block: memoryview, fill: _Fill, from_back: bool) -> None:
             "column holds a NULL that compute_shards did not see; re-run compute_shards"
         )
     records = np.frombuffer(block, layout, count, _BATCH_HEADER.size)
-    if "ndim" in layout.names:
-        _check_arrays(records, "", out.features.shape[1], shard, "feature")
-    for name, positions, _ in fill.groups:  # scalar feature columns: one array per wire type
-        width = out.features.shape[1] if isinstance(positions, slice) else len(positions)
-        _check_arrays(records, name.removesuffix("x"), width, shard, "feature")
+    for prefix, width in feature_arrays(layout, fill.groups, out.features.shape[1]):
+        _check_arrays(records, prefix, width, shard, "feature")
     if "t_ndim" in layout.names:
         _check_arrays(records, "t_", out.labels.shape[1], shard, "target")
     for rows, span in fill.parts(records, from_back):
@@ -325,8 +322,7 @@ def _store_rows(records: np.ndarray, span: slice, fill: _Fill) -> None:
 
 
 def _check_arrays(records: np.ndarray, prefix: str, width: int, shard: Shard, what: str) -> None:
-    if ((records[prefix + "ndim"] != 1) | (records[prefix + "hasnull"] != 0) | (records[prefix + "dim"] != width)
-            ).any():
+    if not well_formed(records, prefix, width).all():
         raise SourceError(f"rank {shard.rank}: a {what} array changed shape or gained NULLs after "
                           "compute_shards; re-run compute_shards")
 

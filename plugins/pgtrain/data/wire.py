@@ -83,3 +83,17 @@ def feature_groups_of(source: Source, dim: int) -> list[Group]:
 def _positions(positions: list[int], dim: int) -> slice | list[int]:
     """Where a group of scalar feature columns goes in a features row: a slice when they are all of them."""
     return slice(None) if positions == list(range(dim)) else positions
+
+
+def feature_arrays(layout: np.dtype, groups: list[Group], dim: int) -> list[tuple[str, int]]:
+    """The feature arrays of a record ``layout`` whose headers say what shape they hold: (field prefix, values
+    expected); ``groups`` as ``feature_groups_of`` gives them."""
+    return ([("", dim)] if "ndim" in layout.names else []) + [
+        (name.removesuffix("x"), dim if isinstance(positions, slice) else len(positions))
+        for name, positions, _ in groups]
+
+
+def well_formed(records: np.ndarray, prefix: str, width: int) -> np.ndarray:
+    """Which ``records`` hold a flat array of ``width`` values without NULLs in the array fields ``prefix``."""
+    return (records[prefix + "ndim"] == 1) & (records[prefix + "hasnull"] == 0) & (records[prefix + "dim"] == width)
+

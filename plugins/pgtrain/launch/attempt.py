@@ -20,7 +20,15 @@ import psycopg
 from pgtrain.core.errors import ClaimLost, LockTimeout, TrainingBusy
 from pgtrain.runs import record
 from pgtrain.store import tensors
-from pgtrain.store.locks import DEFAULT_TTL, Lease, LockManager, describe_owner, release_lease, renew_lease
+from pgtrain.store.locks import (
+    DEFAULT_TTL,
+    Lease,
+    LockManager,
+    describe_owner,
+    lock_holder,
+    release_lease,
+    renew_lease,
+)
 
 # How long a run waits for another run of its model to finish training before it is refused: a run that is just
 # ending (its commit is not under the claim) hands over; one that is training keeps its model for far longer.
@@ -107,17 +115,17 @@ def claim_lost(conn: psycopg.Connection, name: str, training_run: str) -> ClaimL
     """The error of the job of ``training_run``, whose claim ``name`` was found lost, naming who took the claim: the
     job must stop, unless a new try of the same run holds it (``superseded``: on Kubernetes that try re-attached to
     this very job, which must go on)."""
-    row = conn.execute("SELECT owner, acquired_at FROM pgtrain.locks WHERE name = %s", (name,)).fetchone()
-    owner = row[0] if row else None
+    holder = lock_holder(conn, name)
+    owner = holder["owner"] if holder else None
     if owner and owner.get("training_run") == training_run:
         return ClaimLost(f"the training claim {name} of run {training_run} was taken over by a new try of the run, "
                          "which watches the job now: this try leaves the job and the run's outcome to it",
                          superseded=True)
     others = {k: v for k, v in (owner or {}).items() if k != "training_run"}
-    holder = (f"run {owner.get('training_run', '?')} ({describe_owner(others)}) took it at {row[1]}" if owner
-              else "another holder took it and has released it since")
+    taker = (f"run {owner.get('training_run', '?')} ({describe_owner(others)}) took it at {holder['acquired_at']}"
+             if owner else "another holder took it and has released it since")
     return ClaimLost(f"the training claim {name} of run {training_run} was lost: its holder could not renew the lease "
-                     f"for a whole lease (a lost link to the database, or a paused process), and {holder}. This run's "
+                     f"for a whole lease (a lost link to the database, or a paused process), and {taker}. This run's "
                      "job was stopped so that two jobs do not train the model at once; a retry is refused while "
                      "another run holds the claim. Check the worker's link to the database")
 

@@ -50,15 +50,16 @@ def preexec_die_with_this_process(sig: int = signal.SIGKILL) -> Callable[[], Non
 
 
 @contextlib.contextmanager
-def memory_file(name: str, content: bytes, mode: int = 0o600) -> Iterator[int | None]:
-    """A descriptor of a file holding ``content`` that no path on disk names, closed on exit (close-on-exec: pass
-    it on with ``pass_fds``); it is gone once every process holding it has exited. None where there are no memfds."""
+def memory_file(name: str, content: bytes) -> Iterator[int | None]:
+    """A descriptor of a file holding ``content`` (mode 0600) that no path on disk names, closed on exit
+    (close-on-exec: pass it on with ``pass_fds``); it is gone once every process holding it has exited. None where
+    there are no memfds."""
     if not hasattr(os, "memfd_create"):
         yield None
         return
     fd = os.memfd_create(name, os.MFD_CLOEXEC)
     try:
-        os.fchmod(fd, mode)
+        os.fchmod(fd, 0o600)
         os.write(fd, content)
         yield fd
     finally:

@@ -122,17 +122,16 @@ def predict(conn: psycopg.Connection, name: str, version: int | str | None, sour
         try:
             # Its own snapshot can be shared: other connections read while this one writes, in one COPY.
             alongside = Alongside(conn, scored, input_dim, batch_rows) if own_snapshot else None
-            shared = False
             try:
-                if alongside is not None and alongside.reading():
-                    shared = True
+                shared = alongside is not None and alongside.reading()
+                if shared:
                     with prediction_copy(conn, target, scored, probabilities) as write, _torch_beside_a_reader():
                         score(alongside.pages(), write)
             finally:
                 if alongside is not None:
                     alongside.close()
-            if not shared:
-                for page in scoring_read.pages(conn, scored, input_dim, batch_rows):
+            if not shared:  # its pages are cut already when the second connections could not read
+                for page in scoring_read.pages(conn, scored, input_dim, batch_rows, alongside and alongside.spans):
                     with prediction_copy(conn, target, scored, probabilities) as write:
                         score(iter((page,)), write)
         except _BadRows:

@@ -302,11 +302,8 @@ class LockManager:
         return True
 
     def holder(self, name: str) -> dict[str, Any] | None:
-        """The current holder of ``name`` (owner, token, since, expires) or None when free."""
-        row = self._ctl.execute(_HOLDER, (name,)).fetchone()
-        if row is None or row[1] is None:
-            return None
-        return {"token": row[0], "owner": row[1], "acquired_at": row[2], "expires_at": row[3]}
+        """The current holder of ``name`` (``lock_holder``)."""
+        return lock_holder(self._ctl, name)
 
     # -- internals --------------------------------------------------------------------------------
     def _drain_notifications(self) -> None:
@@ -366,6 +363,14 @@ class LockManager:
         finally:
             if conn is not None:
                 conn.close()
+
+
+def lock_holder(conn: psycopg.Connection, name: str) -> dict[str, Any] | None:
+    """The current holder of ``name`` (owner, token, since, expires) or None when free."""
+    row = conn.execute(_HOLDER, (name,)).fetchone()
+    if row is None or row[1] is None:
+        return None
+    return {"token": row[0], "owner": row[1], "acquired_at": row[2], "expires_at": row[3]}
 
 
 def renew_lease(conn: psycopg.Connection, name: str, token: int, ttl: float,

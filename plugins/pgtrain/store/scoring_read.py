@@ -33,7 +33,7 @@ from pgtrain.data.loader import non_finite_rows
 from pgtrain.data.source.resolve import COLUMNS, Source
 from pgtrain.data.source.rows import feature_checks, feature_payload
 from pgtrain.data.source.snapshot import Beside, prefer_index_order
-from pgtrain.data.wire import feature_groups_of, fill_features, source_feature_fields
+from pgtrain.data.wire import feature_arrays, feature_groups_of, fill_features, source_feature_fields, well_formed
 
 
 @dataclass(frozen=True)
@@ -47,16 +47,13 @@ class Page:
 
 
 class PageDecoder:
-    """Binary COPY rows of (key, payload), as ``row_query`` selects them, into a ``Page``."""
+    """Binary COPY rows of (key, payload), as ``page_query`` selects them, into a ``Page``."""
 
     def __init__(self, source: Source, dim: int) -> None:
         self.dim = dim
         self.layout = np.dtype(source_feature_fields(source, dim))
         self.groups = feature_groups_of(source, dim)
-        # Arrays whose header says what shape they hold: (field prefix, values expected).
-        self.arrays = ([("", dim)] if "ndim" in self.layout.names else []) + [
-            (name.removesuffix("x"), dim if isinstance(positions, slice) else len(positions))
-            for name, positions, _ in self.groups]
+        self.arrays = feature_arrays(self.layout, self.groups, dim)
 
     def page(self, data: memoryview | None) -> Page:
         """The page ``page_query`` sent: its rows as ``record_send(ROW(key, payload))`` back to back (None: none)."""
@@ -95,8 +92,7 @@ class PageDecoder:
         (whose values were checked as read), then only finite values."""
         good = np.ones(len(records), bool)
         for prefix, count in self.arrays:
-            good &= (records[prefix + "ndim"] == 1) & (records[prefix + "hasnull"] == 0) & (
-                records[prefix + "dim"] == count)
+            good &= well_formed(records, prefix, count)
         if not good.all():
             records, keys = records[good], _select(keys, good)
         x = np.empty((len(records), self.dim), np.float32)
@@ -155,23 +151,20 @@ def read_pages(conn: psycopg.Connection, source: Source, dim: int, spans: list[t
         yield page
 
 
-def pages(conn: psycopg.Connection, source: Source, dim: int, page_rows: int) -> Iterator[Page]:
-    """Every row, a COPY per page of ``page_rows`` keys (the connection is free between pages): keyset pages,
-    each bounded by its last key, found first in the key's index (the last page by none)."""
-    after = None
-    while True:
-        (upto,) = conn.execute(sql.SQL(
-            # Named, so that ORDER BY means the key, not its text form (the output column's name is the key's).
-            "SELECT CAST({key} AS text) AS _pgtrain_upto FROM {rel} WHERE {bounds} ORDER BY {key} "
-            "OFFSET {skip} LIMIT 1").format(
-            key=source.key, rel=source.relation, skip=sql.Literal(page_rows - 1),
-            bounds=_bounds(source, after, None))).fetchone() or (None,)
-        page = next(read_pages(conn, source, dim, [(after, upto)]))
+def page_spans(conn: psycopg.Connection, source: Source, page_rows: int) -> list[tuple[str | None, str | None]]:
+    """Every row's page as a span of keys (after, upto] of ``page_rows`` keys (None: unbounded), in key order, cut
+    by ``page_ends``."""
+    ends = page_ends(conn, source, page_rows)
+    return list(zip([None, *ends], [*ends, None], strict=True))
+
+
+def pages(conn: psycopg.Connection, source: Source, dim: int, page_rows: int,
+          spans: list[tuple[str | None, str | None]] | None = None) -> Iterator[Page]:
+    """Every row, a COPY per page of ``page_rows`` keys (``spans``: as ``page_spans`` cut them, if they are known
+    already), the connection free between pages; pages without a row are not yielded."""
+    for page in read_pages(conn, source, dim, spans if spans is not None else page_spans(conn, source, page_rows)):
         if page.bad or len(page.x):
             yield page
-        if upto is None:
-            return
-        after = upto
 
 
 class _Stopped(Exception):
@@ -238,24 +231,23 @@ class Alongside:
 
     def __init__(self, conn: psycopg.Connection, source: Source, dim: int, page_rows: int, readers: int = 2,
                  depth: int = 1) -> None:
-        ends = page_ends(conn, source, page_rows)
-        self._spans = list(zip([None, *ends], [*ends, None], strict=True))
+        self.spans = page_spans(conn, source, page_rows)
         self._readers: list[_Reader] = []
         try:
-            for r in range(min(readers, len(self._spans))):
-                self._readers.append(_Reader(conn, source, dim, self._spans[r::readers], depth))
+            for r in range(min(readers, len(self.spans))):
+                self._readers.append(_Reader(conn, source, dim, self.spans[r::readers], depth))
         except BaseException:
             self.close()
             raise
 
     def reading(self) -> bool:
         """Whether every reader has its first page: False when one could not read (the caller then closes this
-        and reads on its own: ``pages``)."""
+        and reads on its own: ``pages``, with these ``spans``)."""
         return all(reader.reading() for reader in self._readers)
 
     def pages(self) -> Iterator[Page]:
         """Every page, in key order (call ``reading`` first)."""
-        for i in range(len(self._spans)):
+        for i in range(len(self.spans)):
             yield self._readers[i % len(self._readers)].next()
 
     def close(self) -> None:
