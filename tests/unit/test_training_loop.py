@@ -8,7 +8,6 @@ import torch
 from torch import nn
 
 from pgtrain.config.params import TrainingConfig
-from pgtrain.core.cpus import usable_cpus
 from trainer.evaluate import Task
 from trainer.model import PgtrainModel
 from trainer.optim import Schedule
@@ -17,8 +16,6 @@ from trainer.train import (
     batch_bounds,
     epoch_batches,
     epoch_order,
-    set_up_torch,
-    threads_per_rank,
     train_epoch,
 )
 
@@ -96,25 +93,3 @@ def test_the_auto_batch_size_and_learning_rate():
     explicit = TrainingConfig(world_size=2, batch_size=16, learning_rate=0.3)
     assert (explicit.batch_size_for(90_000), explicit.learning_rate_for(16)) == (16, 0.3)
     assert TrainingConfig.from_mapping({"batch_size": None, "learning_rate": None}).batch_size is None
-
-
-def test_threads_per_rank_share_the_cpus_unless_omp_num_threads_says():
-    cpus = usable_cpus()  # the affinity within the container's CPU limit (tests/unit/test_capacity.py)
-    assert threads_per_rank({}, 1) == cpus
-    assert threads_per_rank({}, cpus) == 1
-    assert threads_per_rank({}, 4 * cpus) == 1
-    assert threads_per_rank({"OMP_NUM_THREADS": "3"}, 2) == 3
-    assert threads_per_rank({"OMP_NUM_THREADS": ""}, 1) == cpus
-
-
-def test_a_rank_flushes_subnormal_floats_to_zero():
-    threads, flushing = torch.get_num_threads(), torch.tensor([1e-40]).item() == 0
-    try:
-        torch.set_flush_denormal(False)
-        assert torch.tensor([1e-40]).item() > 0  # a subnormal float32, kept (and slow) by default
-        set_up_torch({"OMP_NUM_THREADS": "1"}, 1)
-        assert torch.get_num_threads() == 1
-        assert torch.tensor([1e-40]).item() == 0 and torch.tensor([1e-37]).item() > 0
-    finally:
-        torch.set_num_threads(threads)
-        torch.set_flush_denormal(flushing)

@@ -1,5 +1,9 @@
 import sys
 
-from trainer.train import main
+from trainer.threads import wait_passively
+
+wait_passively()  # before anything imports torch: its OpenMP runtime reads the policy once, when it loads
+
+from trainer.train import main  # noqa: E402
 
 sys.exit(main())

@@ -13,7 +13,6 @@ import math
 import os
 import sys
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import horovod.torch as hvd
@@ -22,7 +21,6 @@ import psycopg
 import torch
 
 from pgtrain.config.params import TrainingConfig
-from pgtrain.core.cpus import usable_cpus
 from pgtrain.core.db import connect
 from pgtrain.core.errors import PgtrainError
 from pgtrain.data import loader, manifest
@@ -35,6 +33,7 @@ from trainer.model import PgtrainModel, build_model, state_layout, writable_tens
 from trainer.optim import Schedule, load_optimizer_arrays, make_optimizer
 from trainer.start import Start, agree_on_start, plan_fingerprint, write_checkpoint
 from trainer.stopping import BEST_EPOCH, EarlyStopping
+from trainer.threads import set_up_threads, thread_summary
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -109,24 +108,6 @@ def check_encoding_parent(run: record.Run, init_version: int | None) -> None:
             f"{'version ' + str(planned) if planned else 'its own rows'} but warm-starts from version {init_version} "
             f"(init_from={run.config.init_from!r}: the head moved since planning); re-run the DAG run from "
             "compute_shards")
-
-
-def threads_per_rank(environ: Mapping[str, str], local_size: int) -> int:
-    """Torch's threads in each rank: $OMP_NUM_THREADS when set, else the CPUs this container may use (its affinity
-    within its CPU limit) shared by its ranks. On a busy machine one thread per rank is the safe choice
-    (benchmarks/RESULTS.md, "Training")."""
-    explicit = environ.get("OMP_NUM_THREADS", "")
-    if explicit.isdigit() and int(explicit) > 0:
-        return int(explicit)
-    return max(1, usable_cpus() // local_size)
-
-
-def set_up_torch(environ: Mapping[str, str], local_size: int) -> None:
-    """This rank's threads, and subnormal floats flushed to zero: late in training gradients underflow into
-    them, which x86 CPUs compute several times slower (benchmarks/RESULTS.md, "Training"). Values below
-    1.2e-38 change no result that matters; GPUs are not affected."""
-    torch.set_num_threads(threads_per_rank(environ, local_size))
-    torch.set_flush_denormal(True)
 
 
 # -- one epoch -------------------------------------------------------------------------------------------
@@ -225,7 +206,7 @@ def train(args: argparse.Namespace, cuda: Cuda = torch.cuda) -> int:
     hvd.init()
     device = select_device(hvd.local_rank(), cuda)  # first: before anything can create a CUDA context
     rank, size = hvd.rank(), hvd.size()
-    set_up_torch(os.environ, hvd.local_size())
+    set_up_threads(os.environ, hvd.local_size())
     conn = connect(attempt=args.attempt)
     record.mark_training(conn, args.run_id)  # the first fenced write: a stale attempt stops here
     run = record.get_run(conn, args.run_id)
@@ -326,7 +307,7 @@ def fit(conn: psycopg.Connection, run: record.Run, model: PgtrainModel, start: S
         auto = [name for name in ("batch_size", "learning_rate") if getattr(config, name) is None]
         print(f"{config.optimizer} at learning rate {learning_rate:g} ({config.lr_schedule} schedule), batch "
               f"{batch_size} rows per rank (global {batch_size * size}), {steps} steps per epoch, "
-              f"{torch.get_num_threads()} threads per rank" + (f" ({' and '.join(auto)} auto)" if auto else ""),
+              f"{thread_summary()}" + (f" ({' and '.join(auto)} auto)" if auto else ""),
               flush=True)
         if config.early_stopping_patience and not stopping.on:
             print("early stopping is off: the run has no validation rows (validation_fraction 0)", flush=True)
