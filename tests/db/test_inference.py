@@ -87,7 +87,7 @@ def test_predict_classification_from_scalar_columns_of_a_mixed_case_table(aconn,
     assert [k for k, _ in got] == [f"k{i:03d}" for i in range(53)]
     assert [p for _, p in got] == want.tolist()
     with pytest.raises(PgtrainError, match="already holds predictions"):
-        predict(aconn, "clf", None, '"Clinic"."Biopsy Rows"', "code", '"Clinic"."Scores"')
+        predict(aconn, "clf", None, '"Clinic"."Biopsy Rows"', "code", '"Clinic"."Scores"', mode="append")
 
 
 def test_predict_regression_from_an_array_column_matches_the_module(aconn):

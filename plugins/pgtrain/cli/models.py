@@ -6,7 +6,7 @@
     pgtrain-models rollback MODEL [VERSION]      same; default: the newest version older than the head
     pgtrain-models export MODEL [VERSION] -o F   torch.save state dict (loads into the version's model)
     pgtrain-models predict --model M [--version N] --source T --key-column K [--feature-columns C ...] --into T
-                           [--skip-bad-rows] [--probabilities]
+                           [--mode upsert|replace|append] [--skip-bad-rows] [--probabilities]
                                                  score a table's rows, write (key, prediction) into a table
     pgtrain-models gc MODEL --keep N [--force]   delete old versions (never the head; --force: also earlier heads)
     pgtrain-models history MODEL                 every move of the head
@@ -33,6 +33,7 @@ from pgtrain.core.db import connect
 from pgtrain.core.errors import PgtrainError
 from pgtrain.store import catalog, model_store
 from pgtrain.store.locks import describe_owner, list_locks
+from pgtrain.store.prediction_table import DEFAULT_MODE, MODES
 
 
 def _when(value: datetime | None) -> str:
@@ -116,9 +117,10 @@ def cmd_predict(conn, args) -> int:
 
     done = predict(conn, args.model, args.version, args.source, args.key_column, args.into,
                    feature_columns=args.feature_columns, batch_rows=args.batch_rows, skip_bad_rows=args.skip_bad_rows,
-                   probabilities=args.probabilities)
+                   probabilities=args.probabilities, mode=args.mode)
     skipped = f" (skipped {done.skipped} bad rows)" if done.skipped else ""
-    print(f"wrote {done.rows} predictions of {done.model_name} version {done.version} into {done.into}{skipped}")
+    print(f"wrote {done.rows} predictions of {done.model_name} version {done.version} into {done.into}{skipped}; "
+          f"mode {done.mode}")
     return 0
 
 
@@ -219,11 +221,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--key-column", required=True, help="unique key column, copied to the output")
     p.add_argument("--feature-columns", nargs="+", help="default: the columns the version was trained on")
     p.add_argument("--into", required=True, help="table to write; created when missing")
+    p.add_argument("--mode", choices=MODES, default=DEFAULT_MODE,
+                   help="upsert (default): insert or update each scored key's row, touch no other; replace: the "
+                        "table's rows become this run's; append: add rows, refused when a key is there already. "
+                        "Atomic: a failed run leaves the table as it was")
     p.add_argument("--batch-rows", type=int, default=10_000, help="rows read and scored at a time")
     p.add_argument("--skip-bad-rows", action="store_true",
                    help="score the other rows when some have a NULL key or NULL/non-finite features (default: refuse)")
     p.add_argument("--probabilities", action="store_true",
-                   help="classification: also write each class's probability (double precision[], in class order)")
+                   help="classification: also write each class's probability (double precision[], in class order; "
+                        "the classes are recorded in the column's comment as JSON {\"classes\": [...]})")
     p.set_defaults(func=cmd_predict)
 
     p = sub.add_parser("gc", help="delete old versions and their tensors")

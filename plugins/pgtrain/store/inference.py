@@ -35,14 +35,8 @@ from pgtrain.data.source.resolve import (
 from pgtrain.data.source.rows import BAD_ROW_KINDS, COLUMN_KINDS, feature_checks
 from pgtrain.data.source.snapshot import prefer_index_order, snapshot_transaction
 from pgtrain.store import model_store, scoring_read
-from pgtrain.store.prediction_table import (
-    class_fields,
-    label_type,
-    page_rows,
-    prediction_copy,
-    probabilities_of,
-    target_table,
-)
+from pgtrain.store.prediction_rows import class_fields, label_type, page_rows, probabilities_of
+from pgtrain.store.prediction_table import DEFAULT_MODE, finish, open_target, prediction_copy
 from pgtrain.store.scoring_read import Alongside, Page
 
 if TYPE_CHECKING:
@@ -59,6 +53,7 @@ class Prediction:
     into: str
     rows: int
     skipped: int = 0  # bad rows left out (skip_bad_rows)
+    mode: str = DEFAULT_MODE
 
 
 def load_model(conn_or_url: psycopg.Connection | str, name: str, version: int | str = "head") -> torch.nn.Module:
@@ -75,16 +70,20 @@ def load_model(conn_or_url: psycopg.Connection | str, name: str, version: int | 
 
 def predict(conn: psycopg.Connection, name: str, version: int | str | None, source: str, key_column: str, into: str,
             feature_columns: Sequence[str] | None = None, batch_rows: int = DEFAULT_BATCH_ROWS, *,
-            skip_bad_rows: bool = False, probabilities: bool = False) -> Prediction:
-    """Score every row of ``source`` with the version and write (key, prediction) into ``into``.
+            skip_bad_rows: bool = False, probabilities: bool = False, mode: str = DEFAULT_MODE) -> Prediction:
+    """Score every row of ``source`` with the version and write (key, prediction) into ``into``, in one transaction
+    (a failure leaves ``into`` as it was).
 
     ``source`` needs a unique index on ``key_column``, as a training source does. Feature columns default to
     those recorded with the version. A row the model cannot score (a NULL key; NULL, NaN, infinite or
     out-of-range features; a feature array of the wrong length) is a SourceError reporting how many and
     example keys, unless ``skip_bad_rows``: then those rows get no prediction and are counted. ``into`` is
     created when missing, with the source key's type and ``prediction`` integer (classification), double
-    precision (a scalar target) or double precision[]; an existing table must have those two columns and no
-    predictions for the same keys yet.
+    precision (a scalar target) or double precision[]; an existing table must have those columns, and any other
+    column of it must take NULL or have a default. ``mode`` (``prediction_table``): ``upsert`` (each scored key's
+    row inserted or updated), ``replace`` (the table's rows become this run's) or ``append`` (refused when the table
+    holds a key of the source already). ``probabilities``: also each class's probability, the classes recorded in
+    the column's comment (``prediction_table.probability_classes``).
     """
     if batch_rows < 1:
         raise PgtrainError(f"batch_rows must be at least 1, got {batch_rows}")
@@ -102,11 +101,12 @@ def predict(conn: psycopg.Connection, name: str, version: int | str | None, sour
         prediction_type = (label_type(conn, spec["encoding"]["label_sql_type"]) if classes is not None
                            else "integer" if classify else "double precision" if output_dim == 1
                            else "double precision[]")
-        target = target_table(conn, into, scored, prediction_type, probabilities)
         fields = class_fields(conn, classes, prediction_type) if classes is not None else None
         skipped = _null_keys(conn, scored)
         if skipped and not skip_bad_rows:
             raise SourceError(_bad_rows_message(conn, scored, input_dim))
+        named = (classes if classes is not None else [str(c) for c in range(output_dim)]) if probabilities else None
+        target = open_target(conn, into, scored, prediction_type, mode, named)
 
         def score(pages: Iterator[Page], write: Callable[[bytes], None]) -> None:
             nonlocal rows, skipped
@@ -125,18 +125,19 @@ def predict(conn: psycopg.Connection, name: str, version: int | str | None, sour
             try:
                 shared = alongside is not None and alongside.reading()
                 if shared:
-                    with prediction_copy(conn, target, scored, probabilities) as write, _torch_beside_a_reader():
+                    with prediction_copy(conn, target) as write, _torch_beside_a_reader():
                         score(alongside.pages(), write)
             finally:
                 if alongside is not None:
                     alongside.close()
             if not shared:  # its pages are cut already when the second connections could not read
                 for page in scoring_read.pages(conn, scored, input_dim, batch_rows, alongside and alongside.spans):
-                    with prediction_copy(conn, target, scored, probabilities) as write:
+                    with prediction_copy(conn, target) as write:
                         score(iter((page,)), write)
         except _BadRows:
             raise SourceError(_bad_rows_message(conn, scored, input_dim)) from None
-    return Prediction(name, number, into, rows, skipped)
+        finish(conn, target)
+    return Prediction(name, number, into, rows, skipped, mode)
 
 
 class _BadRows(Exception):
@@ -157,8 +158,17 @@ class Predictor:
         self.label_type = recorded.get("label_type", "integer")
 
     def inputs(self, rows: Iterable[Mapping[str, Any]]) -> np.ndarray:
-        """The rows as the model's input rows (float32)."""
+        """The rows as the model's input rows (float32); a value that cannot be read is a SourceError naming its
+        row (index, and key when the row has the version's key column) and column."""
         rows = list(rows)
+        try:
+            return self._inputs(rows)
+        except (ValueError, TypeError, KeyError, SourceError) as error:
+            if isinstance(error, SourceError) and str(error).startswith("row "):  # named already (encoding)
+                raise
+            raise self._cell_error(rows, error) from None
+
+    def _inputs(self, rows: list[Mapping[str, Any]]) -> np.ndarray:
         if self.columns:
             return encoding.input_rows(self.columns, rows)
         width = int(self.spec["input_dim"])
@@ -171,6 +181,32 @@ class Predictor:
             return out
         return np.array([[float(row[c]) for c in self.feature_columns] for row in rows], np.float32).reshape(
             len(rows), width)
+
+    def _cell(self, row: Mapping[str, Any], position: int) -> None:
+        """Read one value of a row as ``_inputs`` reads it (raises as it would)."""
+        if self.columns:
+            encoding.input_rows(self.columns[position:position + 1], [row])
+        elif len(self.feature_columns) == 1:
+            self._inputs([row])
+        else:
+            float(row[self.feature_columns[position]])
+
+    def _cell_error(self, rows: list[Mapping[str, Any]], error: Exception) -> SourceError:
+        """The first (row, column) whose value fails alone as the batch did, named (values are read one at a time
+        only once a batch has failed)."""
+        key = self.spec.get("key_column")
+        names = [c.name for c in self.columns] or list(self.feature_columns)
+        for i, row in enumerate(rows):
+            for position, name in enumerate(names):
+                try:
+                    self._cell(row, position)
+                except KeyError:
+                    return SourceError(f"row {i}{_key_of(row, key)} has no column {name!r}; the model's input "
+                                       f"columns are {', '.join(map(repr, names))}")
+                except (ValueError, TypeError, SourceError) as cell:
+                    return SourceError(f"row {i}{_key_of(row, key)}, column {name!r}: {row[name]!r} cannot be read "
+                                       f"as the model's input ({cell})")
+        return SourceError(f"the rows cannot be read as the model's input: {error}")
 
     def outputs(self, rows: Iterable[Mapping[str, Any]]) -> np.ndarray:
         return _forward(self.model, self.inputs(rows))
@@ -191,6 +227,10 @@ class Predictor:
         if self.classes is None:
             return best
         return [encoding.from_text(self.classes[i], self.label_type) for i in best]
+
+
+def _key_of(row: Mapping[str, Any], key: str | None) -> str:
+    return f" ({key} {row[key]!r})" if key and key in row else ""
 
 
 def load_predictor(conn_or_url: psycopg.Connection | str, name: str, version: int | str = "head") -> Predictor:
