@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import psycopg
 import pytest
+from psycopg import sql
 
 from pgtrain.config.params import TrainingConfig
 from pgtrain.config.settings import AuthorSettings
@@ -29,10 +30,13 @@ def tables(autocommit: psycopg.Connection, db_url: str, monkeypatch) -> psycopg.
     """public.t, public.t_copy (the same columns, another label rule) and public.t_other (other columns)."""
     monkeypatch.setenv("AIRFLOW_CONN_PGTRAIN_DB", db_url)
     for table, (one, two) in COLUMNS.items():
-        rule = "i % 3" if table != "public.t_copy" else "(i + 1) % 3"
-        autocommit.execute(f"CREATE TABLE {table} (id integer PRIMARY KEY, {one} double precision NOT NULL, "
-                           f"{two} double precision NOT NULL, label integer NOT NULL)")
-        autocommit.execute(f"INSERT INTO {table} SELECT i, i * 0.5, i % 7, {rule} FROM generate_series(1, 60) i")
+        relation = sql.Identifier(*table.split("."))
+        autocommit.execute(sql.SQL("CREATE TABLE {} (id integer PRIMARY KEY, {} double precision NOT NULL, "
+                                   "{} double precision NOT NULL, label integer NOT NULL)").format(
+            relation, sql.Identifier(one), sql.Identifier(two)))
+        shift = int(table == "public.t_copy")  # another label rule
+        autocommit.execute(sql.SQL("INSERT INTO {} SELECT i, i * 0.5, i % 7, (i + %s) % 3 "
+                                   "FROM generate_series(1, 60) i").format(relation), (shift,))
     return autocommit
 
 
@@ -44,7 +48,7 @@ def params(table: str) -> dict[str, object]:
                        "feature_columns": list(COLUMNS[table]), "label_column": "label", "world_size": 1}
 
 
-def plan_run_task(table: str, dag_run_id: str, settings: AuthorSettings = AuthorSettings()) -> tuple[object, object]:
+def plan_run_task(table: str, dag_run_id: str, settings: AuthorSettings | None = None) -> tuple[object, object]:
     """plan_run as the DAG calls it, for a manual trigger on ``table``: (its task instance, its result or error)."""
     from pgtrain.airflow.dag import tasks
     from tests.k8s_sim.airflow_context import FakeTaskInstance
@@ -52,8 +56,8 @@ def plan_run_task(table: str, dag_run_id: str, settings: AuthorSettings = Author
     ti = FakeTaskInstance(dag_id="pgtrain_training", task_id="plan_run", run_id=dag_run_id)
     dag_run = SimpleNamespace(dag_id="pgtrain_training", run_id=dag_run_id, run_type="manual", conf={})
     try:
-        return ti, tasks.plan_run.function(settings.to_dict(), {"launcher": "local"}, params=params(table),
-                                           dag_run=dag_run, ti=ti)
+        return ti, tasks.plan_run.function((settings or AuthorSettings()).to_dict(), {"launcher": "local"},
+                                           params=params(table), dag_run=dag_run, ti=ti)
     except ConfigError as refused:
         return ti, refused
 

@@ -66,9 +66,9 @@ def commit_run(conn: psycopg.Connection, run_id: str, owner: Mapping[str, Any] |
     alone. A version whose model, task or widths differ from the head's is committed but does not move
     the head (the run's status_reason says to promote it), and so does one of other data (``identity``) unless the
     author's gate allows re-targeting, and one without validation metrics unless the author's gate allows it
-    (``commit_checks.quality_gate``); versions of other data are not compared by the gate. The version takes over the staged tensors'
-    blobs (no byte is copied), and the run's staged rows and checkpoint are deleted once it is committed
-    or rejected. Raises LockTimeout when the model's lock cannot be taken within ``lock_timeout`` seconds;
+    (``commit_checks.quality_gate``); versions of other data are not compared by the gate. The version takes over
+    the staged tensors' blobs (no byte is copied), and the run's staged rows and checkpoint are deleted once it is
+    committed or rejected. Raises LockTimeout when the model's lock cannot be taken within ``lock_timeout`` seconds;
     the lock's lease is renewed in the background for as long as the commit works.
     """
     _require_no_transaction(conn, "commit_run")
