@@ -35,7 +35,7 @@ def tables(autocommit: psycopg.Connection, db_url: str, monkeypatch) -> psycopg.
                                    "{} double precision NOT NULL, label integer NOT NULL)").format(
             relation, sql.Identifier(one), sql.Identifier(two)))
         shift = int(table == "public.t_copy")  # another label rule
-        autocommit.execute(sql.SQL("INSERT INTO {} SELECT i, i * 0.5, i % 7, (i + %s) % 3 "
+        autocommit.execute(sql.SQL("INSERT INTO {} SELECT i, i * 0.5, i %% 7, (i + %s) %% 3 "
                                    "FROM generate_series(1, 60) i").format(relation), (shift,))
     return autocommit
 
