@@ -106,8 +106,9 @@ def check_encoding_parent(run: record.Run, init_version: int | None) -> None:
         raise PgtrainError(
             f"run {run.run_id} was planned with the input encoding of "
             f"{'version ' + str(planned) if planned else 'its own rows'} but warm-starts from version {init_version} "
-            f"(init_from={run.config.init_from!r}: the head moved since planning); re-run the DAG run from "
-            "compute_shards")
+            f"(init_from={run.config.init_from!r}: "
+            f"{'the head moved' if run.config.init_from == 'head' else 'that version was committed'} since planning); "
+            "re-run the DAG run from compute_shards")
 
 
 # -- one epoch -------------------------------------------------------------------------------------------

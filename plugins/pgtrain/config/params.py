@@ -105,6 +105,7 @@ class TrainingConfig:
     max_drop: float | None = None
     floor: float | None = None
     allow_unvalidated: bool = False
+    allow_retarget: bool = False
     # One rank by default: on a CPU-only worker one rank's PyTorch threads use every core, and two ranks there
     # only add Horovod's per-step allreduce (docs/performance.md); GPUs want one rank each.
     world_size: int = 1
@@ -360,6 +361,12 @@ QUALITY_GATE: dict[str, dict[str, Any]] = _with_defaults({
                           "description": "false (the default): a run without validation rows is refused when its "
                                          "shards are planned, and a version without the task's validation metric "
                                          "does not become the head; true: both may"},
+    "allow_retarget": {"type": "boolean",
+                       "title": "Quality gate: allow re-targeting the model",
+                       "description": "false (the default): a run whose data (source, key, target, task or input "
+                                      "columns) differs from the head version's is refused before planning, and a "
+                                      "version of other data never moves the head; true: the model may move to "
+                                      "other data"},
 })
 
 _SCHEMA = {"type": "object", "properties": {**PARAMETERS, **QUALITY_GATE}, "additionalProperties": False}

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from pgtrain.core.errors import SourceError
-from pgtrain.data.source.resolve import DATE, NUMBER, Column, Source, categories, valued
+from pgtrain.data.source.resolve import COLUMNS, DATE, NUMBER, Column, Source, categories, valued
 
 FORMAT = 1  # of the recorded encoding
 OTHER, NULL_LEVEL = 0, 1  # the codes every categorical column has before its levels
@@ -95,6 +95,18 @@ def apply(source: Source, encoding: Mapping[str, Any] | None) -> Source:
                    classes=tuple(classes) if classes is not None else None,
                    class_hashes=tuple(int(h) for h in encoding.get("class_hashes") or ()),
                    missing_values=encoding.get("missing_values", source.missing_values))
+
+
+def of_version(spec: Mapping[str, Any], source: Source) -> dict[str, Any]:
+    """A version's encoding (its spec's); for a version from before encodings, the one it was trained with: its
+    scalar feature columns numbers as they are, typed as ``source`` has them now (a NULL was a bad row: no mean, no
+    "was missing" input), and no class list (its integer labels are the class numbers). Array features: none."""
+    if spec.get("encoding"):
+        return dict(spec["encoding"])
+    types = {c.name: c.type for c in source.feature_columns}
+    names = (spec.get("feature_columns") or ()) if source.feature_format == COLUMNS else ()
+    return {"format": FORMAT, "missing_values": "bad_row", "classes": None, "class_hashes": [],
+            "columns": [asdict(Column(name, types.get(name, "double precision"), NUMBER)) for name in names]}
 
 
 def layout_of(encoding: Mapping[str, Any] | None) -> Layout | None:

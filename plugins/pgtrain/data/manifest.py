@@ -102,7 +102,7 @@ def plan_shards(conn: psycopg.Connection, run: record.Run, *, input_dim: int | N
         dim = _feature_width(conn, source, given_dim)
         outputs = _target_width(conn, source)
         split = folded_split(conn, source, config.validation_fraction, config.seed)
-        parent = parent_encoding(conn, run)
+        parent = parent_encoding(conn, run, source)
         beside = statistics.vocabularies_beside(conn, source, config) if parent is None else None
         keys = key_pass_beside(conn, source, config.world_size, batch_size(source, dim, outputs))
         try:
@@ -152,19 +152,19 @@ def plan_shards(conn: psycopg.Connection, run: record.Run, *, input_dim: int | N
                 check.bad_columns, encoded.warnings, source.column_names, source.classes)
 
 
-def parent_encoding(conn: psycopg.Connection, run: record.Run) -> dict[str, Any] | None:
+def parent_encoding(conn: psycopg.Connection, run: record.Run, source: Source) -> dict[str, Any] | None:
     """The encoding of the version a warm start (``init_from``) begins from, with its number as "version": the
-    version it names, or for "head" the run's base version (the head when plan_run recorded the run); None for
-    scratch, no such version, or a version from before encodings."""
+    version it names, or for "head" the run's base version (the head when plan_run recorded the run); one from
+    before encodings as it was trained (``encoding.of_version``); None for scratch or no such version."""
     config = run.config
     version = config.init_version if config.init_from != "head" else run.base_version
     if version is None:
         return None
-    row = conn.execute("SELECT spec -> 'encoding' FROM pgtrain.model_versions WHERE model_name = %s AND version = %s",
+    row = conn.execute("SELECT spec FROM pgtrain.model_versions WHERE model_name = %s AND version = %s",
                        (run.model_name, version)).fetchone()
-    if row is None or not row[0]:
+    if row is None:
         return None
-    return {**row[0], "version": version}
+    return {**encoding.of_version(row[0] or {}, source), "version": version}
 
 
 # Key types whose keys the check scan can hand over as int8s (their order is the integers' order).

@@ -269,6 +269,17 @@ def _from_parent(conn: psycopg.Connection, source: Source, parent: Mapping[str, 
                           + ", ".join(f"{c.name} ({c.kind})" for c in planned.feature_columns) + "; this run has "
                           + ", ".join(f"{c.name} ({c.kind})" for c in source.feature_columns)
                           + ": train from scratch (init_from='scratch'), or give the same columns")
+    means = {c.name: c.mean for c in planned.feature_columns}
+    unimputed = [c.name for c in valued(source.feature_columns) if c.missing and means[c.name] is None]
+    if unimputed:
+        raise SourceError("init_from: the version to start from has no value to impute a NULL with in "
+                          + ", ".join(map(repr, unimputed)) + " (a NULL was a bad row when it was trained), and this "
+                          "run's rows have NULLs there: set missing_values='bad_row' (with bad_rows='exclude' to "
+                          "leave those rows out), or train from scratch (init_from='scratch')")
+    if source.task == "classification" and planned.classes is None and source.label_type not in LABEL_TYPES:
+        raise SourceError(f"init_from: the version to start from predicts class numbers (it was trained on integer "
+                          f"labels), and this run's label_column {source.label_column!r} is {source.label_type}: "
+                          "train from scratch (init_from='scratch')")
     if planned.classes is not None:
         counted = vocabularies(conn, planned, [], True, config, exclude)[None]
         new = sorted({text for text, n, _, _ in counted["top"] if n > 0} - set(planned.classes))

@@ -21,7 +21,7 @@ from psycopg.types.json import Jsonb
 
 from pgtrain.core.errors import CommitRejected, PgtrainError, StaleLockToken
 from pgtrain.runs.record import epoch_metrics, get_run, kept_epoch, set_status
-from pgtrain.store import tensors
+from pgtrain.store import identity, tensors
 from pgtrain.store.commit_checks import (
     architecture_change,
     expected_layout,
@@ -64,10 +64,11 @@ def commit_run(conn: psycopg.Connection, run_id: str, owner: Mapping[str, Any] |
     do not match the run's model layout (missing, extra, shape, dtype) or hold NaN/Inf, or a failed
     quality gate, mark the run 'rejected' (with the reason) and raise CommitRejected; the head is left
     alone. A version whose model, task or widths differ from the head's is committed but does not move
-    the head (the run's status_reason says to promote it), and so does one without validation metrics unless the
-    author's gate allows it (``commit_checks.quality_gate``). The version takes over the staged tensors'
-    blobs (no byte is copied), and the run's staged rows and checkpoint are deleted once it is committed
-    or rejected. Raises LockTimeout when the model's lock cannot be taken within ``lock_timeout`` seconds;
+    the head (the run's status_reason says to promote it), and so does one of other data (``identity``) unless the
+    author's gate allows re-targeting, and one without validation metrics unless the author's gate allows it
+    (``commit_checks.quality_gate``); versions of other data are not compared by the gate. The version takes over
+    the staged tensors' blobs (no byte is copied), and the run's staged rows and checkpoint are deleted once it is
+    committed or rejected. Raises LockTimeout when the model's lock cannot be taken within ``lock_timeout`` seconds;
     the lock's lease is renewed in the background for as long as the commit works.
     """
     _require_no_transaction(conn, "commit_run")
@@ -114,13 +115,19 @@ def commit_run(conn: psycopg.Connection, run_id: str, owner: Mapping[str, Any] |
             return existing
         head = _head_for_update(conn, run.model_name)
         changed = architecture_change(spec, head)
-        verdict = quality_gate(run.config, spec["task"], metrics, None if changed else head)
+        # The head may have moved to other data since plan_run checked: versions of other data are not compared.
+        other_data = identity.differences(conn, head["spec"], spec) if head and head["spec"] else []
+        verdict = quality_gate(run.config, spec["task"], metrics, None if changed or other_data else head)
         rejection = verdict.rejection
         if rejection is not None:
             set_status(conn, run_id, "rejected", rejection)
         else:
             version = _write_version(conn, run.model_name, run_id, lease, metrics, spec, infos)
-            reason, held = verdict.note, f"the architecture changed ({changed})" if changed else verdict.hold
+            reason, held = verdict.note, (
+                f"its data differs from the head's, {identity.describe(head['spec'])}: it has {'; '.join(other_data)}, "
+                f"and the DAG's author does not allow re-targeting the model ({identity.RETARGET_HINT})"
+                if other_data and not run.config.allow_retarget else
+                f"the architecture changed ({changed})" if changed else verdict.hold)
             if held is None:
                 _move_head(conn, run.model_name, version, head, lease, "commit")
             else:

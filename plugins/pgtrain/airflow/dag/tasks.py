@@ -51,6 +51,7 @@ def plan_run(settings: dict[str, Any], fixed: dict[str, Any], models_file: str |
     from pgtrain.core.errors import PgtrainError
     from pgtrain.data import freshness, policy
     from pgtrain.launch import capacity
+    from pgtrain.store import identity
 
     author = AuthorSettings.from_dict(settings)
     try:
@@ -69,6 +70,7 @@ def plan_run(settings: dict[str, Any], fixed: dict[str, Any], models_file: str |
                 ti.xcom_push(key=OUTCOME_KEY, value=f"{config.model_name}: skipped: {skip}")
                 raise AirflowSkipException(skip)
             run = _bound_run(conn, dag_run, config, task_state_store)
+            identity.check_run(conn, run)
     except PgtrainError as refused:
         ti.xcom_push(key=OUTCOME_KEY, value=f"refused before planning: {refused}")
         raise
