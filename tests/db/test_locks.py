@@ -310,14 +310,19 @@ def test_release_after_a_zero_timeout_acquire_waits_out_a_brief_row_lock(db_url)
 
 
 # -- a lost control connection (issue 30 finding 2) ---------------------------------------------------------
-def _terminate(admin_url: str, db_url: str, pid: int | None = None) -> None:
-    """pg_terminate_backend, waiting until it is gone, on backend ``pid``, else on every lock connection
-    (application_name pgtrain-locks) of the test's database."""
+def _lock_backends(admin_url: str, db_url: str) -> list[int]:
+    """The backend pids of the lock connections (application_name pgtrain-locks) to the test's database."""
     with psycopg.connect(admin_url, autocommit=True) as admin:
-        pids = [pid] if pid else [row[0] for row in admin.execute(
+        return [row[0] for row in admin.execute(
             "SELECT pid FROM pg_stat_activity WHERE datname = %s AND application_name = 'pgtrain-locks'",
             (conninfo_to_dict(db_url)["dbname"],))]
-        assert pids, "no lock connection to terminate"
+
+
+def _terminate(admin_url: str, db_url: str, pids: list[int] | None = None) -> None:
+    """pg_terminate_backend, waiting until they are gone, on ``pids``, else on every lock connection."""
+    pids = pids or _lock_backends(admin_url, db_url)
+    assert pids, "no lock connection to terminate"
+    with psycopg.connect(admin_url, autocommit=True) as admin:
         assert all(admin.execute("SELECT pg_terminate_backend(%s, 10000)", (p,)).fetchone()[0] for p in pids)
 
 
@@ -337,8 +342,8 @@ def test_renewal_and_release_reconnect_after_the_control_connection_is_terminate
 
 def test_a_waiter_whose_connection_is_terminated_still_takes_the_lock_when_it_is_released(db_url, pg_admin_url):
     taken: list = []
-    with LockManager(db_url, ttl=30, heartbeat=False) as holder, LockManager(db_url, heartbeat=False) as waiter:
-        held = holder.acquire_lock("model:x", timeout=0)
+    with LockManager(db_url, heartbeat=False) as waiter:
+        waiting = _lock_backends(pg_admin_url, db_url)  # the waiter's alone, before the holder connects
 
         def wait() -> None:
             try:
@@ -346,11 +351,13 @@ def test_a_waiter_whose_connection_is_terminated_still_takes_the_lock_when_it_is
             except BaseException as error:  # the test asserts on it
                 taken.append(error)
 
-        thread = threading.Thread(target=wait)
-        thread.start()
-        _terminate(pg_admin_url, db_url, waiter._ctl.conn.info.backend_pid)
-        assert holder.release(held) is True  # the lease ran 30 s more: only this release lets the waiter in
-        thread.join(60)
+        with LockManager(db_url, ttl=30, heartbeat=False) as holder:
+            held = holder.acquire_lock("model:x", timeout=0)
+            thread = threading.Thread(target=wait)
+            thread.start()
+            _terminate(pg_admin_url, db_url, waiting)
+            assert holder.release(held) is True  # the lease ran 30 s more: only this release lets the waiter in
+            thread.join(60)
     assert len(taken) == 1 and isinstance(taken[0], Lease), taken
     assert taken[0].token > held.token
 
