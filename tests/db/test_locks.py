@@ -326,15 +326,19 @@ def _terminate(admin_url: str, db_url: str, pids: list[int] | None = None) -> No
         assert all(admin.execute("SELECT pg_terminate_backend(%s, 10000)", (p,)).fetchone()[0] for p in pids)
 
 
-@pytest.mark.parametrize("point", ["renew", "release"])
-def test_renewal_and_release_reconnect_after_the_control_connection_is_terminated(db_url, pg_admin_url, point):
+@pytest.mark.parametrize("point", ["acquire", "renew", "release"])
+def test_acquire_renewal_and_release_reconnect_after_the_control_connection_is_terminated(db_url, pg_admin_url,
+                                                                                          point):
     with LockManager(db_url, ttl=5, heartbeat=False) as locks:
-        lease = locks.acquire_lock("model:x", timeout=0)
+        if point == "acquire":
+            _terminate(pg_admin_url, db_url)
+        lease = locks.acquire_lock("model:x", timeout=5)
         first = lease.expires_at
         if point == "renew":
             _terminate(pg_admin_url, db_url)
         assert locks.renew(lease) is True and lease.expires_at > first
-        _terminate(pg_admin_url, db_url)
+        if point == "release":
+            _terminate(pg_admin_url, db_url)
         assert locks.release(lease) is True
         assert locks.holder("model:x") is None
         assert locks.acquire_lock("model:x", timeout=0).token > lease.token
