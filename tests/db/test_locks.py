@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
@@ -11,9 +12,11 @@ import traceback
 
 import psycopg
 import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
-from pgtrain.core.errors import LockTimeout, StaleLockToken
-from pgtrain.store.locks import Lease, LockManager, LockNotHeld, fenced, list_locks
+from pgtrain.core.errors import LockTimeout, StaleLockToken, TrainingFailed
+from pgtrain.store.locks import Lease, LockManager, LockNotHeld, fenced, list_locks, lock_holder
 from pgtrain.store.model_store import get_parameter, parameter_history, read_parameter, update_parameter
 
 CTX = mp.get_context("fork")
@@ -304,3 +307,140 @@ def test_release_after_a_zero_timeout_acquire_waits_out_a_brief_row_lock(db_url)
         assert time.monotonic() - started >= holding * 0.5, "the release waited for the row lock"
         assert locks.holder("model:x") is None, "the lock is free after the release"
         assert locks.acquire_lock("model:x", timeout=0).token > lease.token
+
+
+# -- a lost control connection (issue 30 finding 2) ---------------------------------------------------------
+def _lock_backends(admin_url: str, db_url: str) -> list[int]:
+    """The backend pids of the lock connections (application_name pgtrain-locks) to the test's database."""
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        return [row[0] for row in admin.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND application_name = 'pgtrain-locks'",
+            (conninfo_to_dict(db_url)["dbname"],))]
+
+
+def _terminate(admin_url: str, db_url: str, pids: list[int] | None = None) -> None:
+    """pg_terminate_backend, waiting until they are gone, on ``pids``, else on every lock connection."""
+    pids = pids or _lock_backends(admin_url, db_url)
+    assert pids, "no lock connection to terminate"
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        assert all(admin.execute("SELECT pg_terminate_backend(%s, 10000)", (p,)).fetchone()[0] for p in pids)
+
+
+@pytest.mark.parametrize("point", ["acquire", "renew", "release"])
+def test_acquire_renewal_and_release_reconnect_after_the_control_connection_is_terminated(db_url, pg_admin_url,
+                                                                                          point):
+    with LockManager(db_url, ttl=5, heartbeat=False) as locks:
+        if point == "acquire":
+            _terminate(pg_admin_url, db_url)
+        lease = locks.acquire_lock("model:x", timeout=5)
+        first = lease.expires_at
+        if point == "renew":
+            _terminate(pg_admin_url, db_url)
+        assert locks.renew(lease) is True and lease.expires_at > first
+        if point == "release":
+            _terminate(pg_admin_url, db_url)
+        assert locks.release(lease) is True
+        assert locks.holder("model:x") is None
+        assert locks.acquire_lock("model:x", timeout=0).token > lease.token
+
+
+def test_a_waiter_whose_connection_is_terminated_still_takes_the_lock_when_it_is_released(db_url, pg_admin_url):
+    taken: list = []
+    with LockManager(db_url, heartbeat=False) as waiter:
+        waiting = _lock_backends(pg_admin_url, db_url)  # the waiter's alone, before the holder connects
+
+        def wait() -> None:
+            try:
+                taken.append(waiter.acquire_lock("model:x", timeout=60))
+            except BaseException as error:  # the test asserts on it
+                taken.append(error)
+
+        with LockManager(db_url, ttl=30, heartbeat=False) as holder:
+            held = holder.acquire_lock("model:x", timeout=0)
+            thread = threading.Thread(target=wait)
+            thread.start()
+            _terminate(pg_admin_url, db_url, waiting)
+            assert holder.release(held) is True  # the lease ran 30 s more: only this release lets the waiter in
+            thread.join(60)
+    assert len(taken) == 1 and isinstance(taken[0], Lease), taken
+    assert taken[0].token > held.token
+
+
+def test_a_token_older_than_the_newest_is_still_refused_after_a_reconnect(db_url, pg_admin_url, conn):
+    with LockManager(db_url, ttl=30, heartbeat=False, owner={"task_id": "stale"}) as stale:
+        old = stale.acquire_lock("params", timeout=0)
+        _terminate(pg_admin_url, db_url)
+        with LockManager(db_url, ttl=30, heartbeat=False) as newer:
+            lease = newer.acquire_lock("params", timeout=0, take_over={"task_id": "stale"})
+            assert lease.token > old.token
+            with pytest.raises(StaleLockToken, match=f"token {old.token} has ended"):
+                stale.renew(old)
+            assert old.lost is not None and old.lost_event.is_set()
+            with pytest.raises(StaleLockToken, match=f"token {old.token} is no longer current"):
+                update_parameter(conn, "lr", 0.1, old)
+            assert stale.release(old) is False, "the stale holder's release frees nothing"
+            assert newer.holder("params")["token"] == lease.token
+            assert update_parameter(conn, "lr", 0.2, lease) == 1
+    assert read_parameter(conn, "lr") == (0.2, 1)
+
+
+def test_a_commit_whose_lock_connection_is_terminated_while_it_holds_the_lock_commits_and_frees_it(
+        db_url, pg_admin_url, aconn, monkeypatch):
+    from pgtrain.store import model_store
+    from tests.db.test_model_store import MODEL, OWNER, prepare_run
+
+    head_for_update = model_store._head_for_update
+
+    def terminated_first(conn, model_name):  # inside the fenced transaction, under the model's lock
+        _terminate(pg_admin_url, db_url)
+        return head_for_update(conn, model_name)
+
+    monkeypatch.setattr(model_store, "_head_for_update", terminated_first)
+    result = model_store.commit_run(aconn, prepare_run(db_url, "r1"), owner=OWNER, lock_timeout=5)
+    assert (result.version, result.created, result.head_moved) == (1, True, True)
+    assert lock_holder(aconn, f"model:{MODEL}") is None, "released at once, not left to expire"
+
+
+@pytest.mark.parametrize("failing", [False, True])
+def test_a_training_claim_whose_connection_is_terminated_is_released_and_the_job_s_outcome_stands(
+        db_url, pg_admin_url, aconn, failing):
+    from pgtrain.launch.attempt import claim_name, training_claim
+    from pgtrain.runs.record import get_run
+    from tests.db.test_model_store import MODEL, prepare_run
+
+    run = get_run(aconn, prepare_run(db_url, "r1"))
+    with pytest.raises(TrainingFailed, match="the job failed") if failing else contextlib.nullcontext():
+        with training_claim(db_url, run):
+            _terminate(pg_admin_url, db_url)
+            if failing:
+                raise TrainingFailed("the job failed")
+    assert lock_holder(aconn, claim_name(MODEL)) is None
+
+
+@pytest.mark.parametrize("failing", [False, True])
+def test_a_release_that_cannot_complete_fails_no_job_and_hides_no_error(db_url, pg_admin_url, aconn, monkeypatch,
+                                                                          caplog, failing):
+    from pgtrain.launch.attempt import claim_name, training_claim
+    from pgtrain.runs.record import get_run
+    from pgtrain.store import control
+    from tests.db.test_model_store import MODEL, prepare_run
+
+    monkeypatch.setattr(control, "RECONNECT_DELAYS", (0.0, 0.05))
+    run = get_run(aconn, prepare_run(db_url, "r1"))
+    database = sql.Identifier(conninfo_to_dict(db_url)["dbname"])
+    expected = pytest.raises(TrainingFailed, match="the job failed") if failing else contextlib.nullcontext()
+    try:
+        with expected as raised, training_claim(db_url, run) as claim:
+            with psycopg.connect(pg_admin_url, autocommit=True) as admin:
+                admin.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false").format(database))
+            _terminate(pg_admin_url, db_url)
+            if failing:
+                raise TrainingFailed("the job failed")
+    finally:
+        with psycopg.connect(pg_admin_url, autocommit=True) as admin:
+            admin.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS true").format(database))
+    warning = f"could not release lock '{claim_name(MODEL)}' (token {claim.lease.token})"
+    assert any(warning in r.message and "ends by itself at" in r.message for r in caplog.records), caplog.text
+    if failing:
+        assert any(warning in note for note in raised.value.__notes__)
+    assert lock_holder(aconn, claim_name(MODEL))["token"] == claim.lease.token, "left to its lease, not released"

@@ -64,13 +64,11 @@ class TrainingClaim:
 
     lease: Lease
     locks: LockManager
-    handed_over: bool = False
 
     def hand_over(self, ttl: float, **owner: Any) -> dict[str, Any]:
         """Keep the claim past the block, for whoever watches the job now (a deferred task's trigger): its lease
         runs ``ttl`` seconds from now and ends unless renewed (``renew_claim``); ``owner``'s keys change in its
         owner record (None drops one). Returns what the new holder keeps to renew and release it."""
-        self.handed_over = True  # no longer this block's to release, even if it turns out to have ended
         self.locks.hand_over(self.lease, owner, ttl)
         return {"name": self.lease.name, "token": self.lease.token, "ttl": float(ttl),
                 "training_run": self.lease.owner.get("training_run")}
@@ -103,12 +101,9 @@ def training_claim(conn: psycopg.Connection | str, run: record.Run, owner: Mappi
                 f"second job beside it. Run this train task again once that run's train task has ended (a killed "
                 f"one's claim ends {DEFAULT_TTL:g} s after it stopped, {DEFERRED_TTL:g} s if its trigger held it)"
             ) from None
-        claim = TrainingClaim(lease, locks)
-        try:
-            yield claim
-        finally:
-            if not claim.handed_over:
-                locks.release(lease)
+        # released at the end unless handed over; a release that cannot complete fails no job and hides no error
+        with locks.holding(lease):
+            yield TrainingClaim(lease, locks)
 
 
 def claim_lost(conn: psycopg.Connection, name: str, training_run: str) -> ClaimLost:

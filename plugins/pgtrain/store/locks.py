@@ -24,12 +24,11 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from pgtrain.core.db import connect_like
 from pgtrain.core.errors import LockTimeout, PgtrainError, StaleLockToken
+from pgtrain.store.control import ControlConnection, released_at_end
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +135,8 @@ class LockManager:
     """Take and release leased locks; a background heartbeat renews held leases every ``ttl / 3``.
 
     ``conn`` (a connection or URL) says which database; the manager talks to it on its own autocommit
-    connection, so taking a lock never commits or waits on the caller's transaction. Use as a context
-    manager, or call :meth:`close`.
+    connection, so taking a lock never commits or waits on the caller's transaction; that connection comes back when
+    the database drops it (``pgtrain.store.control``). Use as a context manager, or call :meth:`close`.
     """
 
     def __init__(self, conn: psycopg.Connection | str, *, ttl: float = DEFAULT_TTL, heartbeat: bool = True,
@@ -149,7 +148,7 @@ class LockManager:
         self.heartbeat = heartbeat
         self.default_timeout = default_timeout
         self._owner_extra = dict(owner or {})
-        self._ctl = connect_like(conn, "pgtrain-locks")
+        self._ctl = ControlConnection(conn, "pgtrain-locks")
         self._listening = False
         self._held: dict[str, Lease] = {}
         self._held_lock = threading.Lock()
@@ -194,22 +193,27 @@ class LockManager:
         owner = owner_identity(self._owner_extra)
         deadline = time.monotonic() + timeout
         if not self._listening and timeout > 0:
-            self._ctl.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
+            self._ctl.listen(CHANNEL)
             self._listening = True
-        while True:
-            self._drain_notifications()
+        arguments = {"name": name, "owner": Jsonb(owner), "ttl": ttl,
+                     "take_over": Jsonb(take_over) if take_over else None}
+
+        def attempt(conn: psycopg.Connection) -> tuple | None:
             remaining_ms = max(1, int((deadline - time.monotonic()) * 1000))
             try:
                 # A holder inside a fenced write keeps the row locked: never block past our timeout. The
                 # lock_timeout is local to this attempt's transaction, so release and renewal on this
                 # connection later run without it.
-                with self._ctl.transaction():
-                    self._ctl.execute("SELECT set_config('lock_timeout', %s, true)", (f"{remaining_ms}ms",))
-                    row = self._ctl.execute(_ACQUIRE, {"name": name, "owner": Jsonb(owner), "ttl": ttl,
-                                                       "take_over": Jsonb(take_over) if take_over else None}).fetchone()
+                with conn.transaction():
+                    conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{remaining_ms}ms",))
+                    return conn.execute(_ACQUIRE, arguments).fetchone()
             except psycopg.errors.LockNotAvailable:
-                busy = self._ctl.execute(_HOLDER, (name,)).fetchone()
-                row = (False, *busy) if busy else None
+                busy = conn.execute(_HOLDER, (name,)).fetchone()
+                return (False, *busy) if busy else None
+
+        while True:
+            self._drain_notifications()
+            row = self._ctl.run(attempt)
             if row is not None and row[0]:
                 lease = Lease(name, row[1], owner, row[3], row[4], ttl)
                 with self._held_lock:
@@ -233,8 +237,8 @@ class LockManager:
         with self._held_lock:
             lease = self._held.pop(name, None)
         if lease is None:
-            holder = self._ctl.execute(_HOLDER, (name,)).fetchone()
-            who = describe_owner(holder[1]) if holder else "nobody"
+            holder = self.holder(name)
+            who = describe_owner(holder["owner"]) if holder else "nobody"
             raise LockNotHeld(f"cannot release lock {name!r}: this manager does not hold it "
                               f"(held by {who}); only the holder may release a lock")
         return self._release(lease)
@@ -248,7 +252,16 @@ class LockManager:
         return self._release(lease)
 
     def _release(self, lease: Lease) -> bool:
-        if not release_lease(self._ctl, lease.name, lease.token):
+        tries = 0
+
+        def release(conn: psycopg.Connection) -> bool:
+            nonlocal tries
+            tries += 1
+            # Again after a lost connection: the lost try may have released it. Only a release clears the owner of
+            # a row and keeps its token, and only this lease's holder releases with its token.
+            return release_lease(conn, lease.name, lease.token) or (tries > 1 and _released(conn, lease))
+
+        if not self._ctl.run(release):
             log.warning("lease on lock %r (token %s) had already ended before release: %s", lease.name,
                         lease.token, lease.lost or "it expired and was taken over")
             return False
@@ -256,17 +269,21 @@ class LockManager:
 
     @contextmanager
     def lock(self, name: str, timeout: float | None = None, ttl: float | None = None) -> Iterator[Lease]:
-        """``with manager.lock("model:x") as lease:`` -- released on exit, also on error."""
+        """``with manager.lock("model:x") as lease:`` -- released on exit, also on error (``holding``)."""
         lease = self.acquire_lock(name, timeout=timeout, ttl=ttl)
-        try:
+        with self.holding(lease):
             yield lease
-        finally:
-            if self._held.get(name) is lease:
-                try:
-                    self.release(lease)
-                except psycopg.Error:
-                    log.warning("could not release lock %r (token %s); its lease ends by itself at %s",
-                                name, lease.token, lease.expires_at, exc_info=True)
+
+    @contextmanager
+    def holding(self, lease: Lease) -> Iterator[Lease]:
+        """Work under ``lease``, released when the block ends (unless handed over or released inside it). A release
+        that cannot complete changes nothing of the block's outcome (``released_at_end``)."""
+        def release() -> bool | None:
+            return self.release(lease) if self._held.get(lease.name) is lease else None
+
+        with released_at_end(release, f"lock {lease.name!r} (token {lease.token})",
+                             lambda: f"at {lease.expires_at.isoformat()}, where its last renewal left it"):
+            yield lease
 
     def renew(self, lease: Lease) -> bool:
         """Extend the lease by its ttl now (the heartbeat does this; call it yourself with heartbeat=False).
@@ -274,7 +291,7 @@ class LockManager:
         False when the lock row is busy in the holder's own fenced transaction (nobody can take the
         lock meanwhile); raises StaleLockToken when the lease has ended.
         """
-        return self._renew(self._ctl, lease)
+        return self._ctl.run(lambda conn: self._renew(conn, lease))
 
     def hand_over(self, lease: Lease, owner: Mapping[str, Any], ttl: float) -> None:
         """Stop holding ``lease`` without releasing it: it now runs ``ttl`` seconds from now, its owner record
@@ -286,7 +303,7 @@ class LockManager:
                 raise LockNotHeld(f"lease on {lease.name!r} (token {lease.token}) is not held by this manager")
             del self._held[lease.name]
         lease.ttl = float(ttl)
-        while not self._renew(self._ctl, lease, owner):  # busy: the heartbeat renews it at this very moment
+        while not self._ctl.run(lambda conn: self._renew(conn, lease, owner)):  # busy: the heartbeat renews it now
             time.sleep(0.01)
 
     def _renew(self, conn: psycopg.Connection, lease: Lease, owner: Mapping[str, Any] | None = None) -> bool:
@@ -303,18 +320,24 @@ class LockManager:
 
     def holder(self, name: str) -> dict[str, Any] | None:
         """The current holder of ``name`` (``lock_holder``)."""
-        return lock_holder(self._ctl, name)
+        return self._ctl.run(lambda conn: lock_holder(conn, name))
 
     # -- internals --------------------------------------------------------------------------------
     def _drain_notifications(self) -> None:
         if self._listening:
-            for _ in self._ctl.notifies(timeout=0):
-                pass
+            self._ctl.run(lambda conn: list(conn.notifies(timeout=0)))
 
     def _wait_for_release(self, name: str, seconds: float) -> None:
-        for notify in self._ctl.notifies(timeout=seconds):
-            if notify.payload == name:
-                return
+        listening = self._ctl.conn
+
+        def wait(conn: psycopg.Connection) -> None:
+            if conn is not listening:
+                return  # reconnected: a release meanwhile notified the lost connection, so look again at once
+            for notify in conn.notifies(timeout=seconds):
+                if notify.payload == name:
+                    return
+
+        self._ctl.run(wait)
 
     def _timeout_error(self, name: str, timeout: float, holder: tuple | None) -> LockTimeout:
         if holder is None or holder[1] is None:
@@ -334,7 +357,7 @@ class LockManager:
         self._beater.start()
 
     def _heartbeat_loop(self) -> None:
-        conn: psycopg.Connection | None = None
+        beat: ControlConnection | None = None
         try:
             while True:
                 with self._held_lock:
@@ -347,22 +370,19 @@ class LockManager:
                 if not leases:
                     continue
                 try:
-                    if conn is None or conn.closed:
-                        conn = connect_like(self._source, "pgtrain-locks")
+                    # one reconnection at once, not the control connection's seconds of them: the next beat retries
+                    beat = beat or ControlConnection(self._source, "pgtrain-locks", delays=(0.0,))
                     for lease in leases:
                         try:
-                            self._renew(conn, lease)
+                            beat.run(lambda conn, lease=lease: self._renew(conn, lease))
                         except StaleLockToken:
                             if self._held.get(lease.name) is lease:  # not just released by its holder
                                 log.error("%s", lease.lost)
                 except psycopg.Error:
                     log.warning("lock heartbeat failed; retrying in %.1fs", interval, exc_info=True)
-                    if conn is not None:
-                        conn.close()
-                    conn = None
         finally:
-            if conn is not None:
-                conn.close()
+            if beat is not None:
+                beat.close()
 
 
 def lock_holder(conn: psycopg.Connection, name: str) -> dict[str, Any] | None:
@@ -392,6 +412,13 @@ def renew_lease(conn: psycopg.Connection, name: str, token: int, ttl: float,
 def release_lease(conn: psycopg.Connection, name: str, token: int) -> bool:
     """Free the lock if (``name``, ``token``) is still its lease, waking its waiters; False when it had ended."""
     return bool(conn.execute(_RELEASE, {"name": name, "token": token, "channel": CHANNEL}).fetchall())
+
+
+def _released(conn: psycopg.Connection, lease: Lease) -> bool:
+    """Whether the lock row is free with ``lease``'s token: released by its holder (expiry keeps the owner, a taker
+    changes the token)."""
+    row = conn.execute(_HOLDER, (lease.name,)).fetchone()
+    return row is not None and row[0] == lease.token and row[1] is None
 
 
 @contextmanager

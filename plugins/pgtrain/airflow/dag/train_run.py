@@ -4,7 +4,7 @@ verdict before the task fails."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -109,13 +109,28 @@ def training_claimed(conn_id: str, run: Any, ti: Any) -> Iterator[Any]:
         raise
 
 
-def release_claim(conn_id: str, claim: Any) -> bool:
-    """Release a claim a trigger held (``TrainingClaim.hand_over``'s record): False when it had already ended."""
+@contextmanager
+def trigger_claim_released(conn_id: str, claim: Mapping[str, Any] | None, log: Any) -> Iterator[None]:
+    """Back from the triggerer: release the claim its trigger held (``TrainingClaim.hand_over``'s record; none from a
+    trigger of pgtrain 0.1.0) once the block ends, whatever its outcome; a release that cannot complete fails no task
+    and hides no error (``released_at_end``)."""
     from pgtrain.core.db import connect
-    from pgtrain.launch.attempt import release_claim as release
+    from pgtrain.launch.attempt import release_claim
+    from pgtrain.store.control import released_at_end
 
-    with connect(database_url(conn_id)) as conn:
-        return release(conn, claim)
+    if not claim:
+        yield
+        return
+
+    def release() -> None:
+        with connect(database_url(conn_id)) as conn:
+            if not release_claim(conn, claim):
+                log.warning("training claim %s (token %s) had already ended while the trigger watched the job",
+                            claim["name"], claim["token"])
+
+    with released_at_end(release, f"training claim {claim['name']} (token {claim['token']})",
+                         lambda: f"within {claim['ttl']:g} s of the trigger's last renewal"):
+        yield
 
 
 def claim_lost(conn_id: str, lease: Any) -> ClaimLost:

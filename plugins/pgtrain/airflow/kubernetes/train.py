@@ -99,14 +99,9 @@ class MPIJobTrainOperator(BaseOperator):
     def execute_complete(self, context: Context, event: dict[str, Any]) -> None:
         """Back from the triggerer (the job was deferrable): act on its verdict."""
         run_id = train_run.run_id_of(self.training_run_id, context)
-        try:
-            with train_run.failure_recorded(self.conn_id, run_id, context["ti"]):
-                self.job_operator(context).execute_complete(context, event)
-        finally:
-            # the claim the trigger held while the job ran (none from a trigger of pgtrain 0.1.0)
-            if event.get("claim") and not train_run.release_claim(self.conn_id, event["claim"]):
-                self.log.warning("training claim %s (token %s) had already ended while the trigger watched the job",
-                                 event["claim"]["name"], event["claim"]["token"])
+        with train_run.trigger_claim_released(self.conn_id, event.get("claim"), self.log), \
+                train_run.failure_recorded(self.conn_id, run_id, context["ti"]):
+            self.job_operator(context).execute_complete(context, event)
 
     def on_kill(self) -> None:
         if self._job is not None:

@@ -20,6 +20,7 @@ from pgtrain.airflow.dag.connection import DEFAULT_CONN_ID
 from pgtrain.airflow.kubernetes.trigger import MPIJobTrigger
 from pgtrain.core.errors import StaleLockToken
 from pgtrain.launch.attempt import claim_lost, release_claim, renew_claim
+from pgtrain.store.control import connection_lost
 
 if TYPE_CHECKING:
     import psycopg
@@ -100,6 +101,16 @@ class TrainingRunMPIJobTrigger(MPIJobTrigger):
         await asyncio.to_thread(self._close)
 
     async def _in_database(self, action: Callable[[psycopg.Connection, dict[str, Any]], Any]) -> Any:
+        """``action`` on the trigger's connection; once more, on a new one, when the database had dropped it (every
+        claim statement names the claim's token: running it again is safe)."""
+        try:
+            return await self._on_connection(action)
+        except Exception as error:
+            if self._conn is None or not connection_lost(self._conn, error):
+                raise
+        return await self._on_connection(action)
+
+    async def _on_connection(self, action: Callable[[psycopg.Connection, dict[str, Any]], Any]) -> Any:
         if self._conn is None or self._conn.closed:
             from asgiref.sync import sync_to_async
 
