@@ -51,3 +51,14 @@ def described(column: Column) -> dict[str, Any]:
     """How many of a categorical column's levels are stored in clear and how many as hashes."""
     hashed = sum(is_hashed(level, h) for level, h in zip(column.levels, column.hashes, strict=True))
     return {"levels": len(column.levels), "clear": len(column.levels) - hashed, "hashed": hashed}
+
+
+def summary(column: Column) -> str:
+    """One line on what a version stores of a categorical column's levels (``pgtrain-models show``)."""
+    counts = described(column)
+    if not counts["hashed"]:
+        return f"{counts['levels']:,} levels in clear"
+    if not counts["clear"]:
+        return f"{counts['levels']:,} levels stored as hashes only (shown as {DIGEST_PREFIX}...)"
+    return (f"{counts['levels']:,} levels: {counts['clear']:,} in clear, {counts['hashed']:,} stored as hashes only "
+            f"(shown as {DIGEST_PREFIX}...)")

@@ -202,9 +202,9 @@ def vocabularies(conn: psycopg.Connection, source: Source, categorical: Sequence
         (None if classes and i == width - 1 else name): {"levels": 0, "valued": 0, "null": 0, "top": []}
         for i, name in enumerate(names)}
     keys = list(found)
-    for g, text, n, val_n, levels, valued, hashed in conn.execute(query):
+    for g, text, n, val_n, levels, with_value, hashed in conn.execute(query):
         entry = found[keys[masks.index(g)]]
-        entry["levels"], entry["valued"] = levels, int(valued or 0)
+        entry["levels"], entry["valued"] = levels, int(with_value or 0)
         if text is None:
             entry["null"] = n
         else:
