@@ -207,11 +207,25 @@ def input_rows(columns: Sequence[Column], rows: Iterable[Mapping[str, Any]]) -> 
         if part == "missing":
             out[:, j] = [value is None for value in values]
         elif part == "code":
-            out[:, j] = [NULL_LEVEL if v is None else lookup[column.name].get(
-                hashtextextended(as_text(v, column.type)), OTHER) for v in values]
+            out[:, j] = _level_codes(values, column, lookup[column.name])
         else:
             out[:, j] = [_number(v, column, i) for i, v in enumerate(values)]
     return out
+
+
+def _level_codes(values: Sequence[Any], column: Column, lookup: Mapping[int, int]) -> list[int]:
+    """Each value's level code, by the hash of its text (hashed once per distinct value)."""
+    known: dict[str, int] = {}
+    codes = []
+    for value in values:
+        if value is None:
+            codes.append(NULL_LEVEL)
+            continue
+        text = as_text(value, column.type)
+        if text not in known:
+            known[text] = lookup.get(hashtextextended(text), OTHER)
+        codes.append(known[text])
+    return codes
 
 
 def _number(value: Any, column: Column, row: int) -> float:
