@@ -77,6 +77,15 @@ def test_the_quality_gate_is_on_unless_an_entry_turns_it_off(tmp_path):
     assert ungated.quality_gate["max_accuracy_drop"] is None
 
 
+def test_an_entrys_category_rules_go_over_the_settings_files_and_add_hashed_columns(tmp_path):
+    path = models_file(tmp_path, good("private") + "\n    categories: {max_clear_levels: 0, hashed_columns: [ssn]}")
+    (entry,), _ = load_entries(path)
+    base = AuthorSettings(categories={"max_categories": 50, "max_clear_levels": 10, "hashed_columns": ["email"]})
+    assert entry.settings(base).category_rules() == {"max_categories": 50, "min_category_count": 1,
+                                                     "hashed_columns": ["email", "ssn"], "max_clear_levels": 0,
+                                                     "max_level_length": 64}
+
+
 def test_an_entry_may_gate_on_any_metric_of_its_task(tmp_path):
     gate = "\n    quality_gate: {metric: val_rmse, max_drop: 0.5, floor: 3}"
     path = models_file(tmp_path, good("houses").replace("epochs: 2", "task: regression") + gate)

@@ -87,6 +87,8 @@ def test_the_shipped_settings_file_is_valid():
     settings = load_settings(REPO / "dags" / "pgtrain.yaml")
     assert "public" in settings.allowed_sources and "mlp" in settings.allowed_models
     assert settings.kubernetes["image"]
+    assert settings.category_rules() == {"max_categories": 1000, "min_category_count": 1, "hashed_columns": [],
+                                         "max_clear_levels": 100, "max_level_length": 64}
 
 
 def test_more_local_ranks_than_cpus_is_refused_while_planning():
@@ -113,6 +115,20 @@ def test_an_mlp_too_big_for_this_machine_is_refused_while_planning():
 def test_the_quality_gate_is_the_authors_not_a_param(key):
     assert key not in PARAMETERS
     assert unknown_keys({key: 1.0}) and unknown_keys({key: 1.0})[0].startswith(f"'{key}' is not a param")
+
+
+@pytest.mark.parametrize("key", ["hashed_columns", "max_clear_levels", "max_level_length"])
+def test_what_is_stored_in_clear_is_the_authors_not_a_param(key):
+    assert key not in PARAMETERS
+    assert unknown_keys({key: 1})[0].startswith(f"'{key}' is not a param")
+
+
+def test_the_authors_category_rules_are_checked_when_the_settings_are_read(tmp_path):
+    path = tmp_path / "pgtrain.yaml"
+    path.write_text("categories: {max_categories: 20000, hashed_colums: [email]}\n")
+    with pytest.raises(ConfigError, match=r"categories: Additional properties .*'hashed_colums'.*; "
+                                          r"categories\.max_categories: 20000 is greater than the maximum of 10000"):
+        load_settings(path)
 
 
 def test_init_from_must_match_whole():

@@ -31,6 +31,8 @@ import psycopg
 from pgtrain.config.metrics import CONFUSION_MATRIX, METRICS
 from pgtrain.core.db import connect
 from pgtrain.core.errors import PgtrainError
+from pgtrain.data import encoding, level_storage
+from pgtrain.data.source.resolve import CATEGORY
 from pgtrain.store import catalog, model_store
 from pgtrain.store.locks import describe_owner, list_locks
 from pgtrain.store.prediction_table import DEFAULT_MODE, MODES
@@ -84,6 +86,9 @@ def cmd_show(conn, args) -> int:
               f"{_fmt(spec.get('parent_version'))}")
         print(f"data      {spec.get('source_table')} features {', '.join(spec.get('feature_columns') or [])} "
               f"target {spec.get('target_column')}")
+        for column in encoding.columns_of(spec.get("encoding") or {}):
+            if column.kind == CATEGORY:
+                print(f"category  {column.name}: {level_storage.summary(column)}")
     else:
         print(f"shape     {info['input_dim']} -> {info['hidden_sizes']} -> {info['num_classes']}")
     metrics = dict(info["metrics"])

@@ -12,7 +12,9 @@
   trigger form offers and a triggerer may change;
 - ``quality_gate`` (``pgtrain.config.params.QUALITY_GATE``): on by default, ``DEFAULT_QUALITY_GATE``: a version no
   better than the head does not become the head of a scheduled model; set a field to null to turn it off;
-- ``max_world_size``: the most ranks a triggered run may ask for (default: the settings file's).
+- ``max_world_size``: the most ranks a triggered run may ask for (default: the settings file's);
+- ``categories`` (``pgtrain.config.settings.CATEGORIES``): over the settings file's, key by key; its
+  ``hashed_columns`` add to the settings file's.
 
 ``load_entries`` checks every entry on its own: a bad one (unknown key, wrong type, duplicate name) is reported
 as an ``EntryError`` naming the file, the entry and the field, and the others are returned to be scheduled.
@@ -86,6 +88,7 @@ class ModelEntry:
     quality_gate: dict[str, float | None] = field(default_factory=lambda: dict(DEFAULT_QUALITY_GATE))
     max_world_size: int | None = None
     description: str = ""
+    categories: dict[str, Any] = field(default_factory=dict)
 
     @property
     def dag_id(self) -> str:
@@ -101,11 +104,15 @@ class ModelEntry:
 
     def settings(self, base: AuthorSettings) -> AuthorSettings:
         """The author's settings for this model's runs: its own table is the one source it may read; its
-        launcher and Kubernetes settings over the settings file's; its quality gate; its world-size bound."""
+        launcher and Kubernetes settings over the settings file's; its quality gate; its world-size bound; its
+        category rules over the settings file's (hashed columns: both lists)."""
+        hashed = [*base.categories.get("hashed_columns", ()), *self.categories.get("hashed_columns", ())]
+        categories = {**base.categories, **self.categories, **({"hashed_columns": list(dict.fromkeys(hashed))}
+                                                                 if hashed else {})}
         return dataclasses.replace(
             base, allowed_sources=(self.source_table,), kubernetes={**base.kubernetes, **self.kubernetes},
             quality_gate=dict(self.quality_gate), max_world_size=self.max_world_size or base.max_world_size,
-            launcher=self.launcher or base.launcher)
+            launcher=self.launcher or base.launcher, categories=categories)
 
     def fixed_params(self, settings: AuthorSettings) -> dict[str, Any]:
         """Every param the author fixes for this model's runs (FIXED_PARAMS), with ``settings``' launcher."""
@@ -191,7 +198,8 @@ def parse_entry(raw: Any) -> ModelEntry:
         min_new_rows=schedule.get("min_new_rows"), poll_seconds=schedule.get("poll_seconds", DEFAULT_POLL_SECONDS),
         kubernetes=dict(raw.get("kubernetes") or {}),
         quality_gate={**DEFAULT_QUALITY_GATE, **(raw.get("quality_gate") or {})},
-        max_world_size=raw.get("max_world_size"), description=raw.get("description", ""))
+        max_world_size=raw.get("max_world_size"), description=raw.get("description", ""),
+        categories=dict(raw.get("categories") or {}))
 
 
 def _schema_problems(schema: dict[str, Any], data: Any) -> list[str]:

@@ -55,7 +55,7 @@ ALL_COLUMNS = "*"  # feature_columns: every column but the key, the target and e
 MISSING_VALUES = ("impute", "bad_row")
 MAX_CLASSES = 100_000  # the most classes a classification run may have (num_classes' maximum)
 # Params whose JSON lists are tuples in TrainingConfig.
-LIST_PARAMS = ("hidden_sizes", "feature_columns", "exclude_columns", "categorical_columns")
+LIST_PARAMS = ("hidden_sizes", "feature_columns", "exclude_columns", "categorical_columns", "hashed_columns")
 
 @dataclass(frozen=True)
 class TrainingConfig:
@@ -106,6 +106,9 @@ class TrainingConfig:
     floor: float | None = None
     allow_unvalidated: bool = False
     allow_retarget: bool = False
+    hashed_columns: tuple[str, ...] = ()
+    max_clear_levels: int = 100
+    max_level_length: int = 64
     # One rank by default: on a CPU-only worker one rank's PyTorch threads use every core, and two ranks there
     # only add Horovod's per-step allreduce (docs/performance.md); GPUs want one rank each.
     world_size: int = 1
@@ -369,7 +372,22 @@ QUALITY_GATE: dict[str, dict[str, Any]] = _with_defaults({
                                       "other data"},
 })
 
-_SCHEMA = {"type": "object", "properties": {**PARAMETERS, **QUALITY_GATE}, "additionalProperties": False}
+# What of a categorical column a version stores in clear: the DAG author's (the settings file's or a model entry's
+# ``categories``), never the triggerer's. Kept in the run's config snapshot, as the gate is, so that planning
+# applies the rules in force when the run was admitted. A level not stored in clear is stored as its hash, which
+# is all scoring needs (pgtrain.data.level_storage).
+CATEGORY_STORAGE: dict[str, dict[str, Any]] = _with_defaults({
+    "hashed_columns": {"type": "array", "items": {"type": "string", "minLength": 1}, "uniqueItems": True,
+                       "title": "Hashed columns",
+                       "description": "columns whose levels are never stored in clear, only their hashes"},
+    "max_clear_levels": {"type": "integer", "minimum": 0, "maximum": 10000, "title": "Max clear levels",
+                         "description": "a column keeping more levels than this stores all of them as hashes"},
+    "max_level_length": {"type": "integer", "minimum": 0, "title": "Max level length",
+                         "description": "a level longer than this (characters) is stored as its hash"},
+})
+
+_SCHEMA = {"type": "object", "properties": {**PARAMETERS, **QUALITY_GATE, **CATEGORY_STORAGE},
+           "additionalProperties": False}
 
 
 def quality_gate_problems(gate: Mapping[str, Any], task: str | None = None) -> list[str]:

@@ -9,7 +9,9 @@ They live in a YAML file next to the DAGs (``dags/pgtrain.yaml``, whose path the
 - ``kubernetes``: the MPIJob's image, namespace, Secret, scheduling (queue, priority, affinity), sizes, pod
   security, extra environment and pod templates (``KUBERNETES_SETTINGS``);
 - ``quality_gate``: how much worse than the head a run may be, and absolute floors (``QUALITY_GATE``);
-- ``max_world_size``: the most ranks a run may ask for.
+- ``max_world_size``: the most ranks a run may ask for;
+- ``categories``: the most levels a run may keep per categorical column and the fewest rows a kept level needs
+  (a trigger beyond them is refused), and what of the levels a version may store in clear (``CATEGORIES``).
 
 A run whose source or model is not allowed is refused in ``plan_run``, before any column or row of it
 is read.
@@ -23,7 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pgtrain.config.params import MAX_WORLD_SIZE, PARAMETERS, QUALITY_GATE, TrainingConfig, quality_gate_problems
+from pgtrain.config.params import (
+    CATEGORY_STORAGE,
+    MAX_WORLD_SIZE,
+    PARAMETERS,
+    QUALITY_GATE,
+    TrainingConfig,
+    quality_gate_problems,
+)
 from pgtrain.core.errors import ConfigError
 
 SETTINGS_ENV = "PGTRAIN_SETTINGS"
@@ -95,13 +104,26 @@ def rule(schema: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in schema.items() if k not in ("default", "section", "title", "description")}
 
 
-# What the settings file and a models-file entry share: where a run's job runs, its gate and its size bound.
+# The author's bounds on the category params (a trigger asking for more levels, or rarer ones, is refused), then
+# what a version stores in clear (CATEGORY_STORAGE). Unset keys take these defaults.
+CATEGORY_BOUNDS: dict[str, dict[str, Any]] = {
+    "max_categories": {"type": "integer", "minimum": 1, "maximum": PARAMETERS["max_categories"]["maximum"],
+                       "default": 1000},
+    "min_category_count": {"type": "integer", "minimum": 1, "default": 1},
+}
+CATEGORIES: dict[str, dict[str, Any]] = {**CATEGORY_BOUNDS, **CATEGORY_STORAGE}
+
+
+# What the settings file and a models-file entry share: where a run's job runs, its gate, its size bound and its
+# category rules.
 AUTHOR_PROPERTIES: dict[str, dict[str, Any]] = {
     "launcher": rule(PARAMETERS["launcher"]),
     "kubernetes": {"type": "object", "additionalProperties": False, "properties": KUBERNETES_SETTINGS},
     "quality_gate": {"type": "object", "additionalProperties": False,
                      "properties": {name: rule(schema) for name, schema in QUALITY_GATE.items()}},
     "max_world_size": {"type": "integer", "minimum": 1, "maximum": MAX_WORLD_SIZE},
+    "categories": {"type": "object", "additionalProperties": False,
+                   "properties": {name: rule(schema) for name, schema in CATEGORIES.items()}},
 }
 
 _SCHEMA = {
@@ -123,6 +145,11 @@ class AuthorSettings:
     quality_gate: dict[str, float | None] = field(default_factory=dict)
     max_world_size: int = MAX_WORLD_SIZE
     launcher: str = TrainingConfig.launcher
+    categories: dict[str, Any] = field(default_factory=dict)  # CATEGORIES keys the author set
+
+    def category_rules(self) -> dict[str, Any]:
+        """Every CATEGORIES key: the author's value, else its default."""
+        return {name: self.categories.get(name, schema["default"]) for name, schema in CATEGORIES.items()}
 
     def operator_arguments(self) -> dict[str, Any]:
         """Keyword arguments of MPIJobTrainOperator for launcher=kubernetes (KPO converts the tolerations)."""
@@ -187,4 +214,4 @@ def load_settings(path: Path | str | None = None, *, default: Path | str | None 
                           tuple(data.get("allowed_models", defaults.allowed_models)),
                           dict(data.get("kubernetes") or {}), dict(data.get("quality_gate") or {}),
                           data.get("max_world_size", defaults.max_world_size),
-                          data.get("launcher", defaults.launcher))
+                          data.get("launcher", defaults.launcher), dict(data.get("categories") or {}))

@@ -12,7 +12,9 @@ A row of scalar feature columns becomes one float32 *input row*, in this order:
 
 PostgreSQL sends a categorical value as the 64-bit ``hashtextextended(value::text, 0)``, which the client maps to
 its code with one vectorized search among the levels' hashes (``codes``): no text crosses the wire and no Python
-touches a row. The model standardizes parts 1-2 and one-hot encodes part 3 (``trainer.model``). Class labels of
+touches a row. ``load_predictor`` computes the same hash of a Python value (``pgtrain.data.text_hash``) and looks
+it up among the same hashes, so a level stored only as its hash (``pgtrain.data.level_storage``) scores as one
+stored in clear. The model standardizes parts 1-2 and one-hot encodes part 3 (``trainer.model``). Class labels of
 any type travel the same way and map to class numbers in the recorded class order (-1: a class never seen in
 training).
 """
@@ -29,6 +31,7 @@ import numpy as np
 
 from pgtrain.core.errors import SourceError
 from pgtrain.data.source.resolve import COLUMNS, DATE, NUMBER, Column, Source, categories, valued
+from pgtrain.data.text_hash import hashtextextended
 
 FORMAT = 1  # of the recorded encoding
 OTHER, NULL_LEVEL = 0, 1  # the codes every categorical column has before its levels
@@ -204,8 +207,8 @@ def input_rows(columns: Sequence[Column], rows: Iterable[Mapping[str, Any]]) -> 
     rows = list(rows)
     planned = inputs(columns)
     out = np.empty((len(rows), len(planned)), np.float32)
-    lookup = {c.name: {level: FIRST_LEVEL + i for i, level in enumerate(c.levels)}
-              for c in categories(columns)}
+    # By hash, as the loader and predict map a value: a level stored as its hash alone has no text to match.
+    lookup = {c.name: {hashed: FIRST_LEVEL + i for i, hashed in enumerate(c.hashes)} for c in categories(columns)}
     for j, (part, column) in enumerate(planned):
         values = []
         for i, row in enumerate(rows):
@@ -216,11 +219,25 @@ def input_rows(columns: Sequence[Column], rows: Iterable[Mapping[str, Any]]) -> 
         if part == "missing":
             out[:, j] = [value is None for value in values]
         elif part == "code":
-            out[:, j] = [NULL_LEVEL if v is None else lookup[column.name].get(as_text(v, column.type), OTHER)
-                         for v in values]
+            out[:, j] = _level_codes(values, column, lookup[column.name])
         else:
             out[:, j] = [_number(v, column, i) for i, v in enumerate(values)]
     return out
+
+
+def _level_codes(values: Sequence[Any], column: Column, lookup: Mapping[int, int]) -> list[int]:
+    """Each value's level code, by the hash of its text (hashed once per distinct value)."""
+    known: dict[str, int] = {}
+    codes = []
+    for value in values:
+        if value is None:
+            codes.append(NULL_LEVEL)
+            continue
+        text = as_text(value, column.type)
+        if text not in known:
+            known[text] = lookup.get(hashtextextended(text), OTHER)
+        codes.append(known[text])
+    return codes
 
 
 def _number(value: Any, column: Column, row: int) -> float:

@@ -11,7 +11,7 @@ import dataclasses
 import psycopg
 from psycopg import sql
 
-from pgtrain.config.params import TrainingConfig
+from pgtrain.config.params import CATEGORY_STORAGE, TrainingConfig
 from pgtrain.config.settings import AuthorSettings
 from pgtrain.core.errors import ConfigError, SourceError
 from pgtrain.data.source.resolve import find_relation
@@ -63,7 +63,24 @@ def check_run(conn: psycopg.Connection, config: TrainingConfig, settings: Author
     if config.world_size > settings.max_world_size:
         raise ConfigError(f"world_size {config.world_size} is more than the {settings.max_world_size} ranks this "
                           "DAG's author allows (max_world_size in the pgtrain settings file)")
+    check_categories(config, settings)
     return check_source(conn, config.source_table, settings)
+
+
+def check_categories(config: TrainingConfig, settings: AuthorSettings) -> None:
+    """Refuse category params beyond the author's bounds: more levels per column than ``categories.max_categories``
+    or levels rarer than ``categories.min_category_count`` would let a run keep (and store) what the author does
+    not allow."""
+    rules = settings.category_rules()
+    if config.max_categories > rules["max_categories"]:
+        raise ConfigError(f"max_categories {config.max_categories} is more than the {rules['max_categories']} levels "
+                          "per categorical column this DAG's author allows (categories.max_categories in the "
+                          f"pgtrain settings file or the model's entry): ask for at most {rules['max_categories']}")
+    if config.min_category_count < rules["min_category_count"]:
+        raise ConfigError(f"min_category_count {config.min_category_count} is less than the "
+                          f"{rules['min_category_count']} training rows a kept level needs by this DAG's author "
+                          "(categories.min_category_count in the pgtrain settings file or the model's entry): ask "
+                          f"for at least {rules['min_category_count']}")
 
 
 def check_unowned(model_name: str, owners: dict[str, str]) -> None:
@@ -80,10 +97,13 @@ def check_unowned(model_name: str, owners: dict[str, str]) -> None:
 def admit(conn: psycopg.Connection, config: TrainingConfig, settings: AuthorSettings) -> TrainingConfig:
     """The run's config as it is recorded: checked against the author's settings, the source pinned to the
     schema-qualified, quoted name it resolved to (a later search_path cannot point it elsewhere), and the
-    author's quality gate in force."""
+    author's quality gate and rules of what is stored in clear in force."""
     schema, table = check_run(conn, config, settings)
     pinned = sql.Identifier(schema, table).as_string(conn)
-    return dataclasses.replace(config, source_table=pinned, **settings.quality_gate)
+    rules = settings.category_rules()
+    storage = {name: rules[name] for name in CATEGORY_STORAGE}
+    storage["hashed_columns"] = tuple(storage["hashed_columns"])
+    return dataclasses.replace(config, source_table=pinned, **settings.quality_gate, **storage)
 
 
 def _unquote(identifier: str) -> str:

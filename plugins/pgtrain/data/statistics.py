@@ -9,7 +9,8 @@ snapshot so that every rank encodes identically:
   lean scan's bit mask of the labels shows them all.
 
 ``encode`` turns them into the planned source, refusing what cannot be trained on (an all-NULL column, a text
-column that is really a key, a single class, too many classes) with what to do.
+column that is really a key, a single class, too many classes) with what to do, and keeping out of clear the
+levels the author's rules say (``pgtrain.data.level_storage``).
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ from psycopg import sql
 
 from pgtrain.config.params import MAX_CLASSES, TrainingConfig
 from pgtrain.core.errors import SourceError
+from pgtrain.data import level_storage
 from pgtrain.data.encoding import NULL_HASH
 from pgtrain.data.source.resolve import CATEGORY, LABEL_TYPES, Column, Source, categories, valued
 from pgtrain.data.source.rows import is_validation, scalar_value
 from pgtrain.data.source.snapshot import Beside
 
-# A categorical column with more distinct values than max_categories and at least this share of the training rows
-# is a key or free text, not a category: refused (naming it and exclude_columns), not capped.
+# A categorical column with more distinct values than max_categories and at least this share of the rows that have
+# a value in it is a key or free text, not a category: refused (naming it and exclude_columns), not capped.
 KEY_LIKE_SHARE = 0.5
 LABEL_MASK_BITS = 62  # integer labels 0..61 are checked for completeness by one bit_or in the lean scan
 EXAMPLE_CLASSES = 5
@@ -136,6 +138,7 @@ def encode(conn: psycopg.Connection, source: Source, config: TrainingConfig, max
         if wants_classes:
             source, warning = _classes(source, counted[None])
             warnings += [warning] if warning else []
+    source = level_storage.stored(source, config)
     if source.classes is not None:
         num_classes = len(source.classes)
     elif source.task == "classification" and not num_classes:
@@ -167,8 +170,9 @@ def _class_numbers(source: Source, max_label: int | None) -> int:
 def vocabularies(conn: psycopg.Connection, source: Source, categorical: Sequence[Column], classes: bool,
                  config: TrainingConfig, exclude: sql.Composable | None) -> dict[str | None, dict[str, Any]]:
     """One scan: per categorical column (and the label, key None, when ``classes``) its distinct non-NULL levels,
-    the training rows of NULL, and its most frequent levels (at most max_categories; classes: all, up to
-    MAX_CLASSES + 1) as (level, training rows, validation rows, hash)."""
+    the rows (training and validation) with a value in it, the training rows of NULL, and its most frequent
+    levels (at most max_categories; classes: all, up to MAX_CLASSES + 1) as (level, training rows, validation
+    rows, hash)."""
     names = [c.name for c in categorical] + ([source.label_column] if classes else [])
     texts = [sql.Identifier(f"_pgtrain_t{i}") for i in range(len(names))]
     width = len(names)
@@ -179,8 +183,9 @@ def vocabularies(conn: psycopg.Connection, source: Source, categorical: Sequence
         sql.Literal(masks[-1] if classes else -1), sql.Literal(MAX_CLASSES + 1), sql.Literal(config.max_categories))
     split = is_validation(source, config.validation_fraction, config.seed)
     query = sql.SQL(
-        """SELECT g, level, n, val_n, levels, hashtextextended(level, 0) FROM (
+        """SELECT g, level, n, val_n, levels, valued, hashtextextended(level, 0) FROM (
              SELECT g, level, n, val_n, count(level) OVER (PARTITION BY g) AS levels,
+                    sum(n + val_n) FILTER (WHERE level IS NOT NULL) OVER (PARTITION BY g) AS valued,
                     row_number() OVER (PARTITION BY g ORDER BY level IS NULL, n DESC, level) AS r
              FROM (SELECT GROUPING({texts}) AS g, {level} AS level,
                           count(*) - count(*) FILTER (WHERE _pgtrain_v) AS n,
@@ -194,12 +199,12 @@ def vocabularies(conn: psycopg.Connection, source: Source, categorical: Sequence
         where=sql.SQL("WHERE NOT {}").format(exclude) if exclude is not None else sql.SQL(""),
         sets=sql.SQL(", ").join(sql.SQL("({})").format(t) for t in texts), cap=cap)
     found: dict[str | None, dict[str, Any]] = {
-        (None if classes and i == width - 1 else name): {"levels": 0, "null": 0, "top": []}
+        (None if classes and i == width - 1 else name): {"levels": 0, "valued": 0, "null": 0, "top": []}
         for i, name in enumerate(names)}
     keys = list(found)
-    for g, text, n, val_n, levels, hashed in conn.execute(query):
+    for g, text, n, val_n, levels, with_value, hashed in conn.execute(query):
         entry = found[keys[masks.index(g)]]
-        entry["levels"] = levels
+        entry["levels"], entry["valued"] = levels, int(with_value or 0)
         if text is None:
             entry["null"] = n
         else:
@@ -209,15 +214,15 @@ def vocabularies(conn: psycopg.Connection, source: Source, categorical: Sequence
 
 def _levels(source: Source, column: Column, counted: Mapping[str, Any], config: TrainingConfig,
             warnings: list[str]) -> Column:
-    top, distinct = counted["top"], counted["levels"]
-    rows = sum(n for _, n, _, _ in top) + counted["null"]
+    top, distinct, valued = counted["top"], counted["levels"], counted["valued"]
     if not any(n for _, n, _, _ in top):
-        raise SourceError(_all_null(source, column.name, rows))
-    if distinct > config.max_categories and distinct >= KEY_LIKE_SHARE * rows:
+        raise SourceError(_all_null(source, column.name, sum(n for _, n, _, _ in top) + counted["null"]))
+    # Counted over every row with a value, not over the most frequent levels' rows only.
+    if distinct > config.max_categories and distinct >= KEY_LIKE_SHARE * valued:
         raise SourceError(
-            f"feature column {column.name!r} of {source.qualified_name} has {distinct:,} distinct values in "
-            f"{rows:,} training rows: it identifies rows (a key, a name, free text) rather than sorting them into "
-            f"categories; leave it out with exclude_columns: [{column.name!r}] (or raise max_categories, now "
+            f"feature column {column.name!r} of {source.qualified_name} has {distinct:,} distinct values in the "
+            f"{valued:,} rows that have one: it identifies rows (a key, a name, free text) rather than sorting them "
+            f"into categories; leave it out with exclude_columns: [{column.name!r}] (or raise max_categories, now "
             f"{config.max_categories}, if it really is a category)")
     kept = [(text, hashed) for text, n, _, hashed in top if n >= config.min_category_count][:config.max_categories]
     if distinct > len(kept):
