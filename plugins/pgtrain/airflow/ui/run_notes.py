@@ -74,11 +74,11 @@ def _note_in(session: Any, dag_run: Any) -> None:
     log.info("DAG run %s note: %s", dag_run.run_id, note)
 
 
-# What must be escaped for CommonMark (and Airflow's GFM) to render a note without images or links, and nothing more, so that the note reads
-# the same unrendered (the REST API returns it raw): a ``]`` that closes a link or image (``](``) or a link reference
-# definition (``]:``; without one, ``[a]`` and ``[a][b]`` stay text); a ``<`` that could open an autolink or raw HTML
-# (anything but a space or the end after it); a backslash that would escape the next character. (A bare URL is
-# still a link in GFM, as any text the note quotes: a link fetches nothing until clicked.)
+# What must be escaped for CommonMark (and Airflow's GFM) to render a note without images or links, and nothing
+# more, so that the note reads the same unrendered (the REST API returns it raw): a ``]`` that closes a link or image
+# (``](``) or a link reference definition (``]:``; without one, ``[a]`` and ``[a][b]`` stay text); a ``<`` that
+# could open an autolink or raw HTML (anything but a space or the end after it); a backslash that would escape the
+# next character. (A bare URL is still a link in GFM, as before: a link fetches nothing until clicked.)
 _MARKDOWN_ACTIVE = re.compile(r"\\(?=[!-/:-@\[-`{-~])|\](?=[(:])|<(?!\s|$)")
 
 
