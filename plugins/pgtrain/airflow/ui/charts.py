@@ -87,14 +87,16 @@ def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
 def y_range(series: Sequence[Sequence[float]]) -> tuple[float, float]:
     """The values a chart's y axis covers (each sequence one series' values, oldest epoch first): all of them but a
     first epoch far from the rest. The first epoch of a series of 3 or more is left out of the range when it lies
-    further outside the later epochs' range than that range is wide: a loss of 2.3 before epochs between 0.05 and
-    0.3 would set the axis alone and flatten every later epoch into a line along the bottom. Such a point is drawn
-    on the plot's edge, hollow (``clipped``), its true value in its tooltip and the epochs table."""
+    further outside the later epochs' range than twice that range's width (the later epochs would get less than a
+    third of the height): a loss of 2.3 before epochs between 0.05 and 0.3 would set the axis alone and flatten
+    every later epoch into a line along the bottom. Such a point is drawn on the plot's edge, hollow (``clipped``),
+    its true value in its tooltip and the epochs table. Not a log scale: R² and other figures go negative, and
+    differences between versions read as they are."""
     later = [y for ys in series for y in (ys[1:] if len(ys) >= 3 else ys)]
     lo, hi = min(later), max(later)
     span = hi - lo
     for ys in series:
-        if len(ys) >= 3 and (span == 0 or lo - span <= ys[0] <= hi + span):
+        if len(ys) >= 3 and (span == 0 or lo - 2 * span <= ys[0] <= hi + 2 * span):
             lo, hi = min(lo, ys[0]), max(hi, ys[0])
     return lo, hi
 
