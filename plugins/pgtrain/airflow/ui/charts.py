@@ -147,9 +147,13 @@ def line_chart(name: str, runs: Sequence[Run], keys: Sequence[str]) -> str:
         best = best_epoch(epochs_of)
         if label in labels and best is not None and x_lo <= best <= max(epochs):
             color = f"c{labels.index(label) % PALETTE_SIZE}" if len(labels) > 1 else "c-best"
+            # the label inside the plot: left of a marker near the right edge, one line lower per run
+            right = sx(best) > LEFT + plot_w * 0.8
+            text_x, anchor = (sx(best) - 3, "end") if right else (sx(best) + 3, "start")
             parts.append(f'<g class="best-epoch {color}" data-epoch="{_e(best)}" data-version="{_e(label)}">'
                          f'<line x1="{sx(best):.1f}" x2="{sx(best):.1f}" y1="{TOP}" y2="{TOP + plot_h}"/>'
-                         f'<text x="{sx(best) + 3:.1f}" y="{TOP + 11}">{_e(f"{label} best".strip())}</text>'
+                         f'<text x="{text_x:.1f}" y="{TOP + 11 + 11 * labels.index(label)}" text-anchor="{anchor}">'
+                         f'{_e(f"{label} best".strip())}</text>'
                          f"<title>{_e(f'{label} best epoch'.strip())} {_e(best)}: its parameters are the "
                          "version's</title></g>")
     clipped = 0

@@ -33,6 +33,7 @@ from pgtrain.airflow.ui.render import (
     flat_params,
     metrics_table,
     metrics_text,
+    normalized,
     validation_keys,
 )
 from pgtrain.config.metrics import CONFUSION_MATRIX, METRICS
@@ -145,7 +146,7 @@ def _shown(value: Any) -> str:
     """A fact as text: strings as they are, anything else as compact JSON."""
     if value is None or isinstance(value, str):
         return e(value)
-    return e(json.dumps(value, sort_keys=True, default=str, ensure_ascii=False))
+    return e(json.dumps(normalized(value), sort_keys=True, default=str, ensure_ascii=False))
 
 
 def _facts_table(table_id: str, facts: Mapping[str, Any]) -> str:
