@@ -140,6 +140,23 @@ def test_the_kubernetes_launcher_trains_with_the_authors_cluster_settings(monkey
     assert (job.image, job.namespace, job.gpus_per_worker) == ("registry.example/trainer:7", "ml", 4)
 
 
+def test_an_edited_settings_file_applies_at_the_next_parse_without_a_restart(monkeypatch, tmp_path):
+    """Each task process parses its DAG file, and the DAG file reads the settings file then: editing the file is
+    enough (docs/configuration.md), even in a process that parsed it before (nothing caches it)."""
+    settings = tmp_path / "pgtrain.yaml"
+    monkeypatch.setenv("PGTRAIN_SETTINGS", str(settings))
+
+    def parsed_settings() -> dict:
+        dag = DagBag(dag_folder=str(REPO / "dags" / "pgtrain_training.py")).dags[DAG_ID]
+        return dag.get_task("plan_run").op_args[0]
+
+    settings.write_text("allowed_sources: [public]\nquality_gate: {max_accuracy_drop: 0.05}\n")
+    assert parsed_settings()["allowed_sources"] == ["public"]
+    settings.write_text("allowed_sources: [public, sales]\nquality_gate: {max_accuracy_drop: 0.01}\n")
+    after = parsed_settings()
+    assert (after["allowed_sources"], after["quality_gate"]) == (["public", "sales"], {"max_accuracy_drop": 0.01})
+
+
 @pytest.mark.parametrize("launcher", ["local", "kubernetes"])
 @pytest.mark.parametrize("task_id", TASK_ORDER)
 def test_parsing_the_dag_imports_no_kubernetes_client(task_id, launcher, tmp_path):

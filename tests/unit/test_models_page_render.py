@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from pgtrain.airflow.ui import charts, html, versions
+from pgtrain.airflow.ui import charts, html, render, versions
 
 HOSTILE = '"><script>alert(1)</script><img src=x onerror=alert(2)>'
 
@@ -118,3 +118,100 @@ def test_the_only_style_is_the_stylesheet_the_policy_names_by_its_hash():
     assert f"style-src 'sha256-{digest}'" in html.CONTENT_SECURITY_POLICY
     assert "default-src 'none'" in html.CONTENT_SECURITY_POLICY and "script-src" not in html.CONTENT_SECURITY_POLICY
     assert "prefers-color-scheme: dark" in style and "url(" not in style and "@import" not in style
+
+
+# -- issue 30, finding 7 ----------------------------------------------------------------------------------------------
+def loss_epochs(count: int, *, best: int | None = None) -> list[dict]:
+    """A classifier's epochs whose first loss (2.3, an untrained net's on ten classes) is ten times the later ones."""
+    epochs = [{"epoch": i, "train_loss": 2.3 if i == 1 else 0.3 / i, "val_loss": 2.2 if i == 1 else 0.32 / i + 0.01 * i,
+               "val_accuracy": 0.2 if i == 1 else 0.9 + i / 1000} for i in range(1, count + 1)]
+    if best is not None:
+        for ep in epochs:
+            ep["best_epoch"] = min(ep["epoch"], best)
+    return epochs
+
+
+def test_the_params_diff_compares_numbers_by_value():
+    """A REST conf's ``dropout: 0`` and the form's ``0.0`` are the same param: not a difference."""
+    rest = version(1, regression_epochs(3), dropout=0, warmup_epochs=1, hidden_sizes=[8, 4])
+    form = version(2, regression_epochs(3), head=True, dropout=0.0, warmup_epochs=1.0, hidden_sizes=[8.0, 4.0],
+                   learning_rate=0.005)
+    page = versions.compare_page("houses", [rest, form], "/pgtrain")
+    diff = re.search(r'<table id="params-diff">.*?</table>', page).group(0)
+    assert re.findall(r'data-param="(params\.[^"]+)"', diff) == ["params.learning_rate"]
+    same = re.search(r'<table id="params-same">.*?</table>', page).group(0)
+    assert re.search(r'data-param="params.dropout"><th><code>params.dropout</code></th>'
+                     r"<td><code>0</code></td><td><code>0</code></td>", same)
+    assert render.changed_params({"dropout": 0, "epochs": 3}, {"dropout": 0.0, "epochs": 4}) == [("epochs", "3", "4")]
+
+
+def test_the_quality_gate_is_a_group_of_its_own():
+    shown = version(1, regression_epochs(3), head=True, max_rmse_rise=0.5, metric="val_r2", floor=0.1)
+    page = versions.model_page("houses", [shown], [], shown, "/pgtrain", "")
+    params = re.search(r'<table id="params">.*?</table>', page).group(0)
+    gate = re.search(r'<table id="gate">.*?</table>', page).group(0)
+    assert re.findall(r'data-param="([^"]+)"', gate) == ["floor", "max_rmse_rise", "metric"]
+    assert "learning_rate" in params and not {"floor", "max_rmse_rise", "metric"} & set(
+        re.findall(r'data-param="([^"]+)"', params))
+    other = version(2, regression_epochs(3), max_rmse_rise=1.0, metric="val_r2", floor=0.1)
+    diff = re.search(r'<table id="params-diff">.*?</table>',
+                     versions.compare_page("houses", [shown, other], "/pgtrain")).group(0)
+    assert "gate.max_rmse_rise" in re.findall(r'data-param="([^"]+)"', diff)
+    run = render.run_page({"run_id": "r", "dag_id": "d", "dag_run_id": "x", "model_name": "houses", "version": 1,
+                           "status": "committed", "status_reason": None, "base_version": None,
+                           "config": shown["config"], "epochs": shown["epochs"]}, "/pgtrain", "")
+    assert re.search(r'<table id="gate">.*data-param="max_rmse_rise"', run)
+
+
+def test_the_versions_table_says_which_params_changed_since_the_version_before():
+    listing = [version(1, regression_epochs(3), dropout=0),
+               version(2, regression_epochs(8), dropout=0.0, learning_rate=0.005),
+               version(3, regression_epochs(8), head=True, dropout=0.0, learning_rate=0.005),
+               version(4, regression_epochs(3), dropout=0.0, batch_size=16, seed=1, optimizer="sgd", weight_decay=0.1)]
+    configs = {v["version"]: v["config"] for v in listing}
+    page = versions.model_page("houses", listing, [], listing[2], "/pgtrain", "", configs)
+    assert "<th>Changed</th>" in page
+
+    def cell(number: int) -> str:
+        row = re.search(rf'<tr class="[^"]*" data-version="{number}">(.*?)</tr>', page).group(1)
+        return re.search(r'<td class="changed[^"]*"[^>]*>(.*?)</td>', row).group(0)
+
+    assert ">-<" in cell(1), "the first version has no version before it"
+    assert 'data-changed="epochs learning_rate"' in cell(2) and ">epochs 8, learning_rate 0.005<" in cell(2)
+    assert "no param" in cell(3)
+    assert "+3 more" in cell(4) and "since v3: batch_size" in cell(4)
+
+
+def test_a_first_epoch_far_above_the_rest_does_not_set_the_loss_range():
+    epochs = loss_epochs(10)
+    loss = svg_of(charts.metric_charts([("", epochs)]), "loss")
+    assert float(re.search(r'data-y-max="([^"]+)"', loss).group(1)) < 0.5, "the axis is the later epochs'"
+    plot_h = charts.HEIGHT - charts.TOP - charts.BOTTOM
+    ys = plotted_ys(loss, "train_loss")
+    assert ys[0] == pytest.approx(charts.TOP, abs=0.1) and 'class="point clipped" data-epoch="1"' in loss
+    assert max(ys[1:]) - min(ys[1:]) > 0.6 * plot_h, "epochs 2 to 10 use most of the height"
+    assert "2.3 (off the scale)" in loss and "off the scale" in charts.metric_charts([("", epochs)])
+    # a first epoch near the rest stays on the axis; so does every point of a short run
+    assert charts.y_range([[1.0, 0.8, 0.7, 0.65]]) == (0.65, 1.0)
+    assert charts.y_range([[2.3, 0.3, 0.2, 0.1]]) == (0.1, 0.3)
+    assert charts.y_range([[2.3, 0.3]]) == (0.3, 2.3)
+    assert charts.y_range([[0.2, 0.9, 0.9]]) == (0.2, 0.9), "later epochs all equal: nothing is flattened"
+
+
+def test_every_chart_marks_the_best_epoch():
+    page = charts.metric_charts([("", loss_epochs(8, best=5))])
+    for chart in ("loss", "val_accuracy"):
+        marker = re.findall(r'<g class="best-epoch[^"]*" data-epoch="(\d+)"', svg_of(page, chart))
+        assert marker == ["5"], chart
+    assert "best-epoch" not in charts.metric_charts([("", loss_epochs(8))]), "no early stopping: no best epoch"
+    overlaid = charts.metric_charts([("v1", loss_epochs(8, best=5)), ("v2", loss_epochs(6, best=3))])
+    assert re.findall(r'<g class="best-epoch (c\d)" data-epoch="(\d+)" data-version="(v\d)"',
+                      svg_of(overlaid, "loss")) == [("c0", "5", "v1"), ("c1", "3", "v2")]
+
+
+def test_charts_scale_to_their_panel():
+    svg = svg_of(charts.metric_charts([("", loss_epochs(4))]), "loss")
+    tag = re.match(r"<svg [^>]*>", svg).group(0)
+    assert f'viewBox="0 0 {charts.WIDTH} {charts.HEIGHT}"' in tag and " width=" not in tag and " height=" not in tag
+    assert re.search(r"svg\.chart \{[^}]*width: 100%", html.STYLE)
+    assert re.search(r"\.charts \{[^}]*display: grid", html.STYLE)

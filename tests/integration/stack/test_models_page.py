@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from dev import examples
+from pgtrain.airflow.ui import charts
 from pgtrain.runs.record import training_run_id
 from tests.conftest import REPO
 from tests.integration.stack.airflow_stack import AirflowStack
@@ -99,12 +100,33 @@ def test_the_models_page_shows_the_model_its_versions_and_its_curves(airflow_sta
     accuracy = browser.find_elements(By.CSS_SELECTOR,
                                      'svg[data-chart="val_accuracy"] g[data-series="val_accuracy"] circle.point')
     assert len(accuracy) == epochs
+    # the best epoch marked on every chart (early stopping, on by default, recorded one)
+    for svg in browser.find_elements(By.CSS_SELECTOR, "svg.chart"):
+        markers = svg.find_elements(By.CSS_SELECTOR, "g.best-epoch")
+        assert len(markers) == 1 and 1 <= int(markers[0].get_attribute("data-epoch")) <= epochs, (
+            svg.get_attribute("data-chart"))
+    # the quality gate in a group of its own, not among the training params
+    gate = {r.get_attribute("data-param") for r in browser.find_elements(By.CSS_SELECTOR, "#gate tr[data-param]")}
+    params = {r.get_attribute("data-param") for r in browser.find_elements(By.CSS_SELECTOR, "#params tr[data-param]")}
+    assert {"max_accuracy_drop", "allow_unvalidated", "metric"} <= gate and "learning_rate" in params
+    assert not gate & params
+    assert_charts_fill_their_panel(browser)
     ARTIFACTS.mkdir(exist_ok=True)
     browser.save_screenshot(str(ARTIFACTS / "models-page.png"))
 
     dag_run_link = rows[0].find_element(By.LINK_TEXT, stack_training_run["dag_run_id"])
     assert dag_run_link.get_attribute("href").startswith(
         f"{airflow_stack.base_url}/dags/pgtrain_training/runs/")
+
+
+def assert_charts_fill_their_panel(driver) -> None:
+    """Each chart as wide as its column: in this 1280-pixel window two a row, each wider than its viewBox."""
+    panel, chart, height = driver.execute_script(
+        "const panel = document.querySelector('.charts'), svg = panel.querySelector('svg.chart');"
+        "return [panel.getBoundingClientRect().width, svg.getBoundingClientRect().width,"
+        " svg.getBoundingClientRect().height];")
+    assert chart >= 0.45 * panel and chart > charts.WIDTH, (panel, chart)
+    assert height == pytest.approx(chart * charts.HEIGHT / charts.WIDTH, rel=0.02), "drawn to scale"
 
 
 def test_a_logged_out_request_gets_nothing(airflow_stack: AirflowStack, stack_training_run):
@@ -126,8 +148,11 @@ def test_a_logged_out_request_gets_nothing(airflow_stack: AirflowStack, stack_tr
 # -- a regression model of two versions ------------------------------------------------------------------------------
 REGRESSION_TABLE = ("public", "stack_diabetes")
 REGRESSION_MODEL = "stack-diabetes"
-# v1 and v2 differ in epochs and learning rate: the params diff shows those two, the curves 3 and 4 points
-REGRESSION_RUNS = ({"epochs": 3, "learning_rate": 0.01}, {"epochs": 4, "learning_rate": 0.005})
+# v1 and v2 differ in epochs and learning rate: the params diff shows those two, the curves 3 and 4 points. Their
+# dropout and warmup_epochs are the same values spelled as a form sends them (0.0, 1.0) and as a REST client may
+# (0, 1): no difference.
+REGRESSION_RUNS = ({"epochs": 3, "learning_rate": 0.01, "dropout": 0, "warmup_epochs": 1},
+                   {"epochs": 4, "learning_rate": 0.005, "dropout": 0.0, "warmup_epochs": 1.0})
 
 
 @pytest.fixture(scope="module")
@@ -176,6 +201,13 @@ def test_a_regression_model_gets_a_chart_per_metric_each_versions_details_and_a_
     assert r2_axis[1] <= 1.0 and rmse_axis[0] >= 10.0, (r2_axis, rmse_axis)
     assert points(shown["val_r2"], "val_r2") == ["1", "2", "3", "4"]
 
+    # the versions table says what changed since the version before
+    changed = {row.get_attribute("data-version"): row.find_element(By.CSS_SELECTOR, "td.changed")
+               for row in browser.find_elements(By.CSS_SELECTOR, "#versions tr[data-version]")}
+    assert changed["2"].get_attribute("data-changed") == "epochs learning_rate", changed["2"].text
+    assert changed["2"].text == "epochs 4, learning_rate 0.005" and changed["1"].text == "-"
+    assert_charts_fill_their_panel(browser)
+
     # the older version: its own curves, params (its run's config snapshot) and data
     row = browser.find_element(By.CSS_SELECTOR, '#versions tr[data-version="1"]')
     row.find_element(By.LINK_TEXT, "v1").click()
@@ -206,6 +238,7 @@ def test_a_regression_model_gets_a_chart_per_metric_each_versions_details_and_a_
                if r.get_attribute("data-param")]
     assert {"params.learning_rate", "params.epochs"} <= set(differs)
     assert "params.hidden_sizes" not in differs and "model.task" not in differs
+    assert "params.dropout" not in differs and "params.warmup_epochs" not in differs, "0 and 0.0 are the same"
     overlaid = charts()
     assert list(overlaid) == ["loss", "val_rmse", "val_mae", "val_r2"]
     assert points(overlaid["val_r2"], "val_r2", "v1") == ["1", "2", "3"]

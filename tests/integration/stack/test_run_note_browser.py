@@ -4,6 +4,7 @@ as bad input (the columns do not exist), which is the point: its note quotes the
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -50,9 +51,14 @@ def test_opening_a_run_requests_no_url_its_conf_carried(airflow_stack: AirflowSt
     base, seen = listener
     markdown = [f"![x]({base}/image.png)", f"[y]({base}/link)", f"<{base}/autolink>"]
     conf = {"source_table": f"public.{STACK_TABLE}", "model_name": "stack-note", "epochs": 1, "world_size": 1,
-            "feature_columns": markdown}
+            "feature_columns": [*markdown, "title"]}
     run_id = airflow_stack.trigger("pgtrain_training", conf)  # active from its creation: the trigger runs
     assert airflow_stack.wait_for_run("pgtrain_training", run_id) == "failed"  # refused: no such columns
+    # The REST API returns the note raw: the list's own brackets and an ordinary name read as written, with a
+    # backslash only where the conf's text would have made a link or an image.
+    raw = airflow_stack.api("GET", f"/api/v2/dags/pgtrain_training/dagRuns/{quote(run_id, safe='')}").json()["note"]
+    assert "title" in raw and "[" in raw and "\\[" not in raw, raw
+    assert f"\\]({base}/image.png)" in raw and set(re.findall(r"\\(.)", raw)) == {"]", "<"}, raw
 
     page = f"{airflow_stack.base_url}/dags/pgtrain_training/runs/{quote(run_id, safe='')}"
     log_in(browser, airflow_stack, page)

@@ -13,6 +13,7 @@ from typing import Any
 from pgtrain.airflow.ui.charts import metric_charts
 from pgtrain.airflow.ui.html import dag_run_href, e, link, model_href, number, page, version_label, when
 from pgtrain.config.metrics import CONFUSION_MATRIX, METRICS
+from pgtrain.config.params import QUALITY_GATE
 
 
 def validation_keys(metrics: Mapping[str, Any]) -> list[str]:
@@ -95,16 +96,48 @@ def models_page(models: Sequence[Mapping[str, Any]], root: str) -> str:
     return page("Models", table, root)
 
 
+def normalized(value: Any) -> Any:
+    """``value`` with every float that is a whole number as an int (in lists and mappings too): a REST conf's
+    ``"dropout": 0`` and the form's ``0.0`` are the same param, and show and compare as the same text."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2 ** 53:
+        return int(value)
+    if isinstance(value, list | tuple):
+        return [normalized(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: normalized(v) for k, v in value.items()}
+    return value
+
+
 def flat_params(config: Mapping[str, Any] | None, prefix: str = "") -> dict[str, str]:
-    """A config snapshot as {dotted key: its value as compact JSON}, keys sorted: nested objects flattened."""
+    """A config snapshot as {dotted key: its ``normalized`` value as compact JSON}, keys sorted: nested objects
+    flattened. Equal texts are equal values (numbers compared by value)."""
     flat: dict[str, str] = {}
     for key in sorted(config or {}):
         value = config[key]
         if isinstance(value, Mapping) and value:
             flat.update(flat_params(value, f"{prefix}{key}."))
         else:
-            flat[f"{prefix}{key}"] = json.dumps(value, sort_keys=True, default=str, ensure_ascii=False)
+            flat[f"{prefix}{key}"] = json.dumps(normalized(value), sort_keys=True, default=str, ensure_ascii=False)
     return flat
+
+
+def config_groups(config: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """A run's config snapshot in its two groups: ``params`` (the training params) and ``gate`` (the quality
+    gate: the author's settings in force when the run was planned, not a triggerer's knob)."""
+    config = config or {}
+    return {"params": {k: v for k, v in config.items() if k not in QUALITY_GATE},
+            "gate": {k: v for k, v in config.items() if k in QUALITY_GATE}}
+
+
+NOT_SET = "(not set)"
+
+
+def changed_params(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None) -> list[tuple[str, str, str]]:
+    """(key, value before, value after) of each (flattened) config key whose normalized value differs, in key
+    order; a key one side lacks shows as ``(not set)``."""
+    old, new = flat_params(before), flat_params(after)
+    return [(k, old.get(k, NOT_SET), new.get(k, NOT_SET)) for k in sorted(old.keys() | new.keys())
+            if old.get(k) != new.get(k)]
 
 
 def params_table(config: Mapping[str, Any] | None, table_id: str = "params") -> str:
@@ -112,6 +145,14 @@ def params_table(config: Mapping[str, Any] | None, table_id: str = "params") -> 
     rows = "".join(f'<tr data-param="{e(k)}"><th><code>{e(k)}</code></th><td><code>{e(v)}</code></td></tr>'
                    for k, v in flat_params(config).items())
     return f'<table id="{e(table_id)}">{rows}</table>' if rows else '<p class="muted">No config recorded.</p>'
+
+
+def config_tables(config: Mapping[str, Any] | None, heading: str = "h3") -> str:
+    """The config snapshot as two tables: the training params (``#params``), then the quality gate (``#gate``)."""
+    groups = config_groups(config)
+    return (f"<{heading}>Params (the run's config snapshot)</{heading}>" + params_table(groups["params"])
+            + f"<{heading} id=\"gate-heading\">Quality gate (the author's, in force when the run was planned)"
+            f"</{heading}>" + params_table(groups["gate"], "gate"))
 
 
 def run_page(run: Mapping[str, Any], root: str, airflow_root: str) -> str:
@@ -134,7 +175,7 @@ def run_page(run: Mapping[str, Any], root: str, airflow_root: str) -> str:
     last = next((ep for ep in reversed(run["epochs"]) if ep.get(CONFUSION_MATRIX)), None)
     if last is not None:
         body += f"<h2>Confusion matrix of epoch {e(last.get('epoch'))}</h2>" + confusion_matrix(last[CONFUSION_MATRIX])
-    body += "<h2>Config</h2>" + params_table(run["config"])
+    body += config_tables(run["config"], "h2")
     crumbs = link(model_href(root, run["model_name"]), run["model_name"]) + f"<span>run {e(run['run_id'])}</span>"
     return page(f"Run {run['run_id']}", body, root, crumbs)
 

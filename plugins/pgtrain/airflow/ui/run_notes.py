@@ -74,11 +74,20 @@ def _note_in(session: Any, dag_run: Any) -> None:
     log.info("DAG run %s note: %s", dag_run.run_id, note)
 
 
+# What must be escaped for CommonMark (and Airflow's GFM) to render a note without images or links, and nothing
+# more, so that the note reads the same unrendered (the REST API returns it raw): a ``]`` that closes a link or image
+# (``](``) or a link reference definition (``]:``; without one, ``[a]`` and ``[a][b]`` stay text); a ``<`` that
+# could open an autolink or raw HTML (anything but a space or the end after it); a backslash that would escape the
+# next character. (A bare URL is still a link in GFM, as before: a link fetches nothing until clicked.)
+_MARKDOWN_ACTIVE = re.compile(r"\\(?=[!-/:-@\[-`{-~])|\](?=[(:])|<(?!\s|$)")
+
+
 def markdown_inert(text: str) -> str:
-    """``text`` for a note Airflow renders as Markdown, with the characters that open links, images and autolinks
-    (``[``, ``]``, ``<``) backslash-escaped: a conf's column name such as ``![x](http://host/t.png)`` must not make
-    every viewer's browser fetch that URL. It reads the same (a backslash escape renders as the character)."""
-    return re.sub(r"([\\\[\]<])", r"\\\1", text)
+    """``text`` for a note Airflow renders as Markdown, with only the characters that would open a link, an image,
+    an autolink or raw HTML backslash-escaped (``_MARKDOWN_ACTIVE``): a conf's column name such as
+    ``![x](http://host/t.png)`` must not make every viewer's browser fetch that URL. It renders as the same text,
+    and an ordinary note (``columns ['title'] are not ...``) is unchanged, raw as rendered."""
+    return _MARKDOWN_ACTIVE.sub(lambda m: "\\" + m.group(0), text)
 
 
 class _Row:

@@ -25,11 +25,15 @@ from pgtrain.airflow.ui.html import (
 )
 from pgtrain.airflow.ui.render import (
     EMPTY_STATE,
+    NOT_SET,
+    changed_params,
+    config_groups,
+    config_tables,
     confusion_matrix,
     flat_params,
     metrics_table,
     metrics_text,
-    params_table,
+    normalized,
     validation_keys,
 )
 from pgtrain.config.metrics import CONFUSION_MATRIX, METRICS
@@ -41,13 +45,15 @@ SPEC_SHOWN = ("model", "model_options", "task", "target_column", "feature_column
 
 
 def model_page(model_name: str, versions: Sequence[Mapping[str, Any]], history: Sequence[Mapping[str, Any]],
-               shown: Mapping[str, Any] | None, root: str, airflow_root: str) -> str:
-    """The model's versions (a form to compare any of them) and head moves, and the ``shown`` version
-    (``catalog.version_details``) in full."""
+               shown: Mapping[str, Any] | None, root: str, airflow_root: str,
+               configs: Mapping[int, Mapping[str, Any] | None] | None = None) -> str:
+    """The model's versions (a form to compare any of them; with ``configs``, each version's run config snapshot,
+    what changed since the version before), head moves, and the ``shown`` version (``catalog.version_details``)
+    in full."""
     if not versions:
         return page(f"Model {model_name}", f"<p>No versions of {e(model_name)}.</p>" + EMPTY_STATE, root)
     head = next((v["version"] for v in versions if v["is_head"]), None)
-    body = "<h2>Versions</h2>" + _versions_form(model_name, versions, head, shown, root, airflow_root)
+    body = "<h2>Versions</h2>" + _versions_form(model_name, versions, head, shown, root, airflow_root, configs or {})
     moves = "".join(f"<tr><td>{when(h['moved_at'])}</td><td>{e(h['action'])}</td>"
                     f"<td>{version_label(h['previous_version'])} &rarr; {version_label(h['version'])}</td></tr>"
                     for h in reversed(history))
@@ -59,8 +65,10 @@ def model_page(model_name: str, versions: Sequence[Mapping[str, Any]], history: 
 
 
 def _versions_form(model_name: str, versions: Sequence[Mapping[str, Any]], head: int | None,
-                   shown: Mapping[str, Any] | None, root: str, airflow_root: str) -> str:
+                   shown: Mapping[str, Any] | None, root: str, airflow_root: str,
+                   configs: Mapping[int, Mapping[str, Any] | None]) -> str:
     rows = []
+    previous = {v["version"]: p["version"] for p, v in zip(versions, versions[1:], strict=False)}
     for v in reversed(versions):
         dag_run = (link(dag_run_href(airflow_root, v["dag_id"], v["dag_run_id"]), v["dag_run_id"], top=True)
                    if v.get("dag_id") and v.get("dag_run_id") else "-")
@@ -75,11 +83,32 @@ def _versions_form(model_name: str, versions: Sequence[Mapping[str, Any]], head:
                     f"<td>{link(model_href(root, model_name, version=v['version']), 'v' + str(v['version']))}"
                     f"{' <span class=badge>head</span>' if v['is_head'] else ''}</td><td>{when(v['created_at'])}</td>"
                     f"<td>{metrics_text(v['metrics'])}</td><td>{version_label(v['parent_version'])}</td>"
+                    f"{changed_cell(configs, previous.get(v['version']), v['version'])}"
                     f"<td>{run}</td><td>{dag_run}</td><td>{with_head}</td></tr>")
     return (f'<form id="compare-form" method="get" action="{e(model_href(root, model_name))}/compare">'
             "<table id=\"versions\"><thead><tr><th></th><th>Version</th><th>Created</th><th>Metrics</th><th>Parent</th>"
-            "<th>Run</th><th>DAG run</th><th></th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
+            "<th>Changed</th><th>Run</th><th>DAG run</th><th></th></tr></thead><tbody>" + "".join(rows)
+            + "</tbody></table>"
             '<button type="submit">Compare the checked versions</button></form>')
+
+
+CHANGED_SHOWN = 3  # params named in a version's "changed" cell; the rest counted (all of them in its tooltip)
+
+
+def changed_cell(configs: Mapping[int, Mapping[str, Any] | None], before: int | None, after: int) -> str:
+    """The versions table's "changed" cell: the params (and gate fields) whose value differs from the previous
+    version's, with their new value; a dash for the first version or one without a config snapshot."""
+    if before is None or configs.get(before) is None or configs.get(after) is None:
+        return '<td class="changed">-</td>'
+    changes = changed_params(configs[before], configs[after])
+    if not changes:
+        return '<td class="changed muted">no param</td>'
+    text = ", ".join(f"{key} {new}" for key, _, new in changes[:CHANGED_SHOWN])
+    if len(changes) > CHANGED_SHOWN:
+        text += f" +{len(changes) - CHANGED_SHOWN} more"
+    full = f"since v{before}: " + "; ".join(f"{key} {old} \u2192 {new}" for key, old, new in changes)
+    keys = " ".join(key for key, *_ in changes)
+    return f'<td class="changed" data-changed="{e(keys)}" title="{e(full)}">{e(text)}</td>'
 
 
 def _version_section(model_name: str, shown: Mapping[str, Any], root: str) -> str:
@@ -92,7 +121,7 @@ def _version_section(model_name: str, shown: Mapping[str, Any], root: str) -> st
             "<section><h3>Data</h3>" + _facts_table("data", data_facts(shown)) + "</section>"
             "<section><h3>Model</h3>" + _facts_table("model-spec", model_facts(shown)) + "</section></div>"
             f"<h3>Training curves{run}</h3>" + metric_charts([("", shown["epochs"])])
-            + "<h3>Params (the run's config snapshot)</h3>" + params_table(shown["config"]))
+            + config_tables(shown["config"]))
 
 
 def model_facts(version: Mapping[str, Any]) -> dict[str, Any]:
@@ -117,7 +146,7 @@ def _shown(value: Any) -> str:
     """A fact as text: strings as they are, anything else as compact JSON."""
     if value is None or isinstance(value, str):
         return e(value)
-    return e(json.dumps(value, sort_keys=True, default=str, ensure_ascii=False))
+    return e(json.dumps(normalized(value), sort_keys=True, default=str, ensure_ascii=False))
 
 
 def _facts_table(table_id: str, facts: Mapping[str, Any]) -> str:
@@ -166,9 +195,10 @@ def _best(key: str, values: Sequence[Any]) -> float | None:
 
 
 def _params_diff(compared: Sequence[Mapping[str, Any]], header: str) -> str:
-    """One row per model fact, data fact and (flattened) config key: those that differ first, highlighted; the
-    rest inside a folded table."""
-    sides = [flat_params({"model": model_facts(d), "data": data_facts(d), "params": d["config"] or {}})
+    """One row per model fact, data fact, (flattened) param and quality-gate field, named ``model.``, ``data.``,
+    ``params.`` and ``gate.``: those that differ first, highlighted; the rest inside a folded table. Values are
+    compared normalized (``flat_params``): 0 and 0.0 are the same."""
+    sides = [flat_params({"model": model_facts(d), "data": data_facts(d), **config_groups(d["config"])})
              for d in compared]
     keys = list(dict.fromkeys(k for side in sides for k in side))
     differ = [k for k in keys if len({side.get(k) for side in sides}) > 1]
@@ -176,7 +206,7 @@ def _params_diff(compared: Sequence[Mapping[str, Any]], header: str) -> str:
 
     def rows(selected: Sequence[str], kind: str) -> str:
         return "".join(f'<tr class="{kind}" data-param="{e(k)}"><th><code>{e(k)}</code></th>'
-                       + "".join(f"<td><code>{e(side.get(k, '(not set)'))}</code></td>" for side in sides) + "</tr>"
+                       + "".join(f"<td><code>{e(side.get(k, NOT_SET))}</code></td>" for side in sides) + "</tr>"
                        for k in selected)
 
     table = (f'<table id="params-diff"><thead><tr><th>What differs</th>{header}</tr></thead>'
