@@ -57,7 +57,7 @@ def run_ranks(world_size: int, command: Sequence[str], environ: Mapping[str, str
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, stop)
     failed: int | None = None
-    while any(p.poll() is None for p in ranks):
+    while None in [p.poll() for p in ranks]:  # every rank polled: its status is read once it has exited
         codes = [p.returncode for p in ranks if p.returncode not in (None, 0)]
         if codes or stopped:
             failed = exit_status(codes[0]) if codes else 128 + stopped[0]
