@@ -25,7 +25,7 @@ from pgtrain.config.settings import SETTINGS_FILE_NAME, load_settings
 
 HERE = Path(__file__).parent
 settings = load_settings(default=HERE / SETTINGS_FILE_NAME)
-fixed = {"launcher": settings.launcher}  # the author's, not the triggerer's
+fixed = settings.fixed_params()  # launcher and backend: the author's, not the triggerer's
 ADHOC_MODEL_NAME = "adhoc-model"  # digits-mlp, the default of the config, is the models file's
 
 with DAG(

@@ -250,3 +250,26 @@ def test_watch_step_times_out_only_a_job_that_never_started():
     assert (waiting.outcome, waiting.done) == ("waiting", False)
     assert timeout.outcome == "timeout" and "Insufficient nvidia.com/gpu" in timeout.message
     assert (started.outcome, started.done) == ("running", False)
+
+
+@pytest.mark.parametrize("non_root", [False, True])
+def test_the_torch_backend_s_launcher_runs_mpirun_and_the_manifest_validates(non_root):
+    """backend torch: mpirun (no horovodrun) starts the ranks, passing the URL file's path and the author's env by
+    name; the trainer is told its backend and timeout; the manifest passes the CRD and Kubernetes schemas."""
+    manifest = spec.build_mpijob(settings(8, 4, backend="torch", collective_timeout=120, non_root=non_root,
+                                          env={"NCCL_DEBUG": "INFO"}))
+    command = container(manifest, "Launcher")["command"]
+    assert command[0] == "mpirun" and ("--allow-run-as-root" in command) is not non_root
+    assert command[command.index("-np") + 1] == "8" and command[command.index("--hostfile") + 1] == api.HOSTFILE
+    passed = [command[i + 1] for i, part in enumerate(command) if part == "-x"]
+    assert {DATABASE_URL_FILE_ENV, "NCCL_DEBUG"} <= set(passed) and DATABASE_URL_ENV not in passed
+    argv = trainer_argv(LONG_RUN_ID, 3, backend="torch", collective_timeout=120)
+    assert command[-len(argv):] == argv and "--backend" in argv and "120" in argv
+    assert "horovodrun" not in command
+    assert list(validation.mpijob_problems(manifest)) == []
+    assert_valid_mpijob(manifest)
+
+
+def test_an_unresolved_backend_is_refused():
+    with pytest.raises(ConfigError, match="backend='auto' should be horovod or torch"):
+        settings(backend="auto")

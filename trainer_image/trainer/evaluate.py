@@ -7,12 +7,12 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
 
 from pgtrain.data.encoding import UNSEEN_CLASS
 from pgtrain.data.metrics import classification_metrics
+from trainer import collectives
 from trainer.model import PgtrainModel
 
 # Classification metrics gather every validation row's class probabilities (an allgather: on every rank, for rank 0
@@ -25,7 +25,7 @@ def balanced_class_weights(labels: torch.Tensor, classes: int) -> torch.Tensor:
     """class_weight=balanced: training rows / (classes x the class's training rows), over all ranks (allreduced
     counts); a class without training rows weighs 0."""
     counts = torch.bincount(labels.cpu().long(), minlength=classes).double()
-    counts = hvd.allreduce(counts, op=hvd.Sum, name="class_counts")
+    counts = collectives.allreduce_sum(counts, "class_counts")
     weights = torch.where(counts > 0, counts.sum() / (classes * counts.clamp(min=1)), torch.zeros_like(counts))
     return weights.float()
 
@@ -120,9 +120,9 @@ class Task:
     def exact_metrics(self, probabilities: torch.Tensor, labels: torch.Tensor) -> dict[str, Any] | None:
         """Every rank's validation probabilities and labels (an allgather, which every rank joins and every rank
         receives): the classification metrics of ``pgtrain.data.metrics`` on rank 0, None on the other ranks."""
-        scores = hvd.allgather(probabilities, name="val_probabilities")
-        truth = hvd.allgather(labels.cpu().long(), name="val_labels")
-        if hvd.rank() != 0:
+        scores = collectives.allgather(probabilities, "val_probabilities")
+        truth = collectives.allgather(labels.cpu().long(), "val_labels")
+        if collectives.rank() != 0:
             return None
         return classification_metrics(scores.numpy(), truth.numpy(), self.classes)
 

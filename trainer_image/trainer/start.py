@@ -10,7 +10,6 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-import horovod.torch as hvd
 import numpy as np
 import psycopg
 import torch
@@ -18,6 +17,7 @@ import torch
 from pgtrain.core.errors import ConfigError, PgtrainError
 from pgtrain.runs import record
 from pgtrain.store import model_store, tensors
+from trainer import collectives
 from trainer.model import PgtrainModel, layout_problems, writable_tensor
 from trainer.optim import OPTIMIZER_PREFIX, optimizer_arrays
 
@@ -119,8 +119,8 @@ def agree_on_start(conn: psycopg.Connection, run: record.Run, model: PgtrainMode
             start = resolve_start(conn, run, model, fingerprint)
         except PgtrainError as error:
             start = Start(error=str(error))
-    shared = hvd.broadcast_object({"epoch": start.epoch, "init_version": start.init_version,
-                                   "from_state": start.from_state, "error": start.error}, 0, name="start")
+    shared = collectives.broadcast_object({"epoch": start.epoch, "init_version": start.init_version,
+                                           "from_state": start.from_state, "error": start.error}, "start")
     if shared["error"] is not None:
         raise ConfigError(shared["error"])
     if rank != 0:

@@ -1,8 +1,9 @@
-"""python -m trainer --run-id RUN --attempt N: one Horovod rank of a pgtrain run.
+"""python -m trainer --run-id RUN --attempt N [--backend horovod|torch]: one rank of a pgtrain run.
 
 Builds the run's model (the MLP or a ``package.module:factory``), resumes from the run's latest
 checkpoint or warm-starts from a committed version (``init_from``), reads its manifest row, streams its
-key range from PostgreSQL, trains with Horovod's DistributedOptimizer, and (rank 0) records per-epoch
+key range from PostgreSQL, trains with its collectives' distributed optimizer (trainer.collectives: Horovod
+or torch.distributed), and (rank 0) records per-epoch
 metrics, checkpoints and the final staged parameters. The database URL comes from $PGTRAIN_DATABASE_URL.
 """
 
@@ -15,18 +16,18 @@ import sys
 import time
 from typing import Any
 
-import horovod.torch as hvd
 import numpy as np
 import psycopg
 import torch
 
-from pgtrain.config.params import TrainingConfig
+from pgtrain.config.params import DEFAULT_COLLECTIVE_TIMEOUT, TrainingConfig
 from pgtrain.core.db import connect
 from pgtrain.core.errors import PgtrainError
 from pgtrain.data import loader, manifest
 from pgtrain.launch.lifetime import die_with_parent
 from pgtrain.runs import record
 from pgtrain.store import tensors
+from trainer import collectives
 from trainer.device import Cuda, out_of_memory_refused, place_rows, select_device, training_state_bytes
 from trainer.evaluate import Task, balanced_class_weights, epoch_figures
 from trainer.model import PgtrainModel, build_model, state_layout, writable_tensor
@@ -42,6 +43,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     # Required: an unfenced trainer (started by hand) could overwrite a newer attempt's output.
     parser.add_argument("--attempt", type=int, required=True,
                         help="the train attempt (pgtrain.runs.record.begin_attempt); a stale attempt cannot write")
+    # The launcher's choice: it started the ranks the way this backend needs (pgtrain.launch.backends).
+    parser.add_argument("--backend", choices=("horovod", "torch"), default="horovod",
+                        help="the ranks' collectives (trainer.collectives)")
+    parser.add_argument("--collective-timeout", type=float, default=DEFAULT_COLLECTIVE_TIMEOUT,
+                        help="torch backend: seconds a rank waits in one collective before the job fails")
     return parser.parse_args(argv)
 
 
@@ -89,8 +95,8 @@ def global_statistics(values: torch.Tensor, name: str, columns: int | None = Non
         x = values[start:start + chunk_rows, :columns].double()
         sums[0] += x.sum(0)
         sums[1] += x.square_().sum(0)  # in place: one chunk-sized copy, not two
-    sums = hvd.allreduce(sums, op=hvd.Sum, name=f"{name}_sums")
-    count = hvd.allreduce(torch.tensor(float(len(values)), dtype=torch.float64), op=hvd.Sum, name=f"{name}_count")
+    sums = collectives.allreduce_sum(sums, f"{name}_sums")
+    count = collectives.allreduce_sum(torch.tensor(float(len(values)), dtype=torch.float64), f"{name}_count")
     mean = sums[0] / count
     std = (sums[1] / count - mean * mean).clamp(min=0).sqrt()
     std[std < 1e-6] = 1.0
@@ -204,18 +210,21 @@ def record_verdict(args: argparse.Namespace, status: str, reason: str) -> None:
 
 
 def train(args: argparse.Namespace, cuda: Cuda = torch.cuda) -> int:
-    hvd.init()
-    device = select_device(hvd.local_rank(), cuda)  # first: before anything can create a CUDA context
-    rank, size = hvd.rank(), hvd.size()
-    set_up_threads(os.environ, hvd.local_size())
+    ranks = collectives.init(args.backend, args.collective_timeout)
+    device = select_device(ranks.local_rank(), cuda)  # first: before anything can create a CUDA context
+    rank, size = ranks.rank(), ranks.size()
+    set_up_threads(os.environ, ranks.local_size())
     conn = connect(attempt=args.attempt)
     record.mark_training(conn, args.run_id)  # the first fenced write: a stale attempt stops here
+    if rank == 0:
+        record.set_backend(conn, args.run_id, ranks.name)
+        print(f"collectives: {ranks.name} ({size} rank{'s' if size != 1 else ''})", flush=True)
     run = record.get_run(conn, args.run_id)
     config = run.config
     shards = record.get_manifest(conn, run.run_id)
     if len(shards) != size:
         raise PgtrainError(
-            f"run {run.run_id} was planned for {len(shards)} ranks but this Horovod job has {size}; "
+            f"run {run.run_id} was planned for {len(shards)} ranks but this job has {size}; "
             f"launch it with -np {len(shards)}"
         )
     regression = config.task == "regression"
@@ -280,19 +289,19 @@ def fit(conn: psycopg.Connection, run: record.Run, model: PgtrainModel, start: S
         learning_rate: float) -> int:
     """Train on ``rows`` (x_train, y_train, x_val, y_val: on ``device``, or in host memory with each batch copied
     over) and (rank 0) stage the parameters: the best epoch's with early stopping, else the last one's."""
-    rank, size, config = hvd.rank(), hvd.size(), run.config
+    rank, size, config = collectives.rank(), collectives.size(), run.config
     regression, output_dim = config.task == "regression", model.output_dim
     x_train, y_train, x_val, y_val = rows
     model.to(device)
     steps = steps_per_epoch(shards, batch_size)
     optimizer = make_optimizer(config, model, learning_rate)
-    if size > 1:  # one rank has nothing to average: no gradient hooks, no wait on Horovod's cycle each step
+    if size > 1:  # one rank has nothing to average: no gradient hooks, no wait on the collectives each step
         # (a new optimizer over the same parameter groups: the state is loaded into it, below)
-        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+        optimizer = collectives.distributed_optimizer(optimizer, model)
     if start.epoch > 0:  # every rank loads rank 0's checkpointed state (a fresh optimizer has none to share)
-        load_optimizer_arrays(optimizer, model, hvd.broadcast_object(start.optimizer, 0, name="optimizer_state"))
+        load_optimizer_arrays(optimizer, model, collectives.broadcast_object(start.optimizer, "optimizer_state"))
     schedule = Schedule(config, optimizer, learning_rate, steps)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    collectives.broadcast_parameters(model.state_dict())
 
     # Regression trains on the standardized target (identity without standardize_target); once, not per step.
     y_train_fit = model.target.scale(y_train) if regression else y_train
@@ -302,7 +311,7 @@ def fit(conn: psycopg.Connection, run: record.Run, model: PgtrainModel, start: S
     task = Task(regression, output_dim, device, weights, (run.encoding or {}).get("classes"))
     validation_rows = sum(s.row_count - s.train_count for s in shards)
     stopping = EarlyStopping.for_run(config, validation_rows, start.history)  # rank 0 has the history
-    stopping.best_epoch = hvd.broadcast_object(stopping.best_epoch, 0, name="best_epoch")
+    stopping.best_epoch = collectives.broadcast_object(stopping.best_epoch, "best_epoch")
     best = {k: writable_tensor(v).to(device) for k, v in start.best.items()} or None
     if rank == 0:
         auto = [name for name in ("batch_size", "learning_rate") if getattr(config, name) is None]
@@ -335,14 +344,13 @@ def fit(conn: psycopg.Connection, run: record.Run, model: PgtrainModel, start: S
         val_sums, probabilities = task.validation(model, x_val, y_val, y_val_fit, gather)
         counts = torch.tensor([len(x_train)], dtype=torch.float64, device=device)
         val_count = torch.tensor([len(x_val)], dtype=torch.float64, device=device)
-        totals = hvd.allreduce(torch.cat([train_sums, counts, val_sums, val_count]).cpu(), op=hvd.Sum,
-                               name="epoch_totals")
+        totals = collectives.allreduce_sum(torch.cat([train_sums, counts, val_sums, val_count]).cpu(), "epoch_totals")
         metrics = epoch_figures(task, totals, task.exact_metrics(probabilities, y_val) if gather else None)
         metrics["seconds"] = time.perf_counter() - started
         metrics["samples_per_second"] = global_train_rows / train_seconds if train_seconds > 0 else None
         # Rank 0 has the exact metrics: it decides, every rank follows (the same epochs everywhere).
         improved = rank == 0 and stopping.update(epoch, metrics)
-        stopping.best_epoch = hvd.broadcast_object(stopping.best_epoch, 0, name="best_epoch")
+        stopping.best_epoch = collectives.broadcast_object(stopping.best_epoch, "best_epoch")
         if stopping.on:
             metrics[BEST_EPOCH] = stopping.best_epoch
             if improved and rank == 0:
@@ -370,5 +378,5 @@ def fit(conn: psycopg.Connection, run: record.Run, model: PgtrainModel, start: S
         tensors.delete_checkpoints(conn, run.run_id)
         conn.close()
         print(f"staged {len(state)} tensors for run {run.run_id}", flush=True)
-    hvd.shutdown()
+    collectives.shutdown()
     return 0

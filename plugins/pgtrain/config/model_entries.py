@@ -6,7 +6,8 @@
 - ``source``: the table and its key, feature and label columns: fixed, whoever triggers the DAG;
 - ``schedule``: ``cron`` (an expression or preset), ``min_new_rows`` (retrain once that many rows have been
   added since the head version's watermark; ``poll_seconds`` between checks), or both;
-- ``launcher`` (``local`` or ``kubernetes``; default: the settings file's) and ``kubernetes``
+- ``launcher`` (``local`` or ``kubernetes``), ``backend`` and ``collective_timeout`` (default: the settings
+  file's) and ``kubernetes``
   (``KUBERNETES_SETTINGS``, over the settings file's);
 - ``params``: default training params (``pgtrain.config.params.PARAMETERS``: epochs, world_size, task, ...), which the
   trigger form offers and a triggerer may change;
@@ -35,7 +36,7 @@ MODELS_ENV = "PGTRAIN_MODELS"
 MODELS_FILE_NAME = "models.yaml"  # next to the DAG files, which pass its path
 # What the author fixes per model: a triggerer of the model's DAG can change none of these.
 FIXED_PARAMS = ("model_name", "source_table", "key_column", "features_column", "feature_columns", "exclude_columns",
-                "categorical_columns", "label_column", "launcher")
+                "categorical_columns", "label_column", "launcher", "backend", "collective_timeout")
 # The entry's source keys that are params of the same name (``table`` is source_table).
 SOURCE_PARAMS = ("key_column", "features_column", "feature_columns", "exclude_columns", "categorical_columns",
                  "label_column")
@@ -81,6 +82,8 @@ class ModelEntry:
     fixed: dict[str, Any]  # FIXED_PARAMS but the launcher: the model and its source
     params: dict[str, Any]  # default training params the form offers
     launcher: str | None = None  # None: the settings file's
+    backend: str | None = None  # None: the settings file's
+    collective_timeout: int | None = None  # None: the settings file's
     cron: str | None = None
     min_new_rows: int | None = None
     poll_seconds: float = DEFAULT_POLL_SECONDS
@@ -112,11 +115,13 @@ class ModelEntry:
         return dataclasses.replace(
             base, allowed_sources=(self.source_table,), kubernetes={**base.kubernetes, **self.kubernetes},
             quality_gate=dict(self.quality_gate), max_world_size=self.max_world_size or base.max_world_size,
-            launcher=self.launcher or base.launcher, categories=categories)
+            launcher=self.launcher or base.launcher, categories=categories, backend=self.backend or base.backend,
+            collective_timeout=self.collective_timeout or base.collective_timeout)
 
     def fixed_params(self, settings: AuthorSettings) -> dict[str, Any]:
-        """Every param the author fixes for this model's runs (FIXED_PARAMS), with ``settings``' launcher."""
-        return {**self.fixed, "launcher": settings.launcher}
+        """Every param the author fixes for this model's runs (FIXED_PARAMS), with ``settings``' launcher and
+        backend."""
+        return {**self.fixed, **settings.fixed_params()}
 
 
 @dataclass(frozen=True)
@@ -173,7 +178,7 @@ def parse_entry(raw: Any) -> ModelEntry:
     if not isinstance(raw, dict):
         raise ConfigError("\n".join(problems))
     source, params = (value if isinstance(value, dict) else {} for value in (raw.get("source"), raw.get("params")))
-    problems += [f"params.{name}: fixed by the entry (name, source, launcher), not a training param"
+    problems += [f"params.{name}: fixed by the entry (name, source, launcher, backend), not a training param"
                  for name in sorted(set(params) & set(FIXED_PARAMS))]
     fixed = {"model_name": raw.get("name"), "source_table": source.get("table"),
              **{name: source.get(name, PARAMETERS[name]["default"]) for name in SOURCE_PARAMS}}
@@ -194,7 +199,8 @@ def parse_entry(raw: Any) -> ModelEntry:
         raise ConfigError("\n".join(problems))
     schedule = raw["schedule"]
     return ModelEntry(
-        name=raw["name"], fixed=fixed, params=dict(params), launcher=raw.get("launcher"), cron=schedule.get("cron"),
+        name=raw["name"], fixed=fixed, params=dict(params), launcher=raw.get("launcher"), backend=raw.get("backend"),
+        collective_timeout=raw.get("collective_timeout"), cron=schedule.get("cron"),
         min_new_rows=schedule.get("min_new_rows"), poll_seconds=schedule.get("poll_seconds", DEFAULT_POLL_SECONDS),
         kubernetes=dict(raw.get("kubernetes") or {}),
         quality_gate={**DEFAULT_QUALITY_GATE, **(raw.get("quality_gate") or {})},

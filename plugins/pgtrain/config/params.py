@@ -56,6 +56,11 @@ MISSING_VALUES = ("impute", "bad_row")
 MAX_CLASSES = 100_000  # the most classes a classification run may have (num_classes' maximum)
 # Params whose JSON lists are tuples in TrainingConfig.
 LIST_PARAMS = ("hidden_sizes", "feature_columns", "exclude_columns", "categorical_columns", "hashed_columns")
+# The ranks' collectives (trainer.collectives): auto = horovod where ``import horovod.torch`` works, else torch.
+BACKENDS = ("auto", "horovod", "torch")
+# How long a rank of the torch backend waits in one collective (and in the rendezvous) before the job fails: a rank
+# that hangs or died must not hold the job's GPUs for hours.
+DEFAULT_COLLECTIVE_TIMEOUT = 300
 
 @dataclass(frozen=True)
 class TrainingConfig:
@@ -113,6 +118,8 @@ class TrainingConfig:
     # only add Horovod's per-step allreduce (docs/performance.md); GPUs want one rank each.
     world_size: int = 1
     launcher: str = "local"
+    backend: str = "auto"
+    collective_timeout: int = DEFAULT_COLLECTIVE_TIMEOUT
 
     def __post_init__(self) -> None:
         problems = quality_gate_problems(vars(self), self.task)
@@ -329,6 +336,13 @@ PARAMETERS: dict[str, dict[str, Any]] = _with_defaults({
     "launcher": {"type": "string", "enum": ["local", "kubernetes"], "section": _CLUSTER,
                  "title": "Launcher",
                  "description": "local: horovodrun on the worker; kubernetes: an MPIJob on GPU pods"},
+    "backend": {"type": "string", "enum": list(BACKENDS), "section": _CLUSTER, "title": "Collectives backend",
+                "description": "horovod, torch (torch.distributed: NCCL on GPUs, Gloo on CPUs) or auto (horovod "
+                               "where horovod.torch imports, else torch); the DAG author's, never the triggerer's"},
+    "collective_timeout": {"type": "integer", "minimum": 10, "maximum": 86400, "section": _CLUSTER,
+                           "title": "Collective timeout (s)",
+                           "description": "torch backend: the longest a rank waits in one collective or the "
+                                          "rendezvous before the job fails; the DAG author's"},
 })
 
 # The quality gate: the DAG author's (the settings file's ``quality_gate``), never the triggerer's. It is kept

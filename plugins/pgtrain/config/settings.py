@@ -4,6 +4,7 @@ They live in a YAML file next to the DAGs (``dags/pgtrain.yaml``, whose path the
 ``$PGTRAIN_SETTINGS`` names another), owned by whoever deploys the DAGs, never in the trigger form:
 
 - ``launcher``: where the generic DAG's jobs run, ``local`` (horovodrun on the worker) or ``kubernetes``;
+- ``backend``: the ranks' collectives, ``auto``, ``horovod`` or ``torch``, and ``collective_timeout`` (seconds);
 - ``allowed_sources``: schemas (``public``) or tables (``"Clinic"."Biopsies"``) a run may train on;
 - ``allowed_models``: model references a run may build (``mlp``, ``package.module:factory``);
 - ``kubernetes``: the MPIJob's image, namespace, Secret, scheduling (queue, priority, affinity), sizes, pod
@@ -118,6 +119,8 @@ CATEGORIES: dict[str, dict[str, Any]] = {**CATEGORY_BOUNDS, **CATEGORY_STORAGE}
 # category rules.
 AUTHOR_PROPERTIES: dict[str, dict[str, Any]] = {
     "launcher": rule(PARAMETERS["launcher"]),
+    "backend": rule(PARAMETERS["backend"]),
+    "collective_timeout": rule(PARAMETERS["collective_timeout"]),
     "kubernetes": {"type": "object", "additionalProperties": False, "properties": KUBERNETES_SETTINGS},
     "quality_gate": {"type": "object", "additionalProperties": False,
                      "properties": {name: rule(schema) for name, schema in QUALITY_GATE.items()}},
@@ -125,6 +128,9 @@ AUTHOR_PROPERTIES: dict[str, dict[str, Any]] = {
     "categories": {"type": "object", "additionalProperties": False,
                    "properties": {name: rule(schema) for name, schema in CATEGORIES.items()}},
 }
+
+# The author's settings a run's config snapshot holds (its params, fixed by the author).
+RUN_SETTINGS = ("launcher", "backend", "collective_timeout")
 
 _SCHEMA = {
     "type": "object",
@@ -146,10 +152,16 @@ class AuthorSettings:
     max_world_size: int = MAX_WORLD_SIZE
     launcher: str = TrainingConfig.launcher
     categories: dict[str, Any] = field(default_factory=dict)  # CATEGORIES keys the author set
+    backend: str = TrainingConfig.backend
+    collective_timeout: int = TrainingConfig.collective_timeout
 
     def category_rules(self) -> dict[str, Any]:
         """Every CATEGORIES key: the author's value, else its default."""
         return {name: self.categories.get(name, schema["default"]) for name, schema in CATEGORIES.items()}
+
+    def fixed_params(self) -> dict[str, Any]:
+        """The params every run of the DAG takes from these settings: not offered to the triggerer."""
+        return {name: getattr(self, name) for name in RUN_SETTINGS}
 
     def operator_arguments(self) -> dict[str, Any]:
         """Keyword arguments of MPIJobTrainOperator for launcher=kubernetes (KPO converts the tolerations)."""
@@ -214,4 +226,6 @@ def load_settings(path: Path | str | None = None, *, default: Path | str | None 
                           tuple(data.get("allowed_models", defaults.allowed_models)),
                           dict(data.get("kubernetes") or {}), dict(data.get("quality_gate") or {}),
                           data.get("max_world_size", defaults.max_world_size),
-                          data.get("launcher", defaults.launcher), dict(data.get("categories") or {}))
+                          data.get("launcher", defaults.launcher), dict(data.get("categories") or {}),
+                          data.get("backend", defaults.backend),
+                          data.get("collective_timeout", defaults.collective_timeout))

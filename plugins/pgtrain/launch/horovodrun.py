@@ -22,13 +22,19 @@ PASSFILE_FD_ENV = "PGTRAIN_PASSFILE_FD"
 PASSFILE_ENV = "PGPASSFILE"
 
 
+def name_passfile() -> None:
+    """Point the ranks' PGPASSFILE at the inherited descriptor the local launcher names (PASSFILE_FD_ENV), if any:
+    a path through this process, which must outlive the ranks (pgtrain.launch.ranks does the same)."""
+    passfile_fd = os.environ.pop(PASSFILE_FD_ENV, None)
+    if passfile_fd is not None:
+        os.environ[PASSFILE_ENV] = f"/proc/{os.getpid()}/fd/{int(passfile_fd)}"
+
+
 def main(argv: list[str] | None = None) -> int:
     from horovod.runner import launch
 
     arguments = sys.argv[1:] if argv is None else argv
-    passfile_fd = os.environ.pop(PASSFILE_FD_ENV, None)
-    if passfile_fd is not None:
-        os.environ[PASSFILE_ENV] = f"/proc/{os.getpid()}/fd/{int(passfile_fd)}"
+    name_passfile()
     if "--gloo" in arguments:
         launch.gloo_built = lambda verbose=False: True  # the probe run_controller makes before gloo_run
     sys.argv = ["horovodrun", *arguments]

@@ -1,4 +1,6 @@
-"""``launcher=local``: run the trainer under ``horovodrun --gloo`` on this machine, output streamed to a logger.
+"""``launcher=local``: run the trainer's ranks on this machine, output streamed to a logger: under
+``horovodrun --gloo`` for the ``horovod`` backend, under ``pgtrain.launch.ranks`` for ``torch``
+(``pgtrain.launch.backends`` resolves the author's ``auto``).
 
 What reaches the ranks: an allow-listed environment (no secret of the worker's), the database URL
 without its password, and the password in a 0600 passfile (PGPASSFILE) that exists only as long as the
@@ -6,8 +8,8 @@ job: on Linux a memfd (nothing on disk, gone with the task however it dies), els
 directory removed when the job ends. Horovod's Gloo launcher writes every exported variable into a
 ``sh -c`` command line that any user can read with ``ps``, so nothing secret may be exported.
 
-The ranks die with their launcher: horovodrun gets SIGKILL when the process that started it dies
-(PR_SET_PDEATHSIG), and Horovod then stops the ranks it started; each rank also sets its own.
+The ranks die with their launcher: horovodrun (or pgtrain.launch.ranks) gets SIGKILL when the process that
+started it dies (PR_SET_PDEATHSIG), and then stops the ranks it started; each rank also sets its own.
 """
 
 from __future__ import annotations
@@ -30,9 +32,11 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import psycopg
 
+from pgtrain.config.params import TrainingConfig
 from pgtrain.core.database_url import DATABASE_URL_ENV
 from pgtrain.core.db import connect, split_password
 from pgtrain.core.errors import ClaimLost, ConfigError, TrainingFailed, TrainingInputError
+from pgtrain.launch import backends
 from pgtrain.launch.attempt import claim_lost, start_attempt
 from pgtrain.launch.horovodrun import PASSFILE_ENV, PASSFILE_FD_ENV
 from pgtrain.launch.lifetime import memory_file, preexec_die_with_this_process
@@ -69,9 +73,14 @@ def horovodrun_path() -> str:
     return found
 
 
-def local_command(run_id: str, world_size: int, attempt: int) -> list[str]:
-    """horovodrun through ``pgtrain.launch.horovodrun`` (the same launcher, without the import of torch it makes
-    to probe the build: seconds of every train task on a small worker)."""
+def local_command(run_id: str, world_size: int, attempt: int, backend: str = "horovod",
+                  collective_timeout: int = TrainingConfig.collective_timeout) -> list[str]:
+    """``horovod``: horovodrun through ``pgtrain.launch.horovodrun`` (the same launcher, without the import of torch
+    it makes to probe the build: seconds of every train task on a small worker). ``torch``: ``world_size`` ranks
+    under ``pgtrain.launch.ranks``."""
+    if backend == "torch":
+        return [sys.executable, "-m", "pgtrain.launch.ranks", str(world_size),
+                *trainer_argv(run_id, attempt, sys.executable, backend, collective_timeout)]
     horovodrun_path()  # installed, or the clear error
     return [
         sys.executable, "-m", "pgtrain.launch.horovodrun", "--gloo", "-np", str(world_size),
@@ -152,15 +161,18 @@ def run_local(run_id: str, world_size: int, database_url: str, log: logging.Logg
     password = password or os.environ.get("PGPASSWORD") or None  # the worker's libpq password reaches them too
     with connect(database_url) as conn:
         attempt = start_attempt(conn, run_id)
-    command = local_command(run_id, world_size, attempt)
-    log.info("starting %d Horovod ranks (attempt %d): %s", world_size, attempt, " ".join(command))
+        config = record.get_run(conn, run_id).config
     with private_passfile(password) as passfile:
-        returncode, tail, stopped = _run(command, rank_environment(os.environ, rank_url, passfile), log,
-                                         timeout_seconds, passfile.fds if passfile else (),
+        environment = rank_environment(os.environ, rank_url, passfile)
+        backend, why = backends.resolve(config.backend, sys.executable, environment)
+        log.info("%s", why)
+        command = local_command(run_id, world_size, attempt, backend, config.collective_timeout)
+        log.info("starting %d %s ranks (attempt %d): %s", world_size, backend, attempt, " ".join(command))
+        returncode, tail, stopped = _run(command, environment, log, timeout_seconds, passfile.fds if passfile else (),
                                          claim.lost_event if claim is not None else None)
     if stopped == "timeout":
         raise TrainingFailed(
-            f"the Horovod job of run {run_id} did not finish within {timeout_seconds:g} s and was stopped; "
+            f"the {backend} job of run {run_id} did not finish within {timeout_seconds:g} s and was stopped; "
             "last output lines:\n" + "\n".join(tail)
         )
     if stopped == "claim lost":
@@ -172,7 +184,7 @@ def run_local(run_id: str, world_size: int, database_url: str, log: logging.Logg
     if verdict is not None and verdict[0] == "refused":
         raise TrainingInputError(f"run {run_id} cannot train on its planned input: {verdict[1]}")
     raise TrainingFailed(
-        f"the Horovod job of run {run_id} exited with status {returncode}"
+        f"the {backend} job of run {run_id} exited with status {returncode}"
         + (f": {verdict[1]}" if verdict else "") + "; last output lines:\n" + "\n".join(tail)
     )
 

@@ -250,6 +250,13 @@ def set_model_layout(conn: psycopg.Connection, run_id: str, layout: dict[str, di
                      (Jsonb(layout), run_id))
 
 
+def set_backend(conn: psycopg.Connection, run_id: str, backend: str) -> None:
+    """Record the collectives backend the run's ranks train with (rank 0, once they have started)."""
+    with conn.transaction():
+        conn.execute("UPDATE pgtrain.training_runs SET backend = %s, updated_at = now() WHERE run_id = %s",
+                     (backend, run_id))
+
+
 def set_init_version(conn: psycopg.Connection, run_id: str, version: int | None) -> None:
     """Record the model version the run's weights started from (None: from scratch)."""
     with conn.transaction():

@@ -85,6 +85,7 @@ def version_spec(conn: psycopg.Connection, run: Run, record: Mapping[str, Any]) 
         "task": config.task,
         "standardize_target": config.standardize_target,
         "parent_version": record.get("init_version"),
+        "backend": record.get("backend"),
         "source_table": config.source_table,
         "key_column": config.key_column,
         "watermark": {"snapshot": plan[0] if plan else None, "max_key": last[0] if last else None},

@@ -25,7 +25,8 @@ def trainer_rank(run_id: str, rank: int) -> psutil.Process | None:
     for process in psutil.process_iter(["cmdline"]):
         try:
             cmdline = process.info["cmdline"] or []
-            if "trainer" in cmdline and run_id in cmdline and process.environ().get("HOROVOD_RANK") == str(rank):
+            environ = process.environ() if "trainer" in cmdline and run_id in cmdline else {}
+            if str(rank) in (environ.get("HOROVOD_RANK"), environ.get("RANK")):  # horovod's ranks, torch's
                 return process
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
@@ -36,15 +37,19 @@ STOPS_AFTER_RESUMING = dict(source_table="public.noise", world_size=2, epochs=12
                             learning_rate=0.02, lr_schedule="constant", early_stopping_patience=2, checkpoint_every=1)
 
 
-@pytest.mark.parametrize("params", [
-    dict(world_size=2, epochs=4, batch_size=16, hidden_sizes=[8], learning_rate=0.05, checkpoint_every=1),
-    STOPS_AFTER_RESUMING,
-], ids=["adamw-cosine", "stops-early-after-resuming"])
+ADAMW_COSINE = dict(world_size=2, epochs=4, batch_size=16, hidden_sizes=[8], learning_rate=0.05, checkpoint_every=1)
+# The torch backend with a short collective timeout: the surviving rank fails within it, not hours later.
+TORCH = dict(backend="torch", collective_timeout=30)
+
+
+@pytest.mark.parametrize("params", [ADAMW_COSINE, STOPS_AFTER_RESUMING, {**ADAMW_COSINE, **TORCH}],
+                         ids=["adamw-cosine", "stops-early-after-resuming", "torch-backend"])
 def test_a_retried_run_resumes_from_its_checkpoint_and_ends_where_an_uninterrupted_run_does(autocommit, db_url,
                                                                                            params):
     """The defaults (AdamW, cosine schedule, early stopping): the optimizer's state, the schedule's position, the
     best epoch's parameters and the patience left all come back from the epoch-2 checkpoint. In the second case
-    the best epoch is at most 2 and the run stops after resuming, staging the checkpoint's best parameters."""
+    the best epoch is at most 2 and the run stops after resuming, staging the checkpoint's best parameters. On
+    the torch backend the SIGKILLed rank fails the job too, and the retry resumes as bit-identically."""
     if params is STOPS_AFTER_RESUMING:
         seed_noise(autocommit, 160)
     else:

@@ -149,13 +149,18 @@ def test_the_trainer_is_always_told_its_attempt(capsys):
                                                             "--attempt", "4"]
 
 
-def test_two_rank_sgd_equals_single_process_on_the_same_global_batches(autocommit, db_url):
-    """One epoch of Horovod SGD == one process stepping on the concatenated per-rank batches."""
+@pytest.mark.parametrize("backend", ["horovod", "torch"])
+def test_two_rank_sgd_equals_single_process_on_the_same_global_batches(autocommit, db_url, backend):
+    """One epoch of SGD on two ranks (either backend) == one process stepping on the concatenated per-rank
+    batches; the run records the backend that trained it."""
     seed_samples(autocommit, rows=96, dim=6, classes=3, seed=7)
-    run = planned_run(autocommit, world_size=2, epochs=1, batch_size=8, hidden_sizes=[5],
+    run = planned_run(autocommit, world_size=2, epochs=1, batch_size=8, hidden_sizes=[5], backend=backend,
                       validation_fraction=0.0, allow_unvalidated=True, learning_rate=0.1, seed=3)
-    run_job(run, db_url)
+    output = run_job(run, db_url)
     distributed = tensors.read_staged(autocommit, run.run_id)
+    assert any(f"starting 2 {backend} ranks" in line for line in output)
+    assert autocommit.execute("SELECT backend FROM pgtrain.training_runs WHERE run_id = %s",
+                              (run.run_id,)).fetchone() == (backend,)
 
     shards = record.get_manifest(autocommit, run.run_id)
     assert [s.train_count for s in shards] == [48, 48]
@@ -256,7 +261,7 @@ def test_a_job_past_its_timeout_is_stopped(autocommit, db_url, monkeypatch):
     seed_samples(autocommit, rows=60)
     run = planned_run(autocommit, world_size=2, epochs=1)
     slow = [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)"]
-    monkeypatch.setattr(launch_local, "local_command", lambda run_id, world_size, attempt: slow)
+    monkeypatch.setattr(launch_local, "local_command", lambda run_id, world_size, attempt, *backend: slow)
     started = time.monotonic()
     with pytest.raises(TrainingFailed, match="did not finish within 1 s") as failure:
         launch_local.run_local(run.run_id, 2, db_url, logging.getLogger("test.timeout"), timeout_seconds=1)
@@ -277,7 +282,7 @@ def test_a_job_whose_training_claim_is_lost_is_stopped(autocommit, db_url, monke
     pid_file = tmp_path / "pid"
     slow = [sys.executable, "-c", f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
                                   "print('started', flush=True); time.sleep(300)"]
-    monkeypatch.setattr(launch_local, "local_command", lambda run_id, world_size, attempt: slow)
+    monkeypatch.setattr(launch_local, "local_command", lambda run_id, world_size, attempt, *backend: slow)
     outcome: list[BaseException] = []
 
     monkeypatch.setenv("AIRFLOW_CONN_PGTRAIN_DB", db_url)  # the train task's connection, as Airflow provides it
@@ -338,9 +343,10 @@ def balanced_weights(data: list, classes: int) -> torch.Tensor:
     return torch.from_numpy(len(labels) / (classes * counts)).float()
 
 
-@pytest.mark.parametrize("optimizer,schedule", [("adamw", "cosine"), ("sgd", "one_cycle")])
+@pytest.mark.parametrize("optimizer,schedule,backend", [("adamw", "cosine", "horovod"), ("sgd", "one_cycle", "horovod"),
+                                                        ("adamw", "cosine", "torch"), ("sgd", "one_cycle", "torch")])
 def test_two_ranks_with_each_optimizer_schedule_class_weights_and_early_stopping_equal_one_process(
-        autocommit, db_url, optimizer, schedule):
+        autocommit, db_url, optimizer, schedule, backend):
     """AdamW or SGD, a warm-up schedule, balanced class weights and early stopping: the staged parameters are the
     best epoch's (by val_loss) of a single process stepping on the same global batches, and the recorded metrics
     are that epoch's, computed here from the reference's snapshots."""
@@ -348,7 +354,7 @@ def test_two_ranks_with_each_optimizer_schedule_class_weights_and_early_stopping
     autocommit.execute("UPDATE public.samples SET label = 0 WHERE id % 5 <> 0 AND label <> 0")  # imbalanced
     run = planned_run(autocommit, world_size=2, epochs=6, batch_size=8, hidden_sizes=[6], validation_fraction=0.25,
                       seed=4, optimizer=optimizer, lr_schedule=schedule, warmup_epochs=1, class_weight="balanced",
-                      early_stopping_patience=2, learning_rate=0.05 if optimizer == "sgd" else 0.01)
+                      early_stopping_patience=2, learning_rate=0.05 if optimizer == "sgd" else 0.01, backend=backend)
     output = run_job(run, db_url)
     distributed = tensors.read_staged(autocommit, run.run_id)
     metrics = record.epoch_metrics(autocommit, run.run_id)

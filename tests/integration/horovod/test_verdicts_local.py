@@ -36,7 +36,7 @@ def test_a_crash_without_a_verdict_is_a_failure_to_retry(autocommit, db_url, mon
     seed_samples(autocommit, rows=60)
     run = planned_run(autocommit, world_size=2, epochs=1)
     crash = [sys.executable, "-c", "print('run x refused its input: (just a line in the log)'); raise SystemExit(2)"]
-    monkeypatch.setattr(launch_local, "local_command", lambda run_id, world_size, attempt: crash)
+    monkeypatch.setattr(launch_local, "local_command", lambda run_id, world_size, attempt, *backend: crash)
     with pytest.raises(TrainingFailed) as failure:
         launch_local.run_local(run.run_id, 2, db_url, logging.getLogger("test.crash"), timeout_seconds=60)
     assert not isinstance(failure.value, TrainingInputError)

@@ -20,6 +20,7 @@ from pgtrain.airflow.dag import train_run
 from pgtrain.airflow.dag.connection import DEFAULT_CONN_ID
 from pgtrain.airflow.dag.failures import RETRY_POLICY
 from pgtrain.core.errors import ConfigError
+from pgtrain.launch.backends import kubernetes_backend
 from pgtrain.launch.mpijob import spec
 
 if TYPE_CHECKING:
@@ -92,6 +93,11 @@ class MPIJobTrainOperator(BaseOperator):
                     f"the train task's Kubernetes arguments are invalid: {error}; fix `kubernetes:` in the DAG "
                     "author's settings file (docs/kubernetes.md lists the keys)") from error
             job.world_size = run.config.world_size
+            backend = kubernetes_backend(run.config.backend)
+            self.log.info("backend: %s%s", backend, " (auto: the image's Horovod)" if run.config.backend == "auto"
+                          else " (the author's setting)")
+            job.job_settings = {**job.job_settings, "backend": backend,
+                                "collective_timeout": run.config.collective_timeout}
             with train_run.training_claimed(self.conn_id, run, context["ti"]) as claim:
                 job.claim = claim  # deferred, the trigger keeps it until execute_complete (docs/locks.md)
                 job.run_job(context)

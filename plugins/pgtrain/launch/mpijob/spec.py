@@ -1,9 +1,10 @@
 """The Kubeflow MPIJob (``kubeflow.org/v2beta1``) that runs the trainer on GPU pods: its settings, name and
 manifest. Pure Python (no Airflow, no Kubernetes client).
 
-Layout: ``world_size`` Horovod ranks, one per GPU, ``gpus_per_worker`` GPUs (= MPI slots) per worker
-pod; a launcher pod without GPU runs ``horovodrun`` against the hostfile the MPI Operator mounts at
-``/etc/mpi/hostfile``. The database URL reaches the pods only from a Kubernetes Secret.
+Layout: ``world_size`` ranks, one per GPU, ``gpus_per_worker`` GPUs (= MPI slots) per worker
+pod; a launcher pod without GPU runs ``horovodrun`` (backend ``horovod``) or ``mpirun`` (backend ``torch``) against
+the hostfile the MPI Operator mounts at ``/etc/mpi/hostfile``. The database URL reaches the pods only from a
+Kubernetes Secret.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pgtrain.config.params import DEFAULT_COLLECTIVE_TIMEOUT
 from pgtrain.core.database_url import DATABASE_URL_ENV, DATABASE_URL_FILE_ENV
 from pgtrain.core.errors import ConfigError
 from pgtrain.launch.mpijob.api import (
@@ -81,6 +83,10 @@ class MPIJobSettings:
     ttl_seconds_after_finished: int = 3600
     # The run's train attempt (pgtrain.runs.record.begin_attempt), passed to the trainer, which fences its writes by it.
     attempt: int = field(kw_only=True)
+    # The ranks' collectives (pgtrain.launch.backends.kubernetes_backend: auto is the image's Horovod) and, for torch,
+    # how long a rank waits in one collective before the job fails.
+    backend: str = "horovod"
+    collective_timeout: int = DEFAULT_COLLECTIVE_TIMEOUT
     # Kueue's LocalQueue (a label on the MPIJob) and the MPI Operator's gang scheduling (runPolicy.schedulingPolicy).
     queue_name: str | None = None
     scheduling_policy: Mapping[str, Any] = field(default_factory=dict)
@@ -122,6 +128,8 @@ class MPIJobSettings:
             problems.append("database_secret and database_secret_key name the Secret with the database URL")
         if self.backoff_limit < 0:
             problems.append(f"backoff_limit={self.backoff_limit} should be >= 0")
+        if self.backend not in ("horovod", "torch"):
+            problems.append(f"backend={self.backend!r} should be horovod or torch (auto is resolved before)")
         if isinstance(self.attempt, bool) or not isinstance(self.attempt, int) or self.attempt < 1:
             problems.append(f"attempt={self.attempt!r} should be the run's train attempt (an integer >= 1)")
         problems += author_problems({name: getattr(self, name) for name in AUTHOR_CHECKED})
@@ -175,14 +183,28 @@ def _longest_suffix(workers: int) -> int:
     return max(len("-launcher"), len(f"-worker-{workers - 1}"))
 
 
-def launcher_command(run_id: str, world_size: int, attempt: int) -> list[str]:
+def launcher_command(run_id: str, world_size: int, attempt: int, backend: str = "horovod",
+                     collective_timeout: int = DEFAULT_COLLECTIVE_TIMEOUT, env_names: Sequence[str] = (),
+                     as_root: bool = True) -> list[str]:
     """``horovodrun`` over the MPI Operator's hostfile: MPI (+NCCL) in the GPU image, Gloo where MPI is absent.
 
     horovodrun passes the launcher's environment to every rank (``mpirun -x NAME``, or ``env K=V`` on
     the ranks' command lines with Gloo); the database URL is not in it, only the path of the file the
     Secret is mounted as on every pod. horovodrun hands ``--ssh-port`` (the workers' sshd, SSH_PORT) to its SSH
     check, to mpirun (``plm_rsh_args``) and to Gloo's remote commands.
+
+    ``torch``: ``mpirun`` itself (torch.distributed needs only the processes): it passes the pod's environment the
+    ranks need by name (``-x``: the URL file's path, the author's ``env_names``; their values are the same on every
+    pod), and each rank finds its place in ``OMPI_COMM_WORLD_*`` and its rendezvous at the hostfile's first host
+    (trainer.collectives.torch_distributed).
     """
+    if backend == "torch":
+        passed = [DATABASE_URL_FILE_ENV, "PYTHONUNBUFFERED", "PATH", *env_names]
+        return ["mpirun", *(["--allow-run-as-root"] if as_root else []), "-np", str(world_size),
+                "--hostfile", HOSTFILE, "--bind-to", "none", "--map-by", "slot",
+                "--mca", "plm_rsh_args", f"-p {SSH_PORT}",
+                *(option for name in dict.fromkeys(passed) for option in ("-x", name)),
+                *trainer_argv(run_id, attempt, backend=backend, collective_timeout=collective_timeout)]
     return ["horovodrun", "-np", str(world_size), "--hostfile", HOSTFILE, "--ssh-port", str(SSH_PORT),
             *horovodrun_options(),
             *trainer_argv(run_id, attempt)]
@@ -220,6 +242,13 @@ def database_volume(secret: str, key: str, mode: int = 0o400) -> dict[str, Any]:
     group too in non-root mode (0440, the pod's fsGroup: a Secret's files belong to root)."""
     return {"name": DATABASE_VOLUME,
             "secret": {"secretName": secret, "items": [{"key": key, "path": "url"}], "defaultMode": mode}}
+
+
+def _env_names(pod: Mapping[str, Any]) -> list[str]:
+    """The names of the trainer container's own environment (the author's ``env``), which mpirun passes on."""
+    containers = (pod.get("spec") or {}).get("containers") or [{}]
+    return [e["name"] for e in containers[0].get("env") or [] if e.get("name")
+            and e["name"] not in (DATABASE_URL_ENV, DATABASE_URL_FILE_ENV)]
 
 
 def _with_database_secret(spec: dict[str, Any], container: dict[str, Any], settings: MPIJobSettings) -> None:
@@ -278,7 +307,8 @@ def build_mpijob(settings: MPIJobSettings, pod: Mapping[str, Any] | None = None)
         worker_affinity = _one_per_node(worker_affinity or (pod.get("spec") or {}).get("affinity") or {}, name)
     launcher = _replica_template(
         pod, settings, labels, annotations,
-        command=launcher_command(settings.run_id, settings.world_size, settings.attempt),
+        command=launcher_command(settings.run_id, settings.world_size, settings.attempt, settings.backend,
+                                 settings.collective_timeout, _env_names(pod), as_root=not settings.non_root),
         requests={"cpu": settings.launcher_cpu, "memory": settings.launcher_memory},
         limits={"memory": settings.launcher_memory}, gpus=0, shm_size=None, affinity=settings.launcher_affinity,
         node_selector=settings.launcher_node_selector, templates=(settings.pod_template,
