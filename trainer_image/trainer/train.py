@@ -206,11 +206,11 @@ def train(args: argparse.Namespace, cuda: Cuda = torch.cuda) -> int:
     hvd.init()
     device = select_device(hvd.local_rank(), cuda)  # first: before anything can create a CUDA context
     rank, size = hvd.rank(), hvd.size()
-    set_up_threads(os.environ, hvd.local_size())
     conn = connect(attempt=args.attempt)
     record.mark_training(conn, args.run_id)  # the first fenced write: a stale attempt stops here
     run = record.get_run(conn, args.run_id)
     config = run.config
+    set_up_threads(os.environ, hvd.local_size(), config.intra_op_threads)
     shards = record.get_manifest(conn, run.run_id)
     if len(shards) != size:
         raise PgtrainError(

@@ -12,7 +12,8 @@
   trigger form offers and a triggerer may change;
 - ``quality_gate`` (``pgtrain.config.params.QUALITY_GATE``): on by default, ``DEFAULT_QUALITY_GATE``: a version no
   better than the head does not become the head of a scheduled model; set a field to null to turn it off;
-- ``max_world_size``: the most ranks a triggered run may ask for (default: the settings file's).
+- ``max_world_size``: the most ranks a triggered run may ask for (default: the settings file's);
+- ``intra_op_threads``: torch's threads in each rank of the model's runs (default: the settings file's).
 
 ``load_entries`` checks every entry on its own: a bad one (unknown key, wrong type, duplicate name) is reported
 as an ``EntryError`` naming the file, the entry and the field, and the others are returned to be scheduled.
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pgtrain.config.params import _MODEL_NAME, PARAMETERS, param_problems, quality_gate_problems
+from pgtrain.config.params import _MODEL_NAME, PARAMETERS, RANK_SETTINGS, param_problems, quality_gate_problems
 from pgtrain.config.settings import AUTHOR_PROPERTIES, AuthorSettings, author_file, rule, schema_message
 from pgtrain.core.errors import ConfigError
 
@@ -86,6 +87,7 @@ class ModelEntry:
     quality_gate: dict[str, float | None] = field(default_factory=lambda: dict(DEFAULT_QUALITY_GATE))
     max_world_size: int | None = None
     description: str = ""
+    intra_op_threads: int | None = None  # None: the settings file's
 
     @property
     def dag_id(self) -> str:
@@ -101,11 +103,13 @@ class ModelEntry:
 
     def settings(self, base: AuthorSettings) -> AuthorSettings:
         """The author's settings for this model's runs: its own table is the one source it may read; its
-        launcher and Kubernetes settings over the settings file's; its quality gate; its world-size bound."""
+        launcher, Kubernetes settings and threads per rank over the settings file's; its quality gate; its
+        world-size bound."""
         return dataclasses.replace(
             base, allowed_sources=(self.source_table,), kubernetes={**base.kubernetes, **self.kubernetes},
             quality_gate=dict(self.quality_gate), max_world_size=self.max_world_size or base.max_world_size,
-            launcher=self.launcher or base.launcher)
+            launcher=self.launcher or base.launcher,
+            intra_op_threads=base.intra_op_threads if self.intra_op_threads is None else self.intra_op_threads)
 
     def fixed_params(self, settings: AuthorSettings) -> dict[str, Any]:
         """Every param the author fixes for this model's runs (FIXED_PARAMS), with ``settings``' launcher."""
@@ -168,6 +172,8 @@ def parse_entry(raw: Any) -> ModelEntry:
     source, params = (value if isinstance(value, dict) else {} for value in (raw.get("source"), raw.get("params")))
     problems += [f"params.{name}: fixed by the entry (name, source, launcher), not a training param"
                  for name in sorted(set(params) & set(FIXED_PARAMS))]
+    problems += [f"params.{name}: the author's setting of how the ranks run, not a training param: set it on the "
+                 "entry itself" for name in sorted(set(params) & set(RANK_SETTINGS))]
     fixed = {"model_name": raw.get("name"), "source_table": source.get("table"),
              **{name: source.get(name, PARAMETERS[name]["default"]) for name in SOURCE_PARAMS}}
     table = source.get("table")
@@ -191,7 +197,8 @@ def parse_entry(raw: Any) -> ModelEntry:
         min_new_rows=schedule.get("min_new_rows"), poll_seconds=schedule.get("poll_seconds", DEFAULT_POLL_SECONDS),
         kubernetes=dict(raw.get("kubernetes") or {}),
         quality_gate={**DEFAULT_QUALITY_GATE, **(raw.get("quality_gate") or {})},
-        max_world_size=raw.get("max_world_size"), description=raw.get("description", ""))
+        max_world_size=raw.get("max_world_size"), description=raw.get("description", ""),
+        intra_op_threads=raw.get("intra_op_threads"))
 
 
 def _schema_problems(schema: dict[str, Any], data: Any) -> list[str]:

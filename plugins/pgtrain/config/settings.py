@@ -9,7 +9,8 @@ They live in a YAML file next to the DAGs (``dags/pgtrain.yaml``, whose path the
 - ``kubernetes``: the MPIJob's image, namespace, Secret, scheduling (queue, priority, affinity), sizes, pod
   security, extra environment and pod templates (``KUBERNETES_SETTINGS``);
 - ``quality_gate``: how much worse than the head a run may be, and absolute floors (``QUALITY_GATE``);
-- ``max_world_size``: the most ranks a run may ask for.
+- ``max_world_size``: the most ranks a run may ask for;
+- ``intra_op_threads``: torch's threads in each rank (``RANK_SETTINGS``; default: as many as its CPUs allow).
 
 A run whose source or model is not allowed is refused in ``plan_run``, before any column or row of it
 is read.
@@ -23,7 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pgtrain.config.params import MAX_WORLD_SIZE, PARAMETERS, QUALITY_GATE, TrainingConfig, quality_gate_problems
+from pgtrain.config.params import (
+    MAX_WORLD_SIZE,
+    PARAMETERS,
+    QUALITY_GATE,
+    RANK_SETTINGS,
+    TrainingConfig,
+    quality_gate_problems,
+)
 from pgtrain.core.errors import ConfigError
 
 SETTINGS_ENV = "PGTRAIN_SETTINGS"
@@ -102,6 +110,7 @@ AUTHOR_PROPERTIES: dict[str, dict[str, Any]] = {
     "quality_gate": {"type": "object", "additionalProperties": False,
                      "properties": {name: rule(schema) for name, schema in QUALITY_GATE.items()}},
     "max_world_size": {"type": "integer", "minimum": 1, "maximum": MAX_WORLD_SIZE},
+    **{name: rule(schema) for name, schema in RANK_SETTINGS.items()},
 }
 
 _SCHEMA = {
@@ -123,6 +132,7 @@ class AuthorSettings:
     quality_gate: dict[str, float | None] = field(default_factory=dict)
     max_world_size: int = MAX_WORLD_SIZE
     launcher: str = TrainingConfig.launcher
+    intra_op_threads: int | None = None
 
     def operator_arguments(self) -> dict[str, Any]:
         """Keyword arguments of MPIJobTrainOperator for launcher=kubernetes (KPO converts the tolerations)."""
@@ -187,4 +197,4 @@ def load_settings(path: Path | str | None = None, *, default: Path | str | None 
                           tuple(data.get("allowed_models", defaults.allowed_models)),
                           dict(data.get("kubernetes") or {}), dict(data.get("quality_gate") or {}),
                           data.get("max_world_size", defaults.max_world_size),
-                          data.get("launcher", defaults.launcher))
+                          data.get("launcher", defaults.launcher), data.get("intra_op_threads"))
