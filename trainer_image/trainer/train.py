@@ -20,6 +20,7 @@ import numpy as np
 import psycopg
 import torch
 
+import trainer
 from pgtrain.config.params import TrainingConfig
 from pgtrain.core.db import connect
 from pgtrain.core.errors import PgtrainError
@@ -203,6 +204,7 @@ def record_verdict(args: argparse.Namespace, status: str, reason: str) -> None:
 
 
 def train(args: argparse.Namespace, cuda: Cuda = torch.cuda) -> int:
+    imports = time.perf_counter() - trainer.STARTED  # torch's and the trainer's: most of a small run's start
     hvd.init()
     device = select_device(hvd.local_rank(), cuda)  # first: before anything can create a CUDA context
     rank, size = hvd.rank(), hvd.size()
@@ -240,8 +242,9 @@ def train(args: argparse.Namespace, cuda: Cuda = torch.cuda) -> int:
     load_seconds = time.perf_counter() - load_started
     if rank != 0:
         conn.close()
-    print(f"rank {rank}/{size}: {len(data.labels)} rows ({int(data.is_validation.sum())} validation) "
-          f"keys {shards[rank].key_lo}..{shards[rank].key_hi}, loaded in {load_seconds:.2f} s on {data.streams} "
+    print(f"rank {rank}/{size}: imports {imports:.2f} s, {len(data.labels)} rows "
+          f"({int(data.is_validation.sum())} validation) keys {shards[rank].key_lo}..{shards[rank].key_hi}, "
+          f"loaded in {load_seconds:.2f} s on {data.streams} "
           f"connection{'s' if data.streams > 1 else ''}", flush=True)
 
     # Loaded training rows first, then validation: both are views of the loaded memory, never copied.
