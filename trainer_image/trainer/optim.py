@@ -7,6 +7,7 @@ checkpoint needs only the epoch it was written at, never a scheduler object.
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
@@ -37,23 +38,20 @@ def eager(base: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
     torch.optim wraps ``step`` in graph breaks and ``zero_grad``, ``add_param_group`` and the state-dict methods
     in ``torch._disable_dynamo``; both import ``torch._dynamo`` on their first call, about 1.7 s of a rank's
     start (issue 32), only to tell a compiler the trainer never runs what not to compile. The subclass calls the
-    wrapped methods themselves (``__wrapped__``, kept by ``functools.wraps``); where a torch release stops wrapping
+    wrapped methods themselves (``inspect.unwrap``: through every ``functools.wraps``, also the step hooks torch
+    puts on a class once it has an instance, which the subclass gets again); where a torch release stops wrapping
     one, the method is used as it is. ``step`` keeps what its wrapper does outside a compiler: gradients off
     (on only for ``differentiable``) while it runs.
     """
-    step = _unwrapped(base.step)
+    step = inspect.unwrap(base.step)
 
     def eager_step(self: torch.optim.Optimizer, closure: Any = None) -> Any:
         with torch.set_grad_enabled(self.defaults["differentiable"]):
             return step(self, closure)
 
-    methods = {name: _unwrapped(getattr(base, name)) for name in DYNAMO_GUARDED}
+    methods = {name: inspect.unwrap(getattr(base, name)) for name in DYNAMO_GUARDED}
     return type(base.__name__, (base,), {**methods, "step": eager_step, "__module__": __name__,
                                          "__doc__": base.__doc__})
-
-
-def _unwrapped(method: Any) -> Any:
-    return getattr(method, "__wrapped__", method)
 
 
 DYNAMO_GUARDED = ("zero_grad", "add_param_group", "state_dict", "load_state_dict")
