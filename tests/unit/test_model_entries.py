@@ -110,6 +110,9 @@ def test_an_entry_may_gate_on_any_metric_of_its_task(tmp_path):
     (good("a").replace("table: public.samples", "table: samples"), "source.table", "must be schema-qualified"),
     (good("a") + "\n    quality_gate: {metric: val_auc}", "quality_gate.metric", "is not one of"),
     (good("a") + "\n    quality_gate: {max_drop: 0.01}", "quality_gate.max_drop", "needs metric"),
+    (good("a") + "\n    intra_op_threads: 0", "intra_op_threads", "less than the minimum of 1"),
+    (good("a").replace("epochs: 2", "intra_op_threads: 2"), "params.intra_op_threads",
+     "not a training param: set it on the entry itself"),
     (good("a").replace("epochs: 2", "task: regression") + "\n    quality_gate: {metric: val_roc_auc, max_drop: 0.01}",
      "quality_gate.metric", "val_roc_auc is a classification metric, and the run's task is regression"),
 ])

@@ -12,13 +12,20 @@ import jsonschema
 import pytest
 
 from pgtrain.config import params
-from pgtrain.config.params import CATEGORY_STORAGE, MAX_WORLD_SIZE, PARAMETERS, QUALITY_GATE, TrainingConfig
+from pgtrain.config.params import (
+    CATEGORY_STORAGE,
+    MAX_WORLD_SIZE,
+    PARAMETERS,
+    QUALITY_GATE,
+    RANK_SETTINGS,
+    TrainingConfig,
+)
 from pgtrain.config.settings import AUTHOR_PROPERTIES, AuthorSettings, load_settings
 from pgtrain.launch.mpijob import cli, spec
 from tests.conftest import REPO
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainingConfig)}
-SCHEMAS = {**PARAMETERS, **QUALITY_GATE, **CATEGORY_STORAGE}
+SCHEMAS = {**PARAMETERS, **QUALITY_GATE, **CATEGORY_STORAGE, **RANK_SETTINGS}
 JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", dict: "object", tuple: "array",
               type(None): "null"}
 

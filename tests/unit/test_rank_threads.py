@@ -5,10 +5,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import textwrap
 
+import pytest
 import torch
 
+from pgtrain.config.model_entries import load_entries
+from pgtrain.config.params import PARAMETERS, TrainingConfig, unknown_keys
+from pgtrain.config.settings import AuthorSettings, load_settings
 from pgtrain.core.cpus import usable_cpus
+from pgtrain.core.errors import ConfigError
 from trainer.threads import set_up_threads, thread_summary, threads_per_rank, wait_passively
 
 
@@ -19,6 +25,39 @@ def test_threads_per_rank_share_the_cpus_unless_omp_num_threads_says():
     assert threads_per_rank({}, 4 * cpus) == 1
     assert threads_per_rank({"OMP_NUM_THREADS": "3"}, 2) == 3
     assert threads_per_rank({"OMP_NUM_THREADS": ""}, 1) == cpus
+    # the author's intra_op_threads (the run's config) before either
+    assert threads_per_rank({"OMP_NUM_THREADS": "3"}, 2, chosen=5) == 5
+    assert threads_per_rank({}, cpus, chosen=4) == 4
+
+
+def test_the_author_chooses_intra_op_threads_in_the_settings_file_or_a_models_entry(tmp_path):
+    settings = tmp_path / "pgtrain.yaml"
+    settings.write_text("intra_op_threads: 3\n")
+    base = load_settings(settings)
+    assert base.intra_op_threads == 3 and AuthorSettings.from_dict(base.to_dict()) == base
+    assert AuthorSettings().intra_op_threads is None  # unset: threads_per_rank's automatic count
+    models = tmp_path / "models.yaml"
+    models.write_text(textwrap.dedent("""\
+        models:
+          - {name: own, source: {table: public.samples, label_column: label}, schedule: {cron: '@daily'},
+             intra_op_threads: 1}
+          - {name: inherits, source: {table: public.samples, label_column: label}, schedule: {cron: '@daily'}}
+        """))
+    entries, errors = load_entries(models)
+    assert errors == []
+    assert [e.settings(base).intra_op_threads for e in entries] == [1, 3]
+    settings.write_text("intra_op_threads: many\n")
+    with pytest.raises(ConfigError, match="intra_op_threads: 'many' is not of type"):
+        load_settings(settings)
+
+
+def test_a_triggerer_cannot_choose_intra_op_threads():
+    assert "intra_op_threads" not in PARAMETERS  # not in the trigger form
+    assert unknown_keys({"intra_op_threads": 8}) == [
+        "'intra_op_threads' is not a param of this DAG; the params are: " + ", ".join(PARAMETERS)]
+    # the snapshot keeps it: the ranks read it from there
+    config = TrainingConfig(intra_op_threads=2)
+    assert TrainingConfig.from_mapping(config.to_dict()).intra_op_threads == 2
 
 
 def test_a_rank_waits_passively_unless_told_otherwise():

@@ -10,7 +10,7 @@ from torch import nn
 from pgtrain.config.params import TrainingConfig
 from trainer.evaluate import Task
 from trainer.model import PgtrainModel
-from trainer.optim import Schedule
+from trainer.optim import MOMENTUM, Schedule, make_optimizer
 from trainer.train import (
     Batches,
     batch_bounds,
@@ -93,3 +93,31 @@ def test_the_auto_batch_size_and_learning_rate():
     explicit = TrainingConfig(world_size=2, batch_size=16, learning_rate=0.3)
     assert (explicit.batch_size_for(90_000), explicit.learning_rate_for(16)) == (16, 0.3)
     assert TrainingConfig.from_mapping({"batch_size": None, "learning_rate": None}).batch_size is None
+
+
+@pytest.mark.parametrize("name", ["sgd", "adamw"])
+def test_the_trainer_s_optimizers_step_exactly_as_torch_s_own(name):
+    """trainer.optim.eager skips only torch.compile's guards (which import torch._dynamo): the same arithmetic."""
+    config = TrainingConfig(optimizer=name, weight_decay=0.01)
+    models = [nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3)) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    initial = models[0][0].weight.detach().clone()
+    ours = make_optimizer(config, models[0], 0.05)
+    kwargs = {"momentum": MOMENTUM} if name == "sgd" else {"foreach": False}
+    theirs = getattr(torch.optim, "SGD" if name == "sgd" else "AdamW")(models[1].parameters(), lr=0.05,
+                                                                        weight_decay=0.01, **kwargs)
+    assert isinstance(ours, type(theirs)) and type(ours) is not type(theirs)
+    x, y = torch.randn(32, 6, generator=torch.Generator().manual_seed(0)), torch.arange(32) % 3
+    for _ in range(5):
+        for model, optimizer in zip(models, (ours, theirs), strict=True):
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+            assert all(p.grad is not None and not p.grad.requires_grad for p in model.parameters())
+    for mine, reference in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        assert torch.equal(mine, reference)
+    assert (models[0][0].weight - initial).abs().max() > 1e-3  # they did step
+    # its state dict loads into torch's own optimizer and back
+    theirs.load_state_dict(ours.state_dict())
+    ours.load_state_dict(theirs.state_dict())
+    assert ours.state_dict()["param_groups"] == theirs.state_dict()["param_groups"]

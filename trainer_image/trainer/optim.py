@@ -7,7 +7,9 @@ checkpoint needs only the epoch it was written at, never a scheduler object.
 
 from __future__ import annotations
 
+import inspect
 import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,9 +27,35 @@ def make_optimizer(config: TrainingConfig, model: torch.nn.Module, learning_rate
     parameters = [p for p in model.parameters() if p.requires_grad]
     decay = config.weight_decay_value
     if config.optimizer == "sgd":
-        return torch.optim.SGD(parameters, lr=learning_rate, momentum=MOMENTUM, weight_decay=decay)
+        return EAGER_SGD(parameters, lr=learning_rate, momentum=MOMENTUM, weight_decay=decay)
     # foreach=False: the per-parameter loop, whose float arithmetic does not depend on how tensors are grouped.
-    return torch.optim.AdamW(parameters, lr=learning_rate, weight_decay=decay, foreach=False)
+    return EAGER_ADAMW(parameters, lr=learning_rate, weight_decay=decay, foreach=False)
+
+
+def eager(base: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
+    """``base`` without torch.compile's guards around its methods, the same arithmetic.
+
+    torch.optim wraps ``step`` in graph breaks and ``zero_grad``, ``add_param_group`` and the state-dict methods
+    in ``torch._disable_dynamo``; both import ``torch._dynamo`` on their first call, about 1.7 s of a rank's
+    start (issue 32), only to tell a compiler the trainer never runs what not to compile. The subclass calls the
+    wrapped methods themselves (``inspect.unwrap``: through every ``functools.wraps``, also the step hooks torch
+    puts on a class once it has an instance, which the subclass gets again); where a torch release stops wrapping
+    one, the method is used as it is. ``step`` keeps what its wrapper does outside a compiler: gradients off
+    (on only for ``differentiable``) while it runs.
+    """
+    step = inspect.unwrap(base.step)
+
+    def eager_step(self: torch.optim.Optimizer, closure: Any = None) -> Any:
+        with torch.set_grad_enabled(self.defaults["differentiable"]):
+            return step(self, closure)
+
+    methods = {name: inspect.unwrap(getattr(base, name)) for name in DYNAMO_GUARDED}
+    return type(base.__name__, (base,), {**methods, "step": eager_step, "__module__": __name__,
+                                         "__doc__": base.__doc__})
+
+
+DYNAMO_GUARDED = ("zero_grad", "add_param_group", "state_dict", "load_state_dict")
+EAGER_SGD, EAGER_ADAMW = eager(torch.optim.SGD), eager(torch.optim.AdamW)
 
 
 def lr_factor(schedule: str, step: int, total_steps: int, warmup_steps: int) -> float:

@@ -23,23 +23,25 @@ def wait_passively(environ: MutableMapping[str, str] = os.environ) -> None:
     environ.setdefault(WAIT_POLICY, "PASSIVE")
 
 
-def threads_per_rank(environ: Mapping[str, str], local_size: int) -> int:
-    """Torch's threads in each rank: $OMP_NUM_THREADS when set (the author's ``env`` on Kubernetes, the worker's
-    environment locally), else the CPUs this container may use (its affinity within its CPU limit) shared by the
-    ranks on this node."""
+def threads_per_rank(environ: Mapping[str, str], local_size: int, chosen: int | None = None) -> int:
+    """Torch's threads in each rank: ``chosen`` (the author's ``intra_op_threads``, from the run's config), else
+    $OMP_NUM_THREADS when set (the author's ``env`` on Kubernetes, the worker's environment locally), else the CPUs
+    this container may use (its affinity within its CPU limit) shared by the ranks on this node."""
+    if chosen is not None:
+        return chosen
     explicit = environ.get("OMP_NUM_THREADS", "")
     if explicit.isdigit() and int(explicit) > 0:
         return int(explicit)
     return max(1, usable_cpus() // max(1, local_size))
 
 
-def set_up_threads(environ: Mapping[str, str], local_size: int) -> None:
+def set_up_threads(environ: Mapping[str, str], local_size: int, chosen: int | None = None) -> None:
     """This rank's threads, and subnormal floats flushed to zero: late in training gradients underflow into
     them, which x86 CPUs compute several times slower (benchmarks/RESULTS.md, "Training"). Values below
     1.2e-38 change no result that matters; GPUs are not affected."""
     import torch
 
-    torch.set_num_threads(threads_per_rank(environ, local_size))
+    torch.set_num_threads(threads_per_rank(environ, local_size, chosen))
     torch.set_flush_denormal(True)
 
 

@@ -20,6 +20,7 @@ import numpy as np
 import psycopg
 import torch
 
+import trainer
 from pgtrain.config.params import DEFAULT_COLLECTIVE_TIMEOUT, TrainingConfig
 from pgtrain.core.db import connect
 from pgtrain.core.errors import PgtrainError
@@ -210,10 +211,10 @@ def record_verdict(args: argparse.Namespace, status: str, reason: str) -> None:
 
 
 def train(args: argparse.Namespace, cuda: Cuda = torch.cuda) -> int:
+    imports = time.perf_counter() - trainer.STARTED  # torch's and the trainer's: most of a small run's start
     ranks = collectives.init(args.backend, args.collective_timeout)
     device = select_device(ranks.local_rank(), cuda)  # first: before anything can create a CUDA context
     rank, size = ranks.rank(), ranks.size()
-    set_up_threads(os.environ, ranks.local_size())
     conn = connect(attempt=args.attempt)
     record.mark_training(conn, args.run_id)  # the first fenced write: a stale attempt stops here
     if rank == 0:
@@ -221,6 +222,7 @@ def train(args: argparse.Namespace, cuda: Cuda = torch.cuda) -> int:
         print(f"collectives: {ranks.name} ({size} rank{'s' if size != 1 else ''})", flush=True)
     run = record.get_run(conn, args.run_id)
     config = run.config
+    set_up_threads(os.environ, ranks.local_size(), config.intra_op_threads)
     shards = record.get_manifest(conn, run.run_id)
     if len(shards) != size:
         raise PgtrainError(
@@ -250,8 +252,9 @@ def train(args: argparse.Namespace, cuda: Cuda = torch.cuda) -> int:
     load_seconds = time.perf_counter() - load_started
     if rank != 0:
         conn.close()
-    print(f"rank {rank}/{size}: {len(data.labels)} rows ({int(data.is_validation.sum())} validation) "
-          f"keys {shards[rank].key_lo}..{shards[rank].key_hi}, loaded in {load_seconds:.2f} s on {data.streams} "
+    print(f"rank {rank}/{size}: imports {imports:.2f} s, {len(data.labels)} rows "
+          f"({int(data.is_validation.sum())} validation) keys {shards[rank].key_lo}..{shards[rank].key_hi}, "
+          f"loaded in {load_seconds:.2f} s on {data.streams} "
           f"connection{'s' if data.streams > 1 else ''}", flush=True)
 
     # Loaded training rows first, then validation: both are views of the loaded memory, never copied.

@@ -16,6 +16,7 @@
 - ``max_world_size``: the most ranks a triggered run may ask for (default: the settings file's);
 - ``categories`` (``pgtrain.config.settings.CATEGORIES``): over the settings file's, key by key; its
   ``hashed_columns`` add to the settings file's.
+- ``intra_op_threads``: torch's threads in each rank of the model's runs (default: the settings file's).
 
 ``load_entries`` checks every entry on its own: a bad one (unknown key, wrong type, duplicate name) is reported
 as an ``EntryError`` naming the file, the entry and the field, and the others are returned to be scheduled.
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pgtrain.config.params import _MODEL_NAME, PARAMETERS, param_problems, quality_gate_problems
+from pgtrain.config.params import _MODEL_NAME, PARAMETERS, RANK_SETTINGS, param_problems, quality_gate_problems
 from pgtrain.config.settings import AUTHOR_PROPERTIES, AuthorSettings, author_file, rule, schema_message
 from pgtrain.core.errors import ConfigError
 
@@ -92,6 +93,7 @@ class ModelEntry:
     max_world_size: int | None = None
     description: str = ""
     categories: dict[str, Any] = field(default_factory=dict)
+    intra_op_threads: int | None = None  # None: the settings file's
 
     @property
     def dag_id(self) -> str:
@@ -108,7 +110,7 @@ class ModelEntry:
     def settings(self, base: AuthorSettings) -> AuthorSettings:
         """The author's settings for this model's runs: its own table is the one source it may read; its
         launcher and Kubernetes settings over the settings file's; its quality gate; its world-size bound; its
-        category rules over the settings file's (hashed columns: both lists)."""
+        category rules over the settings file's (hashed columns: both lists); its threads per rank."""
         hashed = [*base.categories.get("hashed_columns", ()), *self.categories.get("hashed_columns", ())]
         categories = {**base.categories, **self.categories, **({"hashed_columns": list(dict.fromkeys(hashed))}
                                                                  if hashed else {})}
@@ -116,7 +118,8 @@ class ModelEntry:
             base, allowed_sources=(self.source_table,), kubernetes={**base.kubernetes, **self.kubernetes},
             quality_gate=dict(self.quality_gate), max_world_size=self.max_world_size or base.max_world_size,
             launcher=self.launcher or base.launcher, categories=categories, backend=self.backend or base.backend,
-            collective_timeout=self.collective_timeout or base.collective_timeout)
+            collective_timeout=self.collective_timeout or base.collective_timeout,
+            intra_op_threads=base.intra_op_threads if self.intra_op_threads is None else self.intra_op_threads)
 
     def fixed_params(self, settings: AuthorSettings) -> dict[str, Any]:
         """Every param the author fixes for this model's runs (FIXED_PARAMS), with ``settings``' launcher and
@@ -180,6 +183,8 @@ def parse_entry(raw: Any) -> ModelEntry:
     source, params = (value if isinstance(value, dict) else {} for value in (raw.get("source"), raw.get("params")))
     problems += [f"params.{name}: fixed by the entry (name, source, launcher, backend), not a training param"
                  for name in sorted(set(params) & set(FIXED_PARAMS))]
+    problems += [f"params.{name}: the author's setting of how the ranks run, not a training param: set it on the "
+                 "entry itself" for name in sorted(set(params) & set(RANK_SETTINGS))]
     fixed = {"model_name": raw.get("name"), "source_table": source.get("table"),
              **{name: source.get(name, PARAMETERS[name]["default"]) for name in SOURCE_PARAMS}}
     table = source.get("table")
@@ -205,7 +210,8 @@ def parse_entry(raw: Any) -> ModelEntry:
         kubernetes=dict(raw.get("kubernetes") or {}),
         quality_gate={**DEFAULT_QUALITY_GATE, **(raw.get("quality_gate") or {})},
         max_world_size=raw.get("max_world_size"), description=raw.get("description", ""),
-        categories=dict(raw.get("categories") or {}))
+        categories=dict(raw.get("categories") or {}),
+        intra_op_threads=raw.get("intra_op_threads"))
 
 
 def _schema_problems(schema: dict[str, Any], data: Any) -> list[str]:

@@ -120,6 +120,8 @@ class TrainingConfig:
     launcher: str = "local"
     backend: str = "auto"
     collective_timeout: int = DEFAULT_COLLECTIVE_TIMEOUT
+    # The DAG author's (RANK_SETTINGS), never the triggerer's: kept in the snapshot, which is how it reaches the ranks.
+    intra_op_threads: int | None = None
 
     def __post_init__(self) -> None:
         problems = quality_gate_problems(vars(self), self.task)
@@ -400,7 +402,17 @@ CATEGORY_STORAGE: dict[str, dict[str, Any]] = _with_defaults({
                          "description": "a level longer than this (characters) is stored as its hash"},
 })
 
-_SCHEMA = {"type": "object", "properties": {**PARAMETERS, **QUALITY_GATE, **CATEGORY_STORAGE},
+# How each rank runs: the DAG author's (the settings file or a models-file entry), never the triggerer's. Kept in
+# the run's config snapshot: the ranks read it from there, wherever they run, with no launcher passing it on.
+RANK_SETTINGS: dict[str, dict[str, Any]] = _with_defaults({
+    "intra_op_threads": {"type": ["integer", "null"], "minimum": 1, "maximum": 1024,
+                         "title": "Threads per rank",
+                         "description": "torch's threads in each rank; empty = $OMP_NUM_THREADS if set, else the "
+                                        "CPUs the rank may use shared by the ranks on its node"},
+})
+
+_SCHEMA = {"type": "object", "properties": {**PARAMETERS, **QUALITY_GATE, **CATEGORY_STORAGE,
+                                                   **RANK_SETTINGS},
            "additionalProperties": False}
 
 

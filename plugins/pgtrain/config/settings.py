@@ -13,6 +13,7 @@ They live in a YAML file next to the DAGs (``dags/pgtrain.yaml``, whose path the
 - ``max_world_size``: the most ranks a run may ask for;
 - ``categories``: the most levels a run may keep per categorical column and the fewest rows a kept level needs
   (a trigger beyond them is refused), and what of the levels a version may store in clear (``CATEGORIES``).
+- ``intra_op_threads``: torch's threads in each rank (``RANK_SETTINGS``; default: as many as its CPUs allow).
 
 A run whose source or model is not allowed is refused in ``plan_run``, before any column or row of it
 is read.
@@ -31,6 +32,7 @@ from pgtrain.config.params import (
     MAX_WORLD_SIZE,
     PARAMETERS,
     QUALITY_GATE,
+    RANK_SETTINGS,
     TrainingConfig,
     quality_gate_problems,
 )
@@ -127,6 +129,7 @@ AUTHOR_PROPERTIES: dict[str, dict[str, Any]] = {
     "max_world_size": {"type": "integer", "minimum": 1, "maximum": MAX_WORLD_SIZE},
     "categories": {"type": "object", "additionalProperties": False,
                    "properties": {name: rule(schema) for name, schema in CATEGORIES.items()}},
+    **{name: rule(schema) for name, schema in RANK_SETTINGS.items()},
 }
 
 # The author's settings a run's config snapshot holds (its params, fixed by the author).
@@ -154,6 +157,7 @@ class AuthorSettings:
     categories: dict[str, Any] = field(default_factory=dict)  # CATEGORIES keys the author set
     backend: str = TrainingConfig.backend
     collective_timeout: int = TrainingConfig.collective_timeout
+    intra_op_threads: int | None = None
 
     def category_rules(self) -> dict[str, Any]:
         """Every CATEGORIES key: the author's value, else its default."""
@@ -228,4 +232,4 @@ def load_settings(path: Path | str | None = None, *, default: Path | str | None 
                           data.get("max_world_size", defaults.max_world_size),
                           data.get("launcher", defaults.launcher), dict(data.get("categories") or {}),
                           data.get("backend", defaults.backend),
-                          data.get("collective_timeout", defaults.collective_timeout))
+                          data.get("collective_timeout", defaults.collective_timeout), data.get("intra_op_threads"))

@@ -96,14 +96,16 @@ def check_unowned(model_name: str, owners: dict[str, str]) -> None:
 
 def admit(conn: psycopg.Connection, config: TrainingConfig, settings: AuthorSettings) -> TrainingConfig:
     """The run's config as it is recorded: checked against the author's settings, the source pinned to the
-    schema-qualified, quoted name it resolved to (a later search_path cannot point it elsewhere), and the
-    author's quality gate and rules of what is stored in clear in force."""
+    schema-qualified, quoted name it resolved to (a later search_path cannot point it elsewhere), the author's
+    quality gate and rules of what is stored in clear in force, and the author's threads per rank (which the ranks
+    read from the snapshot)."""
     schema, table = check_run(conn, config, settings)
     pinned = sql.Identifier(schema, table).as_string(conn)
     rules = settings.category_rules()
     storage = {name: rules[name] for name in CATEGORY_STORAGE}
     storage["hashed_columns"] = tuple(storage["hashed_columns"])
-    return dataclasses.replace(config, source_table=pinned, **settings.quality_gate, **storage)
+    return dataclasses.replace(config, source_table=pinned, intra_op_threads=settings.intra_op_threads,
+                               **settings.quality_gate, **storage)
 
 
 def _unquote(identifier: str) -> str:
