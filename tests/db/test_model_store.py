@@ -492,7 +492,8 @@ def test_a_new_architecture_is_committed_but_does_not_move_the_head(db_url, acon
 def test_the_version_records_what_rebuilding_it_takes(db_url, aconn):
     run_id = prepare_any(db_url, "r1", custom(), feature_columns=("a", "b"), features_column=None,
                          label_column="y", task="classification", source_table='"Clinic"."Biopsies"')
-    aconn.execute("UPDATE pgtrain.training_runs SET init_version = 7 WHERE run_id = %s", (run_id,))
+    aconn.execute("UPDATE pgtrain.training_runs SET init_version = 7, backend = 'torch' WHERE run_id = %s",
+                  (run_id,))
     commit_run(aconn, run_id, owner=OWNER)
 
     spec = get_version(aconn, MODEL)["spec"]
@@ -501,7 +502,7 @@ def test_the_version_records_what_rebuilding_it_takes(db_url, aconn):
                     "feature_columns": ["a", "b"], "target_column": "y", "task": "classification",
                     "standardize_target": True, "parent_version": 7, "encoding": None,
                     "source_table": '"Clinic"."Biopsies"',
-                    "key_column": "id", "watermark": {"snapshot": None, "max_key": None}}
+                    "key_column": "id", "watermark": {"snapshot": None, "max_key": None}, "backend": "torch"}
 
 
 def test_gc_keeps_the_newest_the_head_and_the_head_s_history_unless_forced(db_url, aconn, capsys, monkeypatch):
