@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pgtrain.config.boosted import BOOSTED
 from pgtrain.config.params import NORMALIZATIONS
 from pgtrain.core.errors import ConfigError
 from pgtrain.core.memory import available_bytes
@@ -166,17 +167,22 @@ def resolve_factory(model_ref: str) -> Callable[..., nn.Module]:
 
 
 def build_model(model_ref: str, input_dim: int, output_dim: int, options: Mapping[str, Any] | None,
-                seed: int, encoding: Mapping[str, Any] | None = None) -> PgtrainModel:
+                seed: int, encoding: Mapping[str, Any] | None = None, task: str | None = None) -> PgtrainModel:
     """The model of a run or version, initialized from ``seed``; ConfigError if the factory does not deliver.
 
     ``encoding`` (``pgtrain.data.encoding``): input rows with categorical codes are one-hot encoded before the
-    network, which is built for (and the factory called with) the encoded width.
+    network, which is built for (and the factory called with) the encoded width. ``model_ref="xgboost"``: the
+    boosted built-in (``trainer.boosted``), for ``task``.
 
     The factory's module is probed with a forward pass on a batch of 2 zero rows: it must return
     ``(2, output_dim)``.
     A model larger than the memory this process can still use is refused before it is allocated (a
     container over its limit is killed, not told): a refusal, which no retry would cure.
     """
+    if model_ref == BOOSTED:  # trees, not a network: no factory, no probe (trainer.boosted)
+        from trainer import boosted
+
+        return boosted.build(input_dim, output_dim, options, encoding, task)
     factory = resolve_factory(model_ref)
     layout = layout_of(encoding)
     if layout is not None and layout.width != input_dim:

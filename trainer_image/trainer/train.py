@@ -21,6 +21,7 @@ import psycopg
 import torch
 
 import trainer
+from pgtrain.config.boosted import BOOSTED
 from pgtrain.config.params import DEFAULT_COLLECTIVE_TIMEOUT, TrainingConfig
 from pgtrain.core.db import connect
 from pgtrain.core.errors import PgtrainError
@@ -28,7 +29,7 @@ from pgtrain.data import loader, manifest
 from pgtrain.launch.lifetime import die_with_parent
 from pgtrain.runs import record
 from pgtrain.store import tensors
-from trainer import collectives
+from trainer import boosted, collectives
 from trainer.device import Cuda, out_of_memory_refused, place_rows, select_device, training_state_bytes
 from trainer.evaluate import Task, balanced_class_weights, epoch_figures
 from trainer.model import PgtrainModel, build_model, state_layout, writable_tensor
@@ -229,6 +230,9 @@ def train(args: argparse.Namespace, cuda: Cuda = torch.cuda) -> int:
             f"run {run.run_id} was planned for {len(shards)} ranks but this job has {size}; "
             f"launch it with -np {len(shards)}"
         )
+    if config.model == BOOSTED:  # trees grown across the same ranks from the same rows (trainer.boosted)
+        return boosted.train_rank(conn, run, shards, ranks.local_size(), device,
+                                  lambda: load_rows(conn, run, shards, rank, size, imports))
     regression = config.task == "regression"
     output_dim = run.output_dim if run.output_dim is not None else run.num_classes
 
@@ -245,17 +249,7 @@ def train(args: argparse.Namespace, cuda: Cuda = torch.cuda) -> int:
         for metrics in start.history:  # a retried task may have cleared them: the checkpoint keeps them
             record.record_epoch(conn, run.run_id, metrics["epoch"], {k: v for k, v in metrics.items() if k != "epoch"})
 
-    load_started = time.perf_counter()
-    data = loader.load_shard(conn, manifest.source_for(conn, run), shards[rank], run.input_dim,
-                             config.validation_fraction, config.seed, streams=loader.streams_for(size),
-                             validation_last=True)
-    load_seconds = time.perf_counter() - load_started
-    if rank != 0:
-        conn.close()
-    print(f"rank {rank}/{size}: imports {imports:.2f} s, {len(data.labels)} rows "
-          f"({int(data.is_validation.sum())} validation) keys {shards[rank].key_lo}..{shards[rank].key_hi}, "
-          f"loaded in {load_seconds:.2f} s on {data.streams} "
-          f"connection{'s' if data.streams > 1 else ''}", flush=True)
+    data = load_rows(conn, run, shards, rank, size, imports)
 
     # Loaded training rows first, then validation: both are views of the loaded memory, never copied.
     (x_train, y_train), (x_val, y_val) = (tuple(map(torch.from_numpy, part)) for part in data.split())
@@ -284,6 +278,23 @@ def train(args: argparse.Namespace, cuda: Cuda = torch.cuda) -> int:
             x_train, y_train, x_val, y_val = (t.to(device) for t in (x_train, y_train, x_val, y_val))
         return fit(conn, run, model, start, shards, fingerprint, device, cuda, (x_train, y_train, x_val, y_val),
                    batch_size, learning_rate)
+
+
+def load_rows(conn: psycopg.Connection, run: record.Run, shards: list[record.Shard], rank: int,
+              size: int, imports: float) -> loader.ShardData:
+    """This rank's rows of its manifest row, streamed with COPY (validation rows last); the connection of a rank
+    but 0 is closed after (rank 0 records)."""
+    load_started = time.perf_counter()
+    data = loader.load_shard(conn, manifest.source_for(conn, run), shards[rank], run.input_dim,
+                             run.config.validation_fraction, run.config.seed, streams=loader.streams_for(size),
+                             validation_last=True)
+    load_seconds = time.perf_counter() - load_started
+    if rank != 0:
+        conn.close()
+    print(f"rank {rank}/{size}: imports {imports:.2f} s, {len(data.labels)} rows "
+          f"({int(data.is_validation.sum())} validation) keys {shards[rank].key_lo}..{shards[rank].key_hi}, "
+          f"loaded in {load_seconds:.2f} s on {data.streams} connection{'s' if data.streams > 1 else ''}", flush=True)
+    return data
 
 
 def fit(conn: psycopg.Connection, run: record.Run, model: PgtrainModel, start: Start, shards: list[record.Shard],

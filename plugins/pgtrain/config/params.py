@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pgtrain.config.boosted import BOOSTED, DEFAULT_LEARNING_RATE, booster_options
 from pgtrain.config.metrics import METRICS, metric_problems
 from pgtrain.core.errors import ConfigError
 
@@ -23,7 +24,7 @@ from pgtrain.core.errors import ConfigError
 END = r"(?![\s\S])"
 _MODEL_NAME = rf"^[A-Za-z0-9][A-Za-z0-9_.-]{{0,62}}{END}"
 _DOTTED = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
-MODEL_REFERENCE = rf"^(?:mlp|{_DOTTED}:[A-Za-z_][A-Za-z0-9_]*){END}"
+MODEL_REFERENCE = rf"^(?:mlp|xgboost|{_DOTTED}:[A-Za-z_][A-Za-z0-9_]*){END}"
 INIT_FROM_WORDS = ("scratch", "head")
 TASKS = ("classification", "regression")
 # The most Horovod ranks any run may have; a DAG's author may allow fewer (max_world_size).
@@ -130,6 +131,8 @@ class TrainingConfig:
         problems = [f"early_stopping_metric: {p}" for p in metric_problems(self.early_stopping_metric, self.task)]
         if problems:
             raise ConfigError("invalid training parameters: " + "; ".join(problems))
+        if self.model == BOOSTED:
+            booster_options(self.model_options, self.task, self.early_stopping_metric)
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any]) -> TrainingConfig:
@@ -166,6 +169,9 @@ class TrainingConfig:
         if self.model == "mlp":
             return {"hidden_sizes": list(self.hidden_sizes), "dropout": self.dropout,
                     "normalization": self.normalization}
+        if self.model == BOOSTED:  # the version records every option it was trained with, defaults included
+            return {**booster_options(self.model_options, self.task, self.early_stopping_metric),
+                    "learning_rate": self.learning_rate or DEFAULT_LEARNING_RATE}
         return dict(self.model_options)
 
     def batch_size_for(self, largest_train_rows: int) -> int:
@@ -266,9 +272,11 @@ PARAMETERS: dict[str, dict[str, Any]] = _with_defaults({
     "model_name": {"type": "string", "pattern": _MODEL_NAME, "section": _MODEL,
                    "title": "Model name", "description": "the model whose next version this run commits"},
     "model": {"type": "string", "pattern": MODEL_REFERENCE, "section": _MODEL,
-              "title": "Model", "description": "mlp, or package.module:factory (allowed by the DAG's author)"},
+              "title": "Model", "description": "mlp, xgboost (gradient-boosted trees), or package.module:factory "
+                                               "(allowed by the DAG's author)"},
     "model_options": {"type": "object", "section": _MODEL, "title": "Model options",
-                      "description": "keyword arguments of the factory: factory(input_dim=, output_dim=, ...)"},
+                      "description": "keyword arguments of the factory: factory(input_dim=, output_dim=, ...); "
+                                     "xgboost: its options (n_estimators, max_depth, ...: docs/models.md)"},
     "hidden_sizes": {"type": "array", "minItems": 1, "maxItems": 16,
                      "items": {"type": "integer", "minimum": 1, "maximum": 65536}, "section": _MODEL,
                      "title": "Hidden layers", "description": "hidden layer widths of the mlp model"},

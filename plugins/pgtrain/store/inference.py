@@ -251,7 +251,7 @@ def _build(name: str, version: int, spec: dict[str, Any], arrays: dict[str, np.n
         raise PgtrainError(f"model {name!r} version {version} records no model spec to rebuild it from; "
                            "export its state dict instead (pgtrain-models export)")
     model = build_model(spec["model"], int(spec["input_dim"]), int(spec["output_dim"]),
-                        spec.get("model_options") or {}, seed=0, encoding=spec.get("encoding"))
+                        spec.get("model_options") or {}, seed=0, encoding=spec.get("encoding"), task=spec.get("task"))
     # assign: the module's tensors become the arrays just read, instead of a second copy of the weights
     model.load_state_dict({n: torch.from_numpy(a) for n, a in arrays.items()}, strict=True, assign=True)
     return model.eval()
