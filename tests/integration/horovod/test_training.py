@@ -254,7 +254,7 @@ def test_a_failing_rank_fails_the_job_with_its_output(autocommit, db_url):
         launch_local.run_local(run.run_id, 2, db_url, logging.getLogger("test.fail"), timeout_seconds=120)
     message = str(failure.value)
     assert message.startswith(f"run {run.run_id} cannot train on its planned input:")
-    assert "planned for 3 ranks but this Horovod job has 2; launch it with -np 3" in message
+    assert "planned for 3 ranks but this job has 2; launch it with -np 3" in message
 
 
 def test_a_job_past_its_timeout_is_stopped(autocommit, db_url, monkeypatch):

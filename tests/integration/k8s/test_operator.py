@@ -290,7 +290,7 @@ def test_local_launcher_runs_horovodrun_on_this_machine(namespace, db_url, capfd
         run_id = planned_run(conn, "local", world_size=2, epochs=1, launcher="local").run_id
     LocalTrainOperator(task_id="train", training_run_id=run_id).execute(task_context(DAG_ID, "local"))
     assert staged(db_url, run_id) > 0
-    assert "starting 2 Horovod ranks" in "".join(capfd.readouterr())
+    assert "starting 2 horovod ranks" in "".join(capfd.readouterr())
 
 
 def test_a_run_planned_for_another_launcher_fails_for_good(k8s, namespace, db_url):
