@@ -129,7 +129,8 @@ def test_a_class_only_validation_rows_have_is_reported_and_coded_unseen(ac):
     run = record.plan_run(ac, "test", "r", __import__("pgtrain").config.params.TrainingConfig.from_mapping(
         {"source_table": "public.t", "feature_columns": ["x"]}))
     plan = manifest.plan_shards(ac, run)
-    assert any("1 classes appear only in validation rows (1 rows, e.g. 'unicorn')" in w for w in plan.warnings)
+    assert any("1 classes appear only in held-out (validation or test) rows (1 rows, e.g. 'unicorn')" in w
+               for w in plan.warnings)
     run = record.get_run(ac, run.run_id)
     assert run.encoding["classes"] == ["even", "odd"]
     assert (loaded(ac, run)[1] == encoding.UNSEEN_CLASS).sum() == 1
