@@ -27,7 +27,8 @@ from trainer.model import build_model, state_layout  # noqa: E402
 def loaded(conn: psycopg.Connection, run: record.Run) -> tuple[np.ndarray, np.ndarray]:
     """Every shard's (input rows, labels), in key order."""
     source = manifest.source_for(conn, run)
-    data = [loader.load_shard(conn, source, shard, run.input_dim, run.config.validation_fraction, run.config.seed)
+    data = [loader.load_shard(conn, source, shard, run.input_dim, run.config.validation_fraction, run.config.seed,
+                              test_fraction=run.config.test_fraction)
             for shard in record.get_manifest(conn, run.run_id)]
     return np.concatenate([d.features for d in data]), np.concatenate([d.labels for d in data])
 

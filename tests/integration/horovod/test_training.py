@@ -18,6 +18,7 @@ from pgtrain.airflow.dag import train_run
 from pgtrain.core.cpus import usable_cpus
 from pgtrain.core.errors import ClaimLost, TrainingFailed, TrainingInputError
 from pgtrain.data import loader, manifest
+from pgtrain.data.source.rows import TRAIN
 from pgtrain.launch import local as launch_local
 from pgtrain.runs import record
 from pgtrain.store import tensors
@@ -61,9 +62,9 @@ def reference_training(autocommit: psycopg.Connection, run: record.Run, loss_of,
     config = run.config
     shards = record.get_manifest(autocommit, run.run_id)
     source = manifest.source_for(autocommit, run)
-    data = [loader.load_shard(autocommit, source, s, run.input_dim, config.validation_fraction, config.seed)
-            for s in shards]
-    train = [np.flatnonzero(~d.is_validation) for d in data]
+    data = [loader.load_shard(autocommit, source, s, run.input_dim, config.validation_fraction, config.seed,
+                              test_fraction=config.test_fraction) for s in shards]
+    train = [np.flatnonzero(d.part == TRAIN) for d in data]
     model = build_model(config.model, run.input_dim, run.output_dim, config.model_options_for_build, config.seed,
                         run.encoding)
     everything = torch.from_numpy(np.concatenate([d.features[t] for d, t in zip(data, train, strict=True)])).double()
@@ -338,7 +339,7 @@ def test_two_rank_training_on_categories_and_imputed_nulls_equals_single_process
 
 def balanced_weights(data: list, classes: int) -> torch.Tensor:
     """class_weight=balanced from every rank's training rows, computed here independently of the trainer."""
-    labels = np.concatenate([d.labels[~d.is_validation] for d in data])
+    labels = np.concatenate([d.labels[d.part == TRAIN] for d in data])
     counts = np.bincount(labels, minlength=classes).astype(np.float64)
     return torch.from_numpy(len(labels) / (classes * counts)).float()
 
@@ -366,7 +367,8 @@ def test_two_ranks_with_each_optimizer_schedule_class_weights_and_early_stopping
 
     shards = record.get_manifest(autocommit, run.run_id)
     source = manifest.source_for(autocommit, run)
-    data = [loader.load_shard(autocommit, source, s, run.input_dim, 0.25, 4) for s in shards]
+    data = [loader.load_shard(autocommit, source, s, run.input_dim, 0.25, 4, test_fraction=run.config.test_fraction)
+            for s in shards]
     weights.append(balanced_weights(data, 3))
     snapshots: list[dict[str, torch.Tensor]] = []
     model, data = reference_training(autocommit, run, loss, snapshots)
