@@ -224,7 +224,8 @@ def test_the_run_summary_shows_the_test_figures():
 
     summary = {"run_id": "d/r", "status": "committed", "status_reason": None, "rows_per_rank": [10],
                "train_rows_per_rank": [8], "excluded_rows": 0, "loss_per_epoch": [1.0],
-               "validation": {"val_loss": 0.25}, "test": {"test_loss": 0.3}, "test_rows": 1, "best_epoch": None, "version": 3, "is_head": True,
+               "validation": {"val_loss": 0.25}, "test": {"test_loss": 0.3}, "test_rows": 1, "best_epoch": None,
+               "version": 3, "is_head": True,
                "model_name": "m", "wall_seconds": 1.0}
     assert "test              loss 0.3000 (1 rows that chose nothing)" in format_summary(summary)
     assert "test              n/a" in format_summary({**summary, "test": {}})
