@@ -262,7 +262,7 @@ def train(args: argparse.Namespace, cuda: Cuda = torch.cuda) -> int:
                                                             for part in data.split())
     del data
     if regression:
-        y_train, y_val, y_test = (y.float().reshape(len(y), -1) for y in (y_train, y_val, y_test))
+        y_train, y_val, y_test = (y.float().reshape(len(y), output_dim) for y in (y_train, y_val, y_test))
     if not start.from_state:
         mean, std = global_statistics(x_train, "feature", model.standardized_columns)
         model.normalizer.mean.copy_(mean)

@@ -156,7 +156,8 @@ def test_two_rank_sgd_equals_single_process_on_the_same_global_batches(autocommi
     batches; the run records the backend that trained it."""
     seed_samples(autocommit, rows=96, dim=6, classes=3, seed=7)
     run = planned_run(autocommit, world_size=2, epochs=1, batch_size=8, hidden_sizes=[5], backend=backend,
-                      validation_fraction=0.0, allow_unvalidated=True, learning_rate=0.1, seed=3)
+                      validation_fraction=0.0, test_fraction=0, allow_unvalidated=True, learning_rate=0.1,
+                      seed=3)
     output = run_job(run, db_url)
     distributed = tensors.read_staged(autocommit, run.run_id)
     assert any(f"starting 2 {backend} ranks" in line for line in output)
@@ -174,7 +175,7 @@ def test_the_auto_batch_and_learning_rate_train_as_the_reference_does(autocommit
     rate of 0.008 x sqrt(80 / 64), the same in the ranks as in the single-process reference."""
     seed_samples(autocommit, rows=4000, dim=6, classes=3, seed=5)
     run = planned_run(autocommit, world_size=2, epochs=1, hidden_sizes=[5], validation_fraction=0.0,
-                      allow_unvalidated=True, seed=2)
+                      test_fraction=0, allow_unvalidated=True, seed=2)
     assert (run.config.batch_size, run.config.learning_rate) == (None, None)
     output = run_job(run, db_url)
     assert batch_and_rate(run.config, record.get_manifest(autocommit, run.run_id)) == (40, 0.008 * 1.25 ** 0.5)
@@ -190,7 +191,8 @@ def test_two_rank_regression_equals_single_process_and_reports_its_metrics(autoc
     momentum and a validation split), and val_rmse / val_mae / val_r2 in the target's units over all ranks."""
     price = seed_regression(autocommit, rows=120, dim=5, seed=2)
     run = planned_run(autocommit, world_size=2, epochs=2, batch_size=10, hidden_sizes=[6],
-                      validation_fraction=0.25, learning_rate=0.05, seed=1, source_table="public.houses",
+                      validation_fraction=0.25, test_fraction=0, learning_rate=0.05, seed=1,
+                      source_table="public.houses",
                       early_stopping_patience=0, optimizer="sgd", lr_schedule="constant",
                       label_column="price", task="regression", model_name="houses")
     assert (run.output_dim, run.num_classes) == (1, None)
