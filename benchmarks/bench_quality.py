@@ -27,7 +27,8 @@ predictions is checked against the recorded figure.
 The references are fitted on the run's training rows (neither validation nor test rows: pgtrain learns from no
 other) and scored on the same test rows: the split is pgtrain's own SQL (``pgtrain.data.source.rows.is_held_out``
 and ``is_test`` with the run's validation_fraction, test_fraction and seed), asked of PostgreSQL. Inputs: the
-run's feature columns; numbers mean-imputed with a "was missing" indicator and standardized, text columns one-hot encoded (NULL a level of its own); digits' 64 pixels standardized. References:
+run's feature columns; numbers mean-imputed with a "was missing" indicator and standardized, text columns one-hot
+encoded (NULL a level of its own); digits' 64 pixels standardized. References:
 ``LogisticRegression`` (max_iter 5000) and ``HistGradientBoostingClassifier`` for classification (and
 ``MLPClassifier`` with one hidden layer of 50 for digits), ``Ridge`` and ``HistGradientBoostingRegressor`` for
 regression; random_state 0.
@@ -42,7 +43,8 @@ Figures, per table T (negative vs_ = pgtrain behind; for rmse, lower is better, 
   MLPClassifier's too); ``quality.T.targets_missed``: the missed ones, with the figures ("" when none);
 - ``quality.T.rows``, ``quality.T.validation_rows``, ``quality.T.scored_rows`` and ``quality.T.scored_on`` (the rows
   every figure is read on: "test", or "validation" without test rows), ``quality.T.epochs``,
-  ``quality.T.train_seconds``, ``quality.T.roc_auc_from`` ("recorded" or "predictions"); ``quality.targets_met`` (tables meeting theirs) and
+  ``quality.T.train_seconds``, ``quality.T.roc_auc_from`` ("recorded" or "predictions"); ``quality.targets_met``
+  (tables meeting theirs) and
   ``quality.tables``; ``quality.params``: the params set over the defaults ("" for the figures of record).
 
 To measure candidate defaults, ``PGTRAIN_BENCH_QUALITY_PARAMS='{"epochs": 50}'`` sets params (JSON) over them
