@@ -138,7 +138,8 @@ def data_facts(version: Mapping[str, Any]) -> dict[str, Any]:
     watermark, planned = spec.get("watermark") or {}, version.get("planned_at")
     return {"source table": spec.get("source_table"), "key column": spec.get("key_column"),
             "rows": version.get("rows"), "training rows": version.get("train_rows"),
-            "validation rows": version.get("val_rows"), "excluded rows (bad)": version.get("excluded_rows"),
+            "validation rows": version.get("val_rows"), "test rows": version.get("test_rows"),
+            "excluded rows (bad)": version.get("excluded_rows"),
             "ranks": version.get("world_size"), "watermark: largest key": watermark.get("max_key"),
             "watermark: snapshot": watermark.get("snapshot"),
             "planned at": planned.isoformat(sep=" ", timespec="seconds") if planned else None}
