@@ -249,7 +249,8 @@ def run_benchmark(url: str, rows: int, world_size: int, dim: int, rounds: int) -
 
         def load_all() -> None:
             for shard in shards:
-                data = loader.load_shard(conn, source, shard, dim, config.validation_fraction, config.seed)
+                data = loader.load_shard(conn, source, shard, dim, config.validation_fraction, config.seed,
+                                         test_fraction=config.test_fraction)
                 assert len(data.labels) == shard.row_count
 
         with stopwatch() as loading:

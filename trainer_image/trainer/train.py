@@ -4,7 +4,8 @@ Builds the run's model (the MLP or a ``package.module:factory``), resumes from t
 checkpoint or warm-starts from a committed version (``init_from``), reads its manifest row, streams its
 key range from PostgreSQL, trains with its collectives' distributed optimizer (trainer.collectives: Horovod
 or torch.distributed), and (rank 0) records per-epoch
-metrics, checkpoints and the final staged parameters. The database URL comes from $PGTRAIN_DATABASE_URL.
+metrics, checkpoints, the kept parameters' figures on the test rows and the final staged parameters. The
+database URL comes from $PGTRAIN_DATABASE_URL.
 """
 
 from __future__ import annotations
