@@ -71,3 +71,19 @@ def test_the_test_figures_are_the_kept_parameters_on_rows_that_chose_nothing(aut
     for name, array in first.items():
         np.testing.assert_allclose(second[name], array, rtol=1e-6, atol=1e-7, err_msg=name)
     assert scrambled["test_accuracy"] < metrics["test_accuracy"] - 0.3
+
+
+def test_a_run_planned_before_the_test_part_trains_on_its_planned_rows_and_reports_validation_figures(
+        autocommit, db_url):
+    """A manifest from before the test part (no test rows) whose config snapshot has no test_fraction (it reads
+    as the default): the ranks split its rows as planned, and its version says its figures are the validation
+    rows'."""
+    make_mixed_table(autocommit, 300)
+    run = planned_run(autocommit, "old", **mixed_params(world_size=2, epochs=2, hidden_sizes=[8], test_fraction=0))
+    autocommit.execute("UPDATE pgtrain.training_runs SET config = config - 'test_fraction' WHERE run_id = %s",
+                       (run.run_id,))
+    assert record.get_run(autocommit, run.run_id).config.test_fraction == 0.1  # the new default
+    run_job(run, db_url)
+    metrics = model_store.commit_run(autocommit, run.run_id, owner={"task_id": "test"}).metrics
+    assert metrics["figures_from"] == "validation" and not any(k.startswith("test_") for k in metrics)
+    assert metrics["val_accuracy"] is not None
