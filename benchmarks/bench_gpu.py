@@ -85,8 +85,9 @@ def variant_main(name: str, run_id: str, url: str) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         run, shards = record.get_run(conn, run_id), record.get_manifest(conn, run_id)
         data = loader.load_shard(conn, manifest.source_for(conn, run), shards[0], run.input_dim,
-                                 run.config.validation_fraction, run.config.seed, validation_last=True)
-    (x, y), _ = (tuple(map(torch.from_numpy, part)) for part in data.split())
+                                 run.config.validation_fraction, run.config.seed, validation_last=True,
+                                 test_fraction=run.config.test_fraction)
+    (x, y), *_ = (tuple(map(torch.from_numpy, part)) for part in data.split())
     config, rows = run.config, len(x)
     checksum = float(data.features[:rows].sum(dtype=np.float64))  # on the host, the same sum for every variant
     batch, rate = batch_and_rate(config, shards)

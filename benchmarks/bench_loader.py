@@ -209,14 +209,14 @@ def measure(contender: str, url: str, spec: dict) -> dict:
             loader.prefault_in_background = lambda arrays: None
         streams = 1 if contender == "pgtrain_one_stream" else loader.streams_for(1)
         data = loader.load_shard(conn, source, shard, dim, cfg.validation_fraction, cfg.seed,
-                                 streams=streams)
+                                 streams=streams, test_fraction=cfg.test_fraction)
         assert data.streams == streams, f"loaded on {data.streams} connections, not {streams}"
         arrays = (data.features, data.labels)
     elif contender == "pgtrain_server":
         with snapshot_transaction(conn):
             clock = read_xid_clock(conn)
             query = loader.batch_query(source, shard, planned_rows(source, clock, loader.ROWS_ALIAS),
-                                       cfg.validation_fraction, cfg.seed)
+                                       cfg.validation_fraction, cfg.seed, test_fraction=cfg.test_fraction)
             conn.execute(sql.SQL("COPY ({}) TO '/dev/null' (FORMAT BINARY)").format(query))
     elif contender == "fetchall":
         records = conn.execute(plain).fetchall()
@@ -256,7 +256,7 @@ def measure(contender: str, url: str, spec: dict) -> dict:
         features, labels = arrays
         assert features.shape == (rows, dim) and features.dtype == np.float32, (features.shape, features.dtype)
         result["checksum"] = checksum(features, labels)
-        result["tensor_mb"] = (features.nbytes + len(labels) * 9) / MB  # + int64 labels, bool is_validation
+        result["tensor_mb"] = (features.nbytes + len(labels) * 9) / MB  # + int64 labels, uint8 part of the split
     return result
 
 

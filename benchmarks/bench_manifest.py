@@ -122,7 +122,7 @@ def parts_vs_one_scan(conn: psycopg.Connection, source: object, dim: int, rows: 
     the open snapshot: the check with the bad-row tests only, the check as plan_shards runs it (also hashing every
     key for the validation split and collecting the validation keys), and the key pass (count the keys, sort them).
     Planning needs at least the second and the third: their sum, less one scan, bounds what any overlap can save."""
-    split = manifest.folded_split(conn, source, 0.1, 0)
+    split = manifest.folded_split(conn, source, 0.1, 0, 0.1)
     work = {
         "one_scan": lambda: conn.execute(sql.SQL("SELECT count(*), sum(cardinality(features)) FROM {}").format(T)),
         "check_bad_row_tests": lambda: row_check.check_rows(conn, source, dim, 10, clock, values=False),
@@ -230,7 +230,7 @@ def run_benchmark(url: str, rows: int, world_size: int, dim: int, rounds: int) -
         batch = manifest.batch_size(source, dim)
         with snapshot_transaction(conn):
             clock = read_xid_clock(conn)
-            split = manifest.folded_split(conn, source, 0.1, 0)
+            split = manifest.folded_split(conn, source, 0.1, 0, 0.1)
             with stopwatch() as checking:  # as plan_shards runs it: with the validation keys for cut_shards
                 check = row_check.check_rows(conn, source, dim, 10, clock, values=False, split=split)
             with stopwatch() as checking_values:  # what bad_rows='exclude' pays: the NaN/infinity test in SQL
@@ -240,15 +240,17 @@ def run_benchmark(url: str, rows: int, world_size: int, dim: int, rounds: int) -
             parts = parts_vs_one_scan(conn, source, dim, rows, world_size, batch, clock)
             with stopwatch() as cutting:
                 manifest.cut_shards(conn, source, rows, world_size, 0.1, 0, batch, None,
-                                    validation_keys=check.validation_keys, keys=keys)
+                                    held_keys=check.held_keys, keys=keys, test_fraction=0.1)
             with stopwatch() as cutting_excluding:  # bad_rows='exclude' with bad rows found: reads the heap too
-                manifest.cut_shards(conn, source, rows, world_size, 0.1, 0, batch, bad_row(source, dim, 10))
+                manifest.cut_shards(conn, source, rows, world_size, 0.1, 0, batch, bad_row(source, dim, 10),
+                                    test_fraction=0.1)
 
         source = manifest.source_for(conn, run)
 
         def load_all() -> None:
             for shard in shards:
-                data = loader.load_shard(conn, source, shard, dim, config.validation_fraction, config.seed)
+                data = loader.load_shard(conn, source, shard, dim, config.validation_fraction, config.seed,
+                                         test_fraction=config.test_fraction)
                 assert len(data.labels) == shard.row_count
 
         with stopwatch() as loading:

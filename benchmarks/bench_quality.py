@@ -1,5 +1,6 @@
 """Training quality (issue 19): pgtrain with its defaults against scikit-learn references on the same rows and the
-same train/validation split, on public tables that ship offline.
+same split, each scored on the run's test rows (rows no choice has seen, issue 31), on public tables that ship
+offline.
 
     .venv/bin/python benchmarks/bench_quality.py [TABLE ...]   # every table (1-5 min); embedded PostgreSQL
     PGTRAIN_BENCH_QUALITY_TABLES=iris,slid,diabetes .venv/bin/python benchmarks/bench_quality.py   # bench-quick's
@@ -17,14 +18,17 @@ pgtrain trains each with its defaults: the run's params are only source_table, k
 feature_columns "*" (digits: its array column, features_column "features"), plus the model's name; every other
 param is TrainingConfig's default, so a change of defaults is picked up here. It is planned, trained through the
 local launcher (``horovodrun --gloo``, as the DAG's train task runs it) and committed; its figures are the committed
-version's recorded metrics (``val_accuracy``, ``val_r2``, ``val_rmse``; ``val_roc_auc`` once the trainer records
-it). Until then ROC AUC is computed here from the version's own class probabilities (``pgtrain.load_predictor``) on
-the validation rows; the accuracy (R², RMSE) of those predictions is checked against the recorded figure.
+version's recorded figures on its test rows (``test_accuracy``, ``test_r2``, ``test_rmse``, ``test_roc_auc``: the
+kept parameters on rows that chose no epoch; a run without test rows, test_fraction 0, falls back to its validation
+figures and says so in ``quality.T.scored_on``). Where no ROC AUC is recorded it is computed here from the
+version's own class probabilities (``pgtrain.load_predictor``) on the same rows; the accuracy (R², RMSE) of those
+predictions is checked against the recorded figure.
 
-The references are fitted on the run's training rows and scored on its validation rows: the split is pgtrain's
-own SQL (``pgtrain.data.source.rows.is_validation`` with the run's validation_fraction and seed), asked of
-PostgreSQL. Inputs: the run's feature columns; numbers mean-imputed with a "was missing" indicator and
-standardized, text columns one-hot encoded (NULL a level of its own); digits' 64 pixels standardized. References:
+The references are fitted on the run's training rows (neither validation nor test rows: pgtrain learns from no
+other) and scored on the same test rows: the split is pgtrain's own SQL (``pgtrain.data.source.rows.is_held_out``
+and ``is_test`` with the run's validation_fraction, test_fraction and seed), asked of PostgreSQL. Inputs: the
+run's feature columns; numbers mean-imputed with a "was missing" indicator and standardized, text columns one-hot
+encoded (NULL a level of its own); digits' 64 pixels standardized. References:
 ``LogisticRegression`` (max_iter 5000) and ``HistGradientBoostingClassifier`` for classification (and
 ``MLPClassifier`` with one hidden layer of 50 for digits), ``Ridge`` and ``HistGradientBoostingRegressor`` for
 regression; random_state 0.
@@ -37,8 +41,10 @@ Figures, per table T (negative vs_ = pgtrain behind; for rmse, lower is better, 
 - ``quality.T.target_met``: issue 19's targets all met (classification: accuracy and ROC AUC >= logistic
   regression's - 0.02; regression: R² >= HistGradientBoostingRegressor's - 0.015; digits: accuracy >=
   MLPClassifier's too); ``quality.T.targets_missed``: the missed ones, with the figures ("" when none);
-- ``quality.T.rows``, ``quality.T.validation_rows``, ``quality.T.epochs``, ``quality.T.train_seconds``,
-  ``quality.T.roc_auc_from`` ("recorded" or "predictions"); ``quality.targets_met`` (tables meeting theirs) and
+- ``quality.T.rows``, ``quality.T.validation_rows``, ``quality.T.scored_rows`` and ``quality.T.scored_on`` (the rows
+  every figure is read on: "test", or "validation" without test rows), ``quality.T.epochs``,
+  ``quality.T.train_seconds``, ``quality.T.roc_auc_from`` ("recorded" or "predictions"); ``quality.targets_met``
+  (tables meeting theirs) and
   ``quality.tables``; ``quality.params``: the params set over the defaults ("" for the figures of record).
 
 To measure candidate defaults, ``PGTRAIN_BENCH_QUALITY_PARAMS='{"epochs": 50}'`` sets params (JSON) over them
@@ -65,13 +71,13 @@ from psycopg.rows import dict_row
 from dev import examples
 from pgtrain.config.params import TrainingConfig
 from pgtrain.data import manifest
-from pgtrain.data.source.rows import is_validation
+from pgtrain.data.source.rows import is_held_out, is_test, is_validation
 from pgtrain.launch import local as launch_local
 from pgtrain.runs import record
 from pgtrain.store.model_store import commit_run, get_version
 
 DAG_ID = "bench_quality"
-VALIDATION = "__pgtrain_bench_validation"  # the split column added to each row read back
+PARTS = ("__pgtrain_bench_validation", "__pgtrain_bench_held_out", "__pgtrain_bench_test")  # added to each row read
 # Issue 19's margins: how far behind its reference pgtrain may be.
 CLASSIFICATION_MARGIN, REGRESSION_MARGIN = 0.02, 0.015
 LR, HGB, RIDGE, MLP = "logistic_regression", "hist_gradient_boosting", "ridge", "mlp_classifier"
@@ -167,23 +173,46 @@ def train(conn: psycopg.Connection, url: str, table: Table) -> tuple[record.Run,
     return record.get_run(conn, run.run_id), metrics, training()
 
 
-def split_rows(conn: psycopg.Connection, run: record.Run) -> tuple[list[dict], np.ndarray]:
+@dataclass(frozen=True)
+class Split:
+    """Which rows of ``split_rows`` are in each part (boolean masks, key order)."""
+
+    train: np.ndarray
+    validation: np.ndarray
+    test: np.ndarray
+
+    @property
+    def scored(self) -> np.ndarray:
+        """The rows every figure is read on: the test rows, or (a run without them) the validation rows."""
+        return self.test if self.test.any() else self.validation
+
+    @property
+    def scored_on(self) -> str:
+        return "test" if self.test.any() else "validation"
+
+
+def split_rows(conn: psycopg.Connection, run: record.Run) -> tuple[list[dict], Split]:
     """Every row of the run's source (its planned snapshot's rows: the table is not written to) in key order, and
-    which are validation rows, by pgtrain's own split SQL."""
+    each one's part, by pgtrain's own split SQL."""
     source = manifest.source_for(conn, run)
-    query = sql.SQL("SELECT *, {} AS {} FROM {} ORDER BY {}").format(
-        is_validation(source, run.config.validation_fraction, run.config.seed), sql.Identifier(VALIDATION),
-        source.relation, source.key)
+    config = run.config
+    parts = (is_validation(source, config.validation_fraction, config.seed),
+             is_held_out(source, config.validation_fraction, config.test_fraction, config.seed),
+             is_test(source, config.validation_fraction, config.test_fraction, config.seed))
+    query = sql.SQL("SELECT *, {} FROM {} ORDER BY {}").format(
+        sql.SQL(", ").join(sql.SQL("{} AS {}").format(part, sql.Identifier(name)) for part, name in zip(
+            parts, PARTS, strict=True)), source.relation, source.key)
     with conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(query).fetchall()
     planned = sum(s.row_count for s in record.get_manifest(conn, run.run_id))
     assert planned == len(rows), f"the run planned {planned} rows of {len(rows)}: the split would not match"
-    validation = np.array([row.pop(VALIDATION) for row in rows])
-    return rows, validation
+    validation, held, test = (np.array([row.pop(name) for row in rows], bool) for name in PARTS)
+    return rows, Split(~held, validation, test)
 
 
-def reference_inputs(run: record.Run, rows: list[dict], train: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(training inputs, validation inputs) for the references: the run's feature columns, numbers mean-imputed
+def reference_inputs(run: record.Run, rows: list[dict], train: np.ndarray, scored: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """(training inputs, the scored rows' inputs) for the references: the run's feature columns, numbers mean-imputed
     (fitted on the training rows) with a "was missing" indicator where there are NULLs, and standardized; text
     one-hot (NULL a level of its own, a level unseen in training all zeros)."""
     from sklearn.compose import ColumnTransformer
@@ -210,7 +239,7 @@ def reference_inputs(run: record.Run, rows: list[dict], train: np.ndarray) -> tu
     prepare = ColumnTransformer([
         ("numbers", make_pipeline(SimpleImputer(strategy="mean", add_indicator=True), StandardScaler()), numeric),
         ("text", OneHotEncoder(handle_unknown="ignore", sparse_output=False), text)])
-    return prepare.fit_transform(frame[train]), prepare.transform(frame[~train])
+    return prepare.fit_transform(frame[train]), prepare.transform(frame[scored])
 
 
 def reference_model(name: str, regression: bool):
@@ -258,32 +287,34 @@ def class_numbers(run: record.Run, rows: list[dict], target: str) -> np.ndarray:
 
 
 def pgtrain_figures(conn: psycopg.Connection, table: Table, run: record.Run, metrics: dict, rows: list[dict],
-                    validation: np.ndarray, y_val: np.ndarray) -> tuple[dict[str, float], str]:
-    """pgtrain's figures: the version's recorded metrics; ROC AUC recorded or, until the trainer records it, from
-    the version's class probabilities on the validation rows. Those predictions are checked against the
-    recorded figures (the same rows, the same split)."""
+                    split: Split, y_scored: np.ndarray) -> tuple[dict[str, float], str]:
+    """pgtrain's figures: the version's recorded metrics on the scored rows (test_*, or val_* without test rows);
+    ROC AUC recorded or else from the version's class probabilities on those rows. Those predictions are checked
+    against the recorded figures (the same rows, the same split)."""
     from pgtrain import load_predictor
 
     predictor = load_predictor(conn, run.config.model_name)
-    val_rows = [row for row, v in zip(rows, validation, strict=True) if v]
+    scored = [row for row, v in zip(rows, split.scored, strict=True) if v]
+    prefix = "test_" if split.scored_on == "test" else "val_"
     if table.regression:
-        own = regression_figures(y_val, np.asarray(predictor.predict(val_rows), np.float64))
-        figures = {"r2": metrics["val_r2"], "rmse": metrics["val_rmse"]}
+        own = regression_figures(y_scored, np.asarray(predictor.predict(scored), np.float64))
+        figures = {"r2": metrics[prefix + "r2"], "rmse": metrics[prefix + "rmse"]}
         for name in figures:
             assert abs(own[name] - figures[name]) <= 1e-3 * max(1.0, abs(figures[name])), \
-                f"{table.name}: the version records val_{name} {figures[name]}, its predictions give {own[name]}"
+                f"{table.name}: the version records {prefix}{name} {figures[name]}, its predictions give {own[name]}"
         return figures, "recorded"
-    own = classification_figures(y_val, predictor.predict_proba(val_rows))
+    own = classification_figures(y_scored, predictor.predict_proba(scored))
+    accuracy = metrics[prefix + "accuracy"]
     # argmax of the same float32 logits: equal but for an exact tie
-    assert abs(own["accuracy"] - metrics["val_accuracy"]) <= 1.0 / len(y_val) + 1e-9, \
-        f"{table.name}: the version records val_accuracy {metrics['val_accuracy']}, its predictions give {own}"
-    recorded = metrics.get("val_roc_auc")
+    assert abs(own["accuracy"] - accuracy) <= 1.0 / len(y_scored) + 1e-9, \
+        f"{table.name}: the version records {prefix}accuracy {accuracy}, its predictions give {own}"
+    recorded = metrics.get(prefix + "roc_auc")
     if recorded is not None:
         if abs(recorded - own["roc_auc"]) > 1e-4:
-            print(f"  {table.name}: recorded val_roc_auc {recorded:.6f}, from the predictions {own['roc_auc']:.6f}",
-                  flush=True)
-        return {"accuracy": metrics["val_accuracy"], "roc_auc": recorded}, "recorded"
-    return {"accuracy": metrics["val_accuracy"], "roc_auc": own["roc_auc"]}, "predictions"
+            print(f"  {table.name}: recorded {prefix}roc_auc {recorded:.6f}, from the predictions "
+                  f"{own['roc_auc']:.6f}", flush=True)
+        return {"accuracy": accuracy, "roc_auc": recorded}, "recorded"
+    return {"accuracy": accuracy, "roc_auc": own["roc_auc"]}, "predictions"
 
 
 def targets(table: Table, figures: dict[str, dict[str, float]]) -> list[str]:
@@ -310,27 +341,28 @@ def targets(table: Table, figures: dict[str, dict[str, float]]) -> list[str]:
 def measure(conn: psycopg.Connection, url: str, table: Table) -> dict[str, float | int | str | bool]:
     table.load(conn)
     run, metrics, seconds = train(conn, url, table)
-    rows, validation = split_rows(conn, run)
-    train_mask = ~validation
+    rows, split = split_rows(conn, run)
+    scored = split.scored
     if table.regression:
         y = np.array([row[table.target] for row in rows], np.float64)
     else:
         y = class_numbers(run, rows, table.target)
-    ours, auc_from = pgtrain_figures(conn, table, run, metrics, rows, validation, y[validation])
+    ours, auc_from = pgtrain_figures(conn, table, run, metrics, rows, split, y[scored])
     figures: dict[str, dict[str, float]] = {"pgtrain": ours}
-    x_train, x_val = reference_inputs(run, rows, train_mask)
+    x_train, x_scored = reference_inputs(run, rows, split.train, scored)
     for name in table.references:
-        model = reference_model(name, table.regression).fit(x_train, y[train_mask])
+        model = reference_model(name, table.regression).fit(x_train, y[split.train])
         if table.regression:
-            figures[name] = regression_figures(y[validation], model.predict(x_val))
+            figures[name] = regression_figures(y[scored], model.predict(x_scored))
         else:
-            probabilities = np.zeros((len(x_val), int(run.num_classes)))
-            probabilities[:, model.classes_] = model.predict_proba(x_val)  # a class missing in training: 0
-            figures[name] = classification_figures(y[validation], probabilities)
+            probabilities = np.zeros((len(x_scored), int(run.num_classes)))
+            probabilities[:, model.classes_] = model.predict_proba(x_scored)  # a class missing in training: 0
+            figures[name] = classification_figures(y[scored], probabilities)
     missed = targets(table, figures)
     prefix = f"quality.{table.name}"
     out: dict[str, float | int | str | bool] = {
-        f"{prefix}.rows": len(rows), f"{prefix}.validation_rows": int(validation.sum()),
+        f"{prefix}.rows": len(rows), f"{prefix}.validation_rows": int(split.validation.sum()),
+        f"{prefix}.scored_rows": int(scored.sum()), f"{prefix}.scored_on": split.scored_on,
         f"{prefix}.epochs": int(metrics.get("epochs") or 0), f"{prefix}.train_seconds": round(seconds, 1)}
     for metric, value in ours.items():
         out[f"{prefix}.{metric}"] = round(value, 4)

@@ -20,6 +20,7 @@ from pgtrain.core.errors import SourceError
 from pgtrain.data import encoding, loader, manifest
 from pgtrain.data.source import snapshot
 from pgtrain.data.source.resolve import Source
+from pgtrain.data.source.rows import TEST, TRAIN, VALIDATION
 from pgtrain.data.source.snapshot import planned_rows, prefer_index_order, read_xid_clock, snapshot_transaction
 from pgtrain.runs import record
 from tests import support
@@ -77,12 +78,13 @@ def test_validation_last_places_the_training_then_the_validation_rows_each_in_ke
     source = manifest.source_for(ac, run)
     for in_key_order, shard in zip(load_all(ac, run), record.get_manifest(ac, run.run_id), strict=True):
         data = loader.load_shard(ac, source, shard, run.input_dim, run.config.validation_fraction, run.config.seed,
-                                 streams=streams, validation_last=True)
+                                 streams=streams, validation_last=True, test_fraction=run.config.test_fraction)
         assert data.streams == streams
-        assert data.is_validation.tolist() == [False] * shard.train_count + [True] * shard.val_count
-        assert 0 < shard.val_count < shard.row_count
-        mask = in_key_order.is_validation
-        for (features, labels), rows in zip(data.split(), (~mask, mask), strict=True):
+        assert data.part.tolist() == [TRAIN] * shard.train_count + [VALIDATION] * shard.val_count + [
+            TEST] * shard.test_count
+        assert 0 < shard.val_count and 0 < shard.test_count and shard.train_count > 0
+        parts = [in_key_order.part == part for part in (TRAIN, VALIDATION, TEST)]
+        for (features, labels), rows in zip(data.split(), parts, strict=True):
             np.testing.assert_array_equal(features, in_key_order.features[rows])
             np.testing.assert_array_equal(labels, in_key_order.labels[rows])
             assert np.shares_memory(features, data.features) and np.shares_memory(labels, data.labels)
@@ -100,7 +102,7 @@ def test_validation_last_fails_the_rank_when_the_rows_no_longer_split_as_planned
     with pytest.raises(SourceError, match=rf"read more validation rows than the {shard.val_count - 1} its manifest "
                                           "planned: .*re-run the DAG run from compute_shards"):
         loader.load_shard(ac, manifest.source_for(ac, run), moved, 4, 0.2, run.config.seed, streams=streams,
-                          validation_last=True)
+                          validation_last=True, test_fraction=run.config.test_fraction)
     assert ac.execute("SELECT count(*) FROM t").fetchone() == (500,)  # the connection is usable
 
 
@@ -192,7 +194,7 @@ def test_only_columns_null_in_some_planned_row_are_imputed_and_the_rows_load_as_
 
     def load(source: Source) -> list[loader.ShardData]:
         return [loader.load_shard(ac, source, shard, run.input_dim, 0.2, run.config.seed, streams=streams,
-                                  validation_last=True) for shard in shards]
+                                  validation_last=True, test_fraction=run.config.test_fraction) for shard in shards]
 
     source = manifest.source_for(ac, run)
     assert source.plan.nullable_columns == ("a", "colour")  # b and n hold a value in every row

@@ -18,7 +18,7 @@ from pgtrain.config.params import TrainingConfig
 from pgtrain.core.errors import PgtrainError, SourceError
 from pgtrain.data import key_order, loader, manifest
 from pgtrain.data.source.resolve import Source, resolve_source
-from pgtrain.data.source.rows import bad_row
+from pgtrain.data.source.rows import TRAIN, bad_row
 from pgtrain.data.source.snapshot import (
     XID_HORIZON,
     PlannedRows,
@@ -51,7 +51,7 @@ def plan(conn: psycopg.Connection, table: str, dag_run: str = "run", *, input_di
 def load_all(conn: psycopg.Connection, run: record.Run, streams: int = 1) -> list[loader.ShardData]:
     source = manifest.source_for(conn, run)
     return [loader.load_shard(conn, source, shard, run.input_dim, run.config.validation_fraction, run.config.seed,
-                              streams=streams)
+                              streams=streams, test_fraction=run.config.test_fraction)
             for shard in record.get_manifest(conn, run.run_id)]
 
 
@@ -87,7 +87,8 @@ def test_shards_cover_every_row_once_balanced_in_key_order(ac, key_type, world_s
     np.testing.assert_array_equal(np.concatenate([d.features for d in data]), features)
     np.testing.assert_array_equal(np.concatenate([d.labels for d in data]), labels)
     assert [int(d.is_validation.sum()) for d in data] == [s.val_count for s in shards]
-    assert [len(d.labels) - int(d.is_validation.sum()) for d in data] == [s.train_count for s in shards]
+    assert [int(d.is_test.sum()) for d in data] == [s.test_count for s in shards]
+    assert [int((d.part == TRAIN).sum()) for d in data] == [s.train_count for s in shards]
     assert 50 < sum(s.val_count for s in shards) < 150  # about 20 %
 
 
@@ -399,12 +400,13 @@ def test_a_split_that_leaves_no_training_rows_is_a_clear_error_but_one_rank_with
     held_out, trained = keys(True), keys(False)
     ac.execute("CREATE TABLE t (id bigint PRIMARY KEY, features real[], label integer)")
     ac.execute("INSERT INTO t SELECT unnest(%s::bigint[]), '{1,2}', 1", (held_out,))
-    with pytest.raises(SourceError, match=r"validation_fraction 0\.5 holds out all 2 usable rows of public\.t"):
-        plan(ac, "public.t", world_size=2, validation_fraction=0.5, num_classes=2)
+    with pytest.raises(SourceError, match=r"validation_fraction 0\.5 and test_fraction 0 hold out all 2 usable "
+                                          r"rows of public\.t"):
+        plan(ac, "public.t", world_size=2, validation_fraction=0.5, test_fraction=0, num_classes=2)
     ac.execute("DELETE FROM t")
     ac.execute("INSERT INTO t SELECT unnest(%s::bigint[]), '{1,2}', 1", (sorted(held_out + trained),))
     ranks = [(s.train_count, s.val_count) for s in plan(ac, "public.t", "b", world_size=4, validation_fraction=0.5,
-                                                         num_classes=2)[1].shards]
+                                                         test_fraction=0, num_classes=2)[1].shards]
     assert sum(t for t, _ in ranks) == 2 and (0, 1) in ranks
 
 

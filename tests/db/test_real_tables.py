@@ -27,7 +27,8 @@ from trainer.model import build_model, state_layout  # noqa: E402
 def loaded(conn: psycopg.Connection, run: record.Run) -> tuple[np.ndarray, np.ndarray]:
     """Every shard's (input rows, labels), in key order."""
     source = manifest.source_for(conn, run)
-    data = [loader.load_shard(conn, source, shard, run.input_dim, run.config.validation_fraction, run.config.seed)
+    data = [loader.load_shard(conn, source, shard, run.input_dim, run.config.validation_fraction, run.config.seed,
+                              test_fraction=run.config.test_fraction)
             for shard in record.get_manifest(conn, run.run_id)]
     return np.concatenate([d.features for d in data]), np.concatenate([d.labels for d in data])
 
@@ -129,7 +130,8 @@ def test_a_class_only_validation_rows_have_is_reported_and_coded_unseen(ac):
     run = record.plan_run(ac, "test", "r", __import__("pgtrain").config.params.TrainingConfig.from_mapping(
         {"source_table": "public.t", "feature_columns": ["x"]}))
     plan = manifest.plan_shards(ac, run)
-    assert any("1 classes appear only in validation rows (1 rows, e.g. 'unicorn')" in w for w in plan.warnings)
+    assert any("1 classes appear only in held-out (validation or test) rows (1 rows, e.g. 'unicorn')" in w
+               for w in plan.warnings)
     run = record.get_run(ac, run.run_id)
     assert run.encoding["classes"] == ["even", "odd"]
     assert (loaded(ac, run)[1] == encoding.UNSEEN_CLASS).sum() == 1

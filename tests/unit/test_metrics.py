@@ -176,3 +176,56 @@ def test_the_run_summary_shows_the_kept_epoch_s_figures_and_a_long_curve_shorten
     assert "loss per epoch    1.0000 0.5000 0.3333 0.2500 0.2000 0.1667 ... 0.0667 0.0625" in text
     assert "validation        loss 0.2500 (best epoch 15 of 20)" in text
     assert "1.0000 0.5000" in format_summary({**summary, "loss_per_epoch": [1.0, 0.5], "best_epoch": None})
+
+
+def test_a_version_records_its_test_figures_and_says_which_rows_its_figures_come_from():
+    from pgtrain.config.metrics import figures_from, reported
+    from pgtrain.store.model_store import version_metrics
+
+    epochs = [{"epoch": 1, "val_accuracy": 0.9, "seconds": 1.0}]
+    tested = version_metrics(epochs, [], {"test_accuracy": 0.8, "test_loss": float("nan")})
+    assert (tested["figures_from"], tested["test_accuracy"], tested["test_loss"], tested["val_accuracy"]) == (
+        "test", 0.8, None, 0.9)
+    assert reported(tested, "val_accuracy") == 0.8 and reported(tested, "val_accuracy", "validation") == 0.9
+    untested = version_metrics(epochs, [])
+    assert untested["figures_from"] == "validation" and reported(untested, "val_accuracy") == 0.9
+    older = {"val_accuracy": 0.7}  # a version from before the test part: no figures_from, no test figures
+    assert figures_from(older) == "validation" and reported(older, "val_accuracy") == 0.7
+
+
+def gate(head_metrics: dict | None, metrics: dict, **gate_params):
+    from pgtrain.config.params import TrainingConfig
+    from pgtrain.store.commit_checks import quality_gate
+
+    head = None if head_metrics is None else {"version": 4, "metrics": head_metrics}
+    return quality_gate(TrainingConfig(**gate_params), "classification", metrics, head)
+
+
+def test_the_gate_judges_the_test_figure_and_compares_an_older_head_on_validation_rows():
+    """The test figure is the honest one: floors and the head comparison read it; a head from before the test part
+    is compared on both versions' validation rows (comparable: both chose their epoch on them), which the note
+    says."""
+    run = {"figures_from": "test", "test_accuracy": 0.80, "val_accuracy": 0.95}
+    assert "test accuracy 0.8000 is below min_val_accuracy=0.9" in gate(None, run, min_val_accuracy=0.9).rejection
+    assert gate(None, {**run, "test_accuracy": 0.91}, min_val_accuracy=0.9).rejection is None
+    tested_head = {"figures_from": "test", "test_accuracy": 0.90, "val_accuracy": 0.90}
+    verdict = gate(tested_head, run, max_accuracy_drop=0.05)
+    assert "test accuracy 0.8000 is more than max_accuracy_drop=0.05 below head version 4 (0.9000)" in (
+        verdict.rejection)
+    older_head = {"val_accuracy": 0.93}
+    verdict = gate(older_head, run, max_accuracy_drop=0.05)
+    assert verdict.rejection is None and "head version 4 has no test figures" in verdict.note
+    assert "validation accuracy 0.9500 is more than" in gate({"val_accuracy": 0.99}, run,
+                                                             max_accuracy_drop=0.01).rejection
+
+
+def test_the_run_summary_shows_the_test_figures():
+    from pgtrain.runs.report import format_summary
+
+    summary = {"run_id": "d/r", "status": "committed", "status_reason": None, "rows_per_rank": [10],
+               "train_rows_per_rank": [8], "excluded_rows": 0, "loss_per_epoch": [1.0],
+               "validation": {"val_loss": 0.25}, "test": {"test_loss": 0.3}, "test_rows": 1, "best_epoch": None,
+               "version": 3, "is_head": True,
+               "model_name": "m", "wall_seconds": 1.0}
+    assert "test              loss 0.3000 (1 rows that chose nothing)" in format_summary(summary)
+    assert "test              n/a" in format_summary({**summary, "test": {}})

@@ -215,3 +215,17 @@ def test_charts_scale_to_their_panel():
     assert f'viewBox="0 0 {charts.WIDTH} {charts.HEIGHT}"' in tag and " width=" not in tag and " height=" not in tag
     assert re.search(r"svg\.chart \{[^}]*width: 100%", html.STYLE)
     assert re.search(r"\.charts \{[^}]*display: grid", html.STYLE)
+
+
+def test_each_figure_says_which_rows_it_was_read_on_and_the_list_shows_the_reported_ones():
+    tested = {"figures_from": "test", "test_accuracy": 0.81, "test_roc_auc": 0.9, "val_accuracy": 0.86,
+              "test_confusion_matrix": {"labels": [0, 1], "counts": [[1, 0], [0, 1]]}, "epochs": 4}
+    table = render.metrics_table(tested)
+    rows = re.findall(r'<tr data-metric="([^"]+)"><th>([^<]*)</th><td>([^<]*)</td>.*?<td class="rows">([^<]*)</td>',
+                      table)
+    assert [(key, label, rows_of) for key, label, _, rows_of in rows] == [
+        ("test_accuracy", "accuracy", "test rows"), ("test_roc_auc", "ROC AUC", "test rows"),
+        ("val_accuracy", "accuracy", "validation rows")]
+    assert 'data-rows="test">test:</span> accuracy 0.81' in render.metrics_text(tested)
+    older = render.metrics_text({"val_accuracy": 0.86, "epochs": 4})  # a version from before the test part
+    assert 'data-rows="validation">validation:</span> accuracy 0.86' in older and "test" not in older

@@ -21,6 +21,7 @@ from pgtrain.config.params import (
     TrainingConfig,
 )
 from pgtrain.config.settings import AUTHOR_PROPERTIES, AuthorSettings, load_settings
+from pgtrain.core.errors import ConfigError
 from pgtrain.launch.mpijob import cli, spec
 from tests.conftest import REPO
 
@@ -187,3 +188,9 @@ def test_naming_no_settings_file_at_all_is_an_error_not_silent_defaults(monkeypa
     with pytest.raises(ConfigError, match=r"which pgtrain settings file\? Pass its path, or set \$PGTRAIN_SETTINGS"):
         load_settings()
     assert load_settings(default=tmp_path / "absent.yaml") == AuthorSettings()  # a DAG's own file may be absent
+
+
+def test_validation_and_test_fractions_that_hold_out_every_row_are_refused_before_planning():
+    with pytest.raises(ConfigError, match=r"validation_fraction 0\.5 and test_fraction 0\.5 hold out every row"):
+        TrainingConfig(validation_fraction=0.5, test_fraction=0.5)
+    assert TrainingConfig().test_fraction == 0.1 and PARAMETERS["test_fraction"]["maximum"] == 0.5

@@ -32,7 +32,7 @@ from pgtrain.data.encoding import UNSEEN_CLASS
 from pgtrain.runs import record
 from pgtrain.store import model_store, tensors
 from trainer import collectives
-from trainer.evaluate import Task, balanced_class_weights, epoch_figures
+from trainer.evaluate import Task, balanced_class_weights, epoch_figures, test_figures
 from trainer.stopping import BEST_EPOCH
 
 BOOSTER = "booster"  # the one tensor of a boosted version
@@ -170,7 +170,7 @@ def train_rank(conn: psycopg.Connection, run: record.Run, shards: list[record.Sh
     options = model.options
     parent, parent_raw = warm_start(conn, run, rank)
     check_encoding_parent(run, parent)
-    (x_train, y_train), (x_val, y_val) = load().split()
+    (x_train, y_train), (x_val, y_val), (x_test, y_test) = load().split()
     labels = y_train.astype(np.float32) if regression else y_train
     weight = None
     if not regression and config.class_weight == "balanced":
@@ -220,7 +220,11 @@ def train_rank(conn: psycopg.Connection, run: record.Run, shards: list[record.Sh
     rounds = len(history["train"][loss_metric])
     best = int(getattr(booster, "best_iteration", rounds - 1)) + 1 if stopping else None
     kept = final_figures(model, run, (x_train, y_train, x_val, y_val), validation_rows, output_dim)
+    test_rows = sum(s.test_count for s in shards)
+    tested = kept_on_test_rows(model, run, x_test, y_test, test_rows, output_dim) if test_rows else None
     if rank == 0:
+        if tested:
+            record.set_test_metrics(conn, run.run_id, tested)
         record.set_model_layout(conn, run.run_id, {BOOSTER: {"shape": list(model.booster.shape), "dtype": "uint8"}})
         record.set_init_version(conn, run.run_id, parent)
         for number, figures in enumerate(round_figures(history, regression, seconds, rounds), start=1):
@@ -264,6 +268,17 @@ def round_figures(history: Mapping[str, Mapping[str, list[float]]], regression: 
                     figures["val_roc_auc"] = value
         out.append(figures)
     return out
+
+
+def kept_on_test_rows(model: BoostedModel, run: record.Run, x: np.ndarray, y: np.ndarray, test_rows: int,
+                      output_dim: int) -> dict[str, Any]:
+    """The kept trees' figures on the test rows of all ranks (rows that chose nothing), as the MLP's are read."""
+    x_test, y_test = (torch.from_numpy(np.ascontiguousarray(a)) for a in (x, y))
+    if model.regression:
+        y_test = y_test.float().reshape(-1, 1)
+    task = Task(model.regression, output_dim, torch.device("cpu"), None, (run.encoding or {}).get("classes"))
+    with torch.no_grad():
+        return test_figures(task, model, x_test, y_test, y_test, test_rows)
 
 
 def final_figures(model: BoostedModel, run: record.Run, rows: tuple[np.ndarray, ...], validation_rows: int,

@@ -1,5 +1,6 @@
 """What an epoch is judged by: the training loss (class weights included) and the validation metrics over the
-validation rows of all ranks, exactly (``pgtrain.data.metrics`` for classification)."""
+validation rows of all ranks, exactly (``pgtrain.data.metrics`` for classification); and, once after training, the
+kept parameters' same metrics over the test rows of all ranks (``test_figures``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from pgtrain.config.metrics import CONFUSION_MATRIX, VALIDATION_PREFIX, test_name
 from pgtrain.data.encoding import UNSEEN_CLASS
 from pgtrain.data.metrics import classification_metrics
 from trainer import collectives
@@ -133,3 +135,18 @@ def epoch_figures(task: Task, totals: torch.Tensor, exact: dict[str, Any] | None
     if exact is not None:
         figures.update(exact)
     return figures
+
+
+def test_figures(task: Task, model: PgtrainModel, x: torch.Tensor, y: torch.Tensor, y_scaled: torch.Tensor,
+                 test_rows: int) -> dict[str, Any]:
+    """The kept parameters' figures on the test rows of all ranks (``test_rows`` of them): the validation metrics,
+    computed exactly as an epoch's, named test_* (``pgtrain.config.metrics.test_name``). Every rank joins; rank 0's
+    are complete (the exact classification metrics are gathered there)."""
+    gather = task.gathers(test_rows)
+    sums, probabilities = task.validation(model, x, y, y_scaled, gather)
+    no_training = torch.zeros(3, dtype=torch.float64, device=sums.device)  # the epoch's train sums and rows
+    count = torch.tensor([len(x)], dtype=torch.float64, device=sums.device)
+    totals = collectives.allreduce_sum(torch.cat([no_training, sums, count]).cpu(), "test_totals")
+    figures = epoch_figures(task, totals, task.exact_metrics(probabilities, y) if gather else None)
+    return {test_name(k if k != CONFUSION_MATRIX else VALIDATION_PREFIX + k): v for k, v in figures.items()
+            if k.startswith(VALIDATION_PREFIX) or k == CONFUSION_MATRIX}

@@ -4,7 +4,8 @@ Builds the run's model (the MLP or a ``package.module:factory``), resumes from t
 checkpoint or warm-starts from a committed version (``init_from``), reads its manifest row, streams its
 key range from PostgreSQL, trains with its collectives' distributed optimizer (trainer.collectives: Horovod
 or torch.distributed), and (rank 0) records per-epoch
-metrics, checkpoints and the final staged parameters. The database URL comes from $PGTRAIN_DATABASE_URL.
+metrics, checkpoints, the kept parameters' figures on the test rows and the final staged parameters. The
+database URL comes from $PGTRAIN_DATABASE_URL.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pgtrain.runs import record
 from pgtrain.store import tensors
 from trainer import boosted, collectives
 from trainer.device import Cuda, out_of_memory_refused, place_rows, select_device, training_state_bytes
-from trainer.evaluate import Task, balanced_class_weights, epoch_figures
+from trainer.evaluate import Task, balanced_class_weights, epoch_figures, test_figures
 from trainer.model import PgtrainModel, build_model, state_layout, writable_tensor
 from trainer.optim import Schedule, load_optimizer_arrays, make_optimizer
 from trainer.start import Start, agree_on_start, plan_fingerprint, write_checkpoint
@@ -251,11 +252,12 @@ def train(args: argparse.Namespace, cuda: Cuda = torch.cuda) -> int:
 
     data = load_rows(conn, run, shards, rank, size, imports)
 
-    # Loaded training rows first, then validation: both are views of the loaded memory, never copied.
-    (x_train, y_train), (x_val, y_val) = (tuple(map(torch.from_numpy, part)) for part in data.split())
+    # Loaded training rows first, then validation, then test: views of the loaded memory, never copied.
+    (x_train, y_train), (x_val, y_val), (x_test, y_test) = (tuple(map(torch.from_numpy, part))
+                                                            for part in data.split())
     del data
     if regression:
-        y_train, y_val = (y.float().reshape(len(y), -1) for y in (y_train, y_val))
+        y_train, y_val, y_test = (y.float().reshape(len(y), output_dim) for y in (y_train, y_val, y_test))
     if not start.from_state:
         mean, std = global_statistics(x_train, "feature", model.standardized_columns)
         model.normalizer.mean.copy_(mean)
@@ -269,15 +271,16 @@ def train(args: argparse.Namespace, cuda: Cuda = torch.cuda) -> int:
     train_count = len(x_train)
     largest = -(-train_count // steps)
     # On the device: the rows (the regression targets twice: as read and scaled) and each epoch's order.
-    row_bytes = sum(t.nbytes for t in (x_train, y_train, x_val, y_val)) + (
-        y_train.nbytes + y_val.nbytes if regression else 0) + 8 * train_count
+    row_bytes = sum(t.nbytes for t in (x_train, y_train, x_val, y_val, x_test, y_test)) + (
+        y_train.nbytes + y_val.nbytes + y_test.nbytes if regression else 0) + 8 * train_count
     batch_bytes = largest * (x_train[:1].nbytes + y_train[:1].nbytes)
     on_device = place_rows(device, cuda, row_bytes, training_state_bytes(model), batch_bytes, batch_size, size)
     with out_of_memory_refused(device, batch_size, size):
         if on_device:  # one copy each; the host memory goes with its last reference, here
-            x_train, y_train, x_val, y_val = (t.to(device) for t in (x_train, y_train, x_val, y_val))
-        return fit(conn, run, model, start, shards, fingerprint, device, cuda, (x_train, y_train, x_val, y_val),
-                   batch_size, learning_rate)
+            x_train, y_train, x_val, y_val, x_test, y_test = (
+                t.to(device) for t in (x_train, y_train, x_val, y_val, x_test, y_test))
+        return fit(conn, run, model, start, shards, fingerprint, device, cuda,
+                   (x_train, y_train, x_val, y_val, x_test, y_test), batch_size, learning_rate)
 
 
 def load_rows(conn: psycopg.Connection, run: record.Run, shards: list[record.Shard], rank: int,
@@ -285,27 +288,30 @@ def load_rows(conn: psycopg.Connection, run: record.Run, shards: list[record.Sha
     """This rank's rows of its manifest row, streamed with COPY (validation rows last); the connection of a rank
     but 0 is closed after (rank 0 records)."""
     load_started = time.perf_counter()
+    # A manifest from before the test part has no test rows: its rows are split as they were planned.
+    test_fraction = run.config.test_fraction if any(s.test_count for s in shards) else 0.0
     data = loader.load_shard(conn, manifest.source_for(conn, run), shards[rank], run.input_dim,
                              run.config.validation_fraction, run.config.seed, streams=loader.streams_for(size),
-                             validation_last=True)
+                             validation_last=True, test_fraction=test_fraction)
     load_seconds = time.perf_counter() - load_started
     if rank != 0:
         conn.close()
-    print(f"rank {rank}/{size}: imports {imports:.2f} s, {len(data.labels)} rows "
-          f"({int(data.is_validation.sum())} validation) keys {shards[rank].key_lo}..{shards[rank].key_hi}, "
+    print(f"rank {rank}/{size}: imports {imports:.2f} s, {len(data.labels)} rows ({shards[rank].val_count} "
+          f"validation, {shards[rank].test_count} test) keys {shards[rank].key_lo}..{shards[rank].key_hi}, "
           f"loaded in {load_seconds:.2f} s on {data.streams} connection{'s' if data.streams > 1 else ''}", flush=True)
     return data
 
 
 def fit(conn: psycopg.Connection, run: record.Run, model: PgtrainModel, start: Start, shards: list[record.Shard],
         fingerprint: str, device: torch.device, cuda: Cuda,
-        rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], batch_size: int,
-        learning_rate: float) -> int:
-    """Train on ``rows`` (x_train, y_train, x_val, y_val: on ``device``, or in host memory with each batch copied
-    over) and (rank 0) stage the parameters: the best epoch's with early stopping, else the last one's."""
+        rows: tuple[torch.Tensor, ...], batch_size: int, learning_rate: float) -> int:
+    """Train on ``rows`` (x_train, y_train, x_val, y_val, x_test, y_test: on ``device``, or in host memory with
+    each batch copied over), choosing the epoch on the validation rows only, then read the kept parameters' figures
+    once on the test rows and (rank 0) stage the parameters: the best epoch's with early stopping, else the last
+    one's."""
     rank, size, config = collectives.rank(), collectives.size(), run.config
     regression, output_dim = config.task == "regression", model.output_dim
-    x_train, y_train, x_val, y_val = rows
+    x_train, y_train, x_val, y_val, x_test, y_test = rows
     model.to(device)
     steps = steps_per_epoch(shards, batch_size)
     optimizer = make_optimizer(config, model, learning_rate)
@@ -323,7 +329,7 @@ def fit(conn: psycopg.Connection, run: record.Run, model: PgtrainModel, start: S
     weights = (balanced_class_weights(y_train, output_dim)
                if not regression and config.class_weight == "balanced" else None)
     task = Task(regression, output_dim, device, weights, (run.encoding or {}).get("classes"))
-    validation_rows = sum(s.row_count - s.train_count for s in shards)
+    validation_rows = sum(s.val_count for s in shards)
     stopping = EarlyStopping.for_run(config, validation_rows, start.history)  # rank 0 has the history
     stopping.best_epoch = collectives.broadcast_object(stopping.best_epoch, "best_epoch")
     best = {k: writable_tensor(v).to(device) for k, v in start.best.items()} or None
@@ -376,12 +382,22 @@ def fit(conn: psycopg.Connection, run: record.Run, model: PgtrainModel, start: S
             if config.checkpoint_every and epoch % config.checkpoint_every == 0 and epoch < config.epochs:
                 write_checkpoint(conn, run, epoch, model, optimizer, start, history, fingerprint, best)
 
+    if rank == 0 and stopping.on and stopping.best_epoch is not None and best is not None:
+        model.load_state_dict(best)
+    if test_rows := sum(s.test_count for s in shards):
+        collectives.broadcast_parameters(model.state_dict())  # rank 0's kept parameters, on every rank
+        model.eval()
+        figures = test_figures(task, model, x_test, y_test, model.target.scale(y_test) if regression else y_test,
+                               test_rows)
+        if rank == 0:
+            record.set_test_metrics(conn, run.run_id, figures)
+            shown = ", ".join(f"{k} {v:.4f}" for k, v in figures.items() if isinstance(v, float))
+            print(f"the kept parameters on the {test_rows} test rows (they chose nothing): {shown}", flush=True)
     if rank == 0:
         if stopping.on and stopping.best_epoch is None:
             print(f"early stopping had no {stopping.metric.name} to follow (undefined in every epoch): the last "
                   "epoch's parameters are the run's", flush=True)
         elif stopping.on and best is not None:
-            model.load_state_dict(best)
             print(f"{'stopped early: ' if epoch < config.epochs else ''}the best epoch by "
                   f"{stopping.metric.name} is {stopping.best_epoch} of {epoch} ({stopping.best_value:.6g}): its "
                   "parameters are the run's", flush=True)

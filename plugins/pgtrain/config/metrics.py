@@ -5,7 +5,9 @@ regression ones. No numpy here: the DAG files import this (through the params) w
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 CLASSIFICATION, REGRESSION = "classification", "regression"
 # The key of a classification run's confusion matrix in its epoch metrics and its version's metrics:
@@ -50,6 +52,30 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("val_mae", "MAE", (REGRESSION,), False),
     Metric("val_r2", "R²", (REGRESSION,), True, "the validation targets are constant"),
 )}
+
+
+# A version's figures on its test rows (rows that chose nothing): each validation metric's name with this prefix for
+# "val_" (test_accuracy, test_rmse, ..., test_confusion_matrix). FIGURES_FROM in a version's metrics says which
+# rows its reported figures come from: "test", or "validation" (no test rows: a run with test_fraction 0, or a
+# version from before the test part).
+TEST_PREFIX, VALIDATION_PREFIX = "test_", "val_"
+FIGURES_FROM = "figures_from"
+
+
+def test_name(name: str) -> str:
+    """The test-row figure of validation metric ``name`` (val_accuracy -> test_accuracy)."""
+    return TEST_PREFIX + name.removeprefix(VALIDATION_PREFIX)
+
+
+def figures_from(metrics: Mapping[str, Any]) -> str:
+    """Which rows a version's reported figures come from: "test" when it recorded test figures, else "validation"."""
+    return metrics.get(FIGURES_FROM) or ("test" if any(k.startswith(TEST_PREFIX) for k in metrics) else "validation")
+
+
+def reported(metrics: Mapping[str, Any], name: str, rows: str | None = None) -> Any:
+    """Validation metric ``name``'s reported figure: read on the test rows where the version has them (or on the
+    rows ``rows`` says: "test" or "validation")."""
+    return metrics.get(test_name(name) if (rows or figures_from(metrics)) == "test" else name)
 
 
 def metric_problems(name: str, task: str | None) -> list[str]:

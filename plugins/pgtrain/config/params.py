@@ -81,6 +81,7 @@ class TrainingConfig:
     input_dim: int | None = None
     num_classes: int | None = None
     validation_fraction: float = 0.1
+    test_fraction: float = 0.1
     bad_rows: str = "fail"
     model_name: str = "digits-mlp"
     model: str = "mlp"
@@ -129,6 +130,9 @@ class TrainingConfig:
         if problems:
             raise ConfigError("invalid quality gate: " + "; ".join(problems))
         problems = [f"early_stopping_metric: {p}" for p in metric_problems(self.early_stopping_metric, self.task)]
+        if self.validation_fraction + self.test_fraction >= 1:
+            problems.append(f"validation_fraction {self.validation_fraction} and test_fraction {self.test_fraction} "
+                            "hold out every row: lower them so that some rows are left to train on")
         if problems:
             raise ConfigError("invalid training parameters: " + "; ".join(problems))
         if self.model == BOOSTED:
@@ -265,7 +269,13 @@ PARAMETERS: dict[str, dict[str, Any]] = _with_defaults({
                                    "the label's values (non-negative integers: 0..max(label))"},
     "validation_fraction": {"type": "number", "minimum": 0, "maximum": 0.5, "section": _DATA,
                             "title": "Validation fraction",
-                            "description": "share of rows held out for validation, chosen by a hash of the key"},
+                            "description": "share of rows held out for validation (they choose the best epoch), "
+                                           "chosen by a hash of the key"},
+    "test_fraction": {"type": "number", "minimum": 0, "maximum": 0.5, "section": _DATA,
+                      "title": "Test fraction",
+                      "description": "share of rows held out as test rows, which choose nothing: the version's "
+                                     "figures are read on them; chosen by the same hash of the key; 0 = none (the "
+                                     "figures are then the validation rows')"},
     "bad_rows": {"type": "string", "enum": ["fail", "exclude"], "section": _DATA,
                  "title": "Bad rows",
                  "description": "rows with NULL/non-finite values, wrong length or bad labels: fail or skip"},

@@ -2,7 +2,7 @@
 
 compute_shards cut each rank's range into batches of a few hundred rows; the COPY sends one row per batch,
 whose payload is the batch's rows packed back to back (features as sent by PostgreSQL: one array or bytea,
-or one float4/float8 per scalar column; the label or regression target; the validation flag), so the client
+or one float4/float8 per scalar column; the label or regression target; the row's part of the split), so the client
 handles a few thousand COPY messages per million rows, not a million. Each payload is
 viewed with one structured numpy dtype and copied into arrays allocated once at their final size: no
 per-row Python objects, and memory stays at the tensors plus one batch. The COPY reads only the rank's
@@ -29,7 +29,16 @@ from pgtrain.data.load_streams import BackStream, BatchSpan, Claims, Stopped
 from pgtrain.data.prefault import prefault_in_background
 from pgtrain.data.row_check import load_refusal
 from pgtrain.data.source.resolve import Source
-from pgtrain.data.source.rows import bad_row, feature_payload, is_validation, key_range, target_payload
+from pgtrain.data.source.rows import (
+    TEST,
+    TRAIN,
+    VALIDATION,
+    bad_row,
+    feature_payload,
+    key_range,
+    split_part,
+    target_payload,
+)
 from pgtrain.data.source.snapshot import (
     PlannedRows,
     planned_rows,
@@ -54,31 +63,43 @@ class ShardData:
 
     features: np.ndarray  # (rows, dim) float32
     labels: np.ndarray  # classification: (rows,) int64; regression: (rows, output_dim) float32
-    is_validation: np.ndarray  # (rows,) bool
+    part: np.ndarray  # (rows,) uint8: each row's part of the split (rows.TRAIN, VALIDATION, TEST)
     streams: int = 1  # how many connections read the rows (load_shard's streams)
 
+    @property
+    def is_validation(self) -> np.ndarray:
+        """(rows,) bool: the validation rows (they choose the epoch)."""
+        return self.part == VALIDATION
+
+    @property
+    def is_test(self) -> np.ndarray:
+        """(rows,) bool: the test rows (they choose nothing)."""
+        return self.part == TEST
+
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(features, labels, is_validation) as torch tensors sharing this memory."""
+        """(features, labels, is_validation) as torch tensors sharing this memory (is_validation a new array)."""
         import torch
 
         return (torch.from_numpy(self.features), torch.from_numpy(self.labels),
                 torch.from_numpy(self.is_validation))
 
-    def split(self) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
-        """((features, labels) of the training rows, (features, labels) of the validation rows), each in key order,
+    def split(self) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+        """((features, labels) of the training rows, of the validation rows, of the test rows), each in key order,
         as views of this memory: the rows must have been loaded with ``validation_last`` (``load_shard``), which
         placed them so. Copying ``features[train_rows]`` and ``features[validation_rows]`` would hold the shard
-        twice; moving them in place after the load would still hold the validation rows a second time."""
-        train_count = len(self.is_validation) - int(np.count_nonzero(self.is_validation))
-        if self.is_validation[:train_count].any():
+        twice; moving them in place after the load would still hold the held-out rows a second time."""
+        if (np.diff(self.part.astype(np.int8)) < 0).any():  # TRAIN, VALIDATION, TEST are 0, 1, 2
             raise ValueError("these rows are in key order: load_shard(..., validation_last=True) places the "
-                             "validation rows after the training rows, as split needs them")
-        return ((self.features[:train_count], self.labels[:train_count]),
-                (self.features[train_count:], self.labels[train_count:]))
+                             "validation rows after the training rows, and the test rows after them, as split "
+                             "needs them")
+        test = len(self.part) - int(np.count_nonzero(self.is_test))
+        train = test - int(np.count_nonzero(self.is_validation))
+        return tuple((self.features[lo:hi], self.labels[lo:hi]) for lo, hi in
+                     ((0, train), (train, test), (test, len(self.part))))
 
 
 def batch_query(source: Source, shard: Shard, visible: sql.Composable, validation_fraction: float,
-                seed: int, span: BatchSpan | None = None) -> sql.Composed:
+                seed: int, span: BatchSpan | None = None, test_fraction: float = 0.0) -> sql.Composed:
     """One row per batch of the rank (``span``: of those only), in key order (the batches last first if
     ``span.descending``; the rows of a batch always in key order): (row count, the rows packed as
     ``record_dtype``).
@@ -101,7 +122,7 @@ def batch_query(source: Source, shard: Shard, visible: sql.Composable, validatio
                  ORDER BY b.i {order}) AS _pgtrain_batch
            CROSS JOIN LATERAL (
              SELECT count(*) AS n,
-                    string_agg({features} || ({target} || boolsend({is_val})), ''::bytea
+                    string_agg({features} || ({target} || {part}), ''::bytea
                                ORDER BY {key}) AS payload
              FROM {rel} AS {rows} WHERE {in_batch} AND {filters}) AS _pgtrain_packed
            ORDER BY _pgtrain_batch.i {order}"""
@@ -109,14 +130,14 @@ def batch_query(source: Source, shard: Shard, visible: sql.Composable, validatio
              in_span=sql.SQL(" AND b.i BETWEEN {} AND {}").format(span.first, span.last) if span else sql.SQL(""),
              order=sql.SQL("DESC" if span and span.descending else "ASC"),
              features=feature_payload(source, plan.nullable_columns), target=target_payload(source),
-             is_val=is_validation(source, validation_fraction, seed), key=source.key, rel=source.relation,
+             part=split_part(source, validation_fraction, test_fraction, seed), key=source.key, rel=source.relation,
              rows=sql.Identifier(ROWS_ALIAS),
              in_batch=key_range(source, sql.SQL("_pgtrain_batch.lo"), sql.SQL("_pgtrain_batch.hi")),
              filters=sql.SQL(" AND ").join(filters))
 
 
 def read_spans(conn: psycopg.Connection, source: Source, shard: Shard, validation_fraction: float, seed: int,
-               spans: Iterable[BatchSpan]) -> Iterator[tuple[memoryview, BatchSpan]]:
+               spans: Iterable[BatchSpan], test_fraction: float = 0.0) -> Iterator[tuple[memoryview, BatchSpan]]:
     """Each row (a batch) of the rank's COPY of each span in turn, with its span, inside the connection's open
     REPEATABLE READ transaction (``snapshot_transaction``), whose snapshot decides what is read; ``spans`` may be
     handed out while the rows are read (``load_streams.Claims``)."""
@@ -124,7 +145,7 @@ def read_spans(conn: psycopg.Connection, source: Source, shard: Shard, validatio
     prefer_index_order(conn)
     visible = planned_rows(source, clock, ROWS_ALIAS)
     for span in spans:
-        query = batch_query(source, shard, visible, validation_fraction, seed, span)
+        query = batch_query(source, shard, visible, validation_fraction, seed, span, test_fraction)
         with conn.cursor() as cur, cur.copy(sql.SQL("COPY ({}) TO STDOUT (FORMAT BINARY)").format(query)) as copy:
             for row in copy_binary.rows(copy):
                 yield row, span
@@ -140,7 +161,7 @@ def streams_for(world_size: int) -> int:
 
 
 def load_shard(conn: psycopg.Connection, source: Source, shard: Shard, dim: int, validation_fraction: float,
-               seed: int, *, streams: int = 1, validation_last: bool = False) -> ShardData:
+               seed: int, *, streams: int = 1, validation_last: bool = False, test_fraction: float = 0.0) -> ShardData:
     """Load the rows of ``shard`` as planned; raises SourceError if they changed since compute_shards.
 
     The arrays are ordinary host memory, never CUDA pinned memory: the loader creates no CUDA context (a rank
@@ -150,9 +171,9 @@ def load_shard(conn: psycopg.Connection, source: Source, shard: Shard, dim: int,
     arrays from the end, until they meet (``load_streams.Claims``; ``streams_for``). Where that connection cannot
     be opened, cannot import the snapshot, or would wait for a lock (SECOND_CONNECTION_LOCK_TIMEOUT) before its
     first batch, this connection reads everything.
-    ``validation_last``: the training rows first, then the validation rows, each in key order (``ShardData.split``):
-    the planned split says where each part begins, so every batch is stored where it stays. Else all rows in key
-    order.
+    ``validation_last``: the training rows first, then the validation rows, then the test rows, each in key order
+    (``ShardData.split``): the planned split says where each part begins, so every batch is stored where it stays.
+    Else all rows in key order. ``test_fraction``: the run's (as planned: 0 for a manifest without test rows).
     ``conn`` must be an autocommit connection outside a transaction (the load runs in its own snapshot).
     """
     plan = _plan(source)
@@ -165,14 +186,14 @@ def load_shard(conn: psycopg.Connection, source: Source, shard: Shard, dim: int,
     out = _allocate(shard.row_count, dim, targets)
     # Fresh arrays' pages are mapped (and zeroed by the kernel) on first write: in a thread, while the COPY
     # streams, rather than one page fault at a time in the loop below.
-    prefault = prefault_in_background([out.features, out.labels, out.is_validation])
+    prefault = prefault_in_background([out.features, out.labels, out.part])
     classes = ClassCoder(source) if source.target_format == "class" else None
     fill = _Fill(out, shard, record_dtype(source, dim, plan.output_dim), feature_groups_of(source, dim), classes,
                  validation_last)
 
     def read(on: psycopg.Connection, spans: Iterable[BatchSpan]) -> None:
         with np.errstate(over="ignore"):
-            for block, span in read_spans(on, source, shard, validation_fraction, seed, spans):
+            for block, span in read_spans(on, source, shard, validation_fraction, seed, spans, test_fraction):
                 _store(block, fill, span.descending)
 
     try:
@@ -212,29 +233,31 @@ class _Region:
 
 class _Fill:
     """Where each batch of a load goes: one region for all rows in key order, or (``validation_last``) one for the
-    training rows and one after it for the validation rows, each as many rows as planned. In each region the front
+    training rows, one after it for the validation rows and one after that for the test rows, each as many rows
+    as planned. In each region the front
     stream fills from the first row up, the back stream (reading its batches last first) from the last row down;
     planned rows meet exactly, and neither may pass the other."""
 
     def __init__(self, out: ShardData, shard: Shard, layout: np.dtype, groups: list[Group],
                  classes: ClassCoder | None, validation_last: bool = False) -> None:
         self.out, self.shard, self.layout, self.groups, self.classes = out, shard, layout, groups, classes
-        self.regions = ({False: _Region(0, shard.train_count, "training "),
-                         True: _Region(shard.train_count, shard.row_count, "validation ")} if validation_last
+        test = shard.row_count - shard.test_count
+        self.regions = ({TRAIN: _Region(0, shard.train_count, "training "),
+                         VALIDATION: _Region(shard.train_count, test, "validation "),
+                         TEST: _Region(test, shard.row_count, "test ")} if validation_last
                         else {None: _Region(0, shard.row_count, "")})
         self.non_finite = 0
         self.failed = False
         self._lock = threading.Lock()
 
     def parts(self, records: np.ndarray, from_back: bool) -> list[tuple[np.ndarray, slice]]:
-        """A batch's records and where they go: all of them together, or its training and its validation rows."""
+        """A batch's records and where they go: all of them together, or its rows of each part of the split."""
         if None in self.regions:
             return [(records, self.place(len(records), None, from_back))]
-        held = records["val"] != 0
-        return [(part, self.place(len(part), kind, from_back))
-                for kind, part in ((False, records[~held]), (True, records[held])) if len(part)]
+        return [(rows, self.place(len(rows), kind, from_back))
+                for kind in self.regions if len(rows := records[records["part"] == kind])]
 
-    def place(self, count: int, kind: bool | None, from_back: bool) -> slice:
+    def place(self, count: int, kind: int | None, from_back: bool) -> slice:
         with self._lock:
             if self.failed:
                 raise Stopped
@@ -318,7 +341,7 @@ def _store_rows(records: np.ndarray, span: slice, fill: _Fill) -> None:
         out.labels[span, 0] = records["y"]
     else:
         out.labels[span] = records["t_x"]["v"]
-    out.is_validation[span] = records["val"]
+    out.part[span] = records["part"]
 
 
 def _check_arrays(records: np.ndarray, prefix: str, width: int, shard: Shard, what: str) -> None:
@@ -339,4 +362,4 @@ def _plan(source: Source) -> PlannedRows:
 def _allocate(rows: int, dim: int, targets: int | None = None) -> ShardData:
     """Arrays for ``rows`` rows; ``targets``: the regression target's width (None: int64 class labels)."""
     label_shape, label_dtype = ((rows,), np.int64) if targets is None else ((rows, targets), np.float32)
-    return ShardData(np.empty((rows, dim), np.float32), np.empty(label_shape, label_dtype), np.empty(rows, bool))
+    return ShardData(np.empty((rows, dim), np.float32), np.empty(label_shape, label_dtype), np.empty(rows, np.uint8))

@@ -8,8 +8,8 @@ Everything happens in one REPEATABLE READ snapshot:
    feature values are left to the loader with bad_rows='fail' (``source.LOAD_KINDS``);
 2. ``cut_shards``: one pass that sorts the keys (as ``percentile_disc`` does) and returns only those at the
    shard and batch boundaries (``pgtrain.data.key_order``; array features: on a second connection while step 1
-   scans, used when step 1 finds no bad row), then each shard's validation rows: counted from the keys step 1
-   collected (integer keys), else in one more pass.
+   scans, used when step 1 finds no bad row), then each shard's validation and test rows: counted from the
+   keys step 1 collected (integer keys), else in one more pass.
 
 The snapshot, the bad-row report and each rank's batch boundaries are stored with the manifest
 (``pgtrain.shard_plans`` / ``shard_batches``), so every rank reads exactly the planned rows, once.
@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
@@ -31,10 +32,14 @@ from pgtrain.data.key_order import heap_of, key_pass_beside, keys_at, shard_grid
 from pgtrain.data.row_check import BadRows, RowCheck, bad_rows_message, bad_rows_report, check_rows, empty_source
 from pgtrain.data.source.resolve import COLUMNS, Source, source_from_config
 from pgtrain.data.source.rows import (
+    TEST,
+    VALIDATION,
     bad_row,
     feature_length,
+    is_held_out,
     is_validation,
     key_range,
+    split_part,
     target_length,
 )
 from pgtrain.data.source.snapshot import (
@@ -101,7 +106,7 @@ def plan_shards(conn: psycopg.Connection, run: record.Run, *, input_dim: int | N
         clock = read_xid_clock(conn)
         dim = _feature_width(conn, source, given_dim)
         outputs = _target_width(conn, source)
-        split = folded_split(conn, source, config.validation_fraction, config.seed)
+        split = folded_split(conn, source, config.validation_fraction, config.seed, config.test_fraction)
         parent = parent_encoding(conn, run, source)
         beside = statistics.vocabularies_beside(conn, source, config) if parent is None else None
         keys = key_pass_beside(conn, source, config.world_size, batch_size(source, dim, outputs))
@@ -130,7 +135,8 @@ def plan_shards(conn: psycopg.Connection, run: record.Run, *, input_dim: int | N
                 done = None
             shards, batches = cut_shards(conn, source, rows, config.world_size, config.validation_fraction,
                                          config.seed, batch_rows, exclude, keys=done and done.keys,
-                                         validation_keys=None if check.bad else check.validation_keys)
+                                         held_keys=None if check.bad else check.held_keys,
+                                         test_fraction=config.test_fraction)
             counted = beside.result() if beside is not None else None
         finally:
             for second in (beside, keys):
@@ -169,29 +175,32 @@ def parent_encoding(conn: psycopg.Connection, run: record.Run, source: Source) -
 
 # Key types whose keys the check scan can hand over as int8s (their order is the integers' order).
 _INTEGER_KEYS = ("smallint", "integer", "bigint")
-# The most validation-key bytes the check scan may collect into one bytea (far below bytea's 1 GB limit).
+# The most held-out-key bytes the check scan may collect into one bytea (far below bytea's 1 GB limit).
 FOLDED_KEYS_MAX_BYTES = 256 << 20
+HELD_KEY = np.dtype([("key", ">i8"), ("part", "u1")])  # one held-out key as check_rows collects it
 _MIN_HEAP_TUPLE_BYTES = 32  # tuple header and the smallest key, aligned: heap bytes / this >= the row count
 
 
-def folded_split(conn: psycopg.Connection, source: Source, validation_fraction: float, seed: int
-                 ) -> sql.Composable | None:
-    """The validation split for ``check_rows(split=...)`` when the check scan can collect the validation keys
-    (``_keys_fold_into_the_check``), else None (``cut_shards`` counts them in a pass of its own)."""
-    if not _keys_fold_into_the_check(conn, source, validation_fraction):
+def folded_split(conn: psycopg.Connection, source: Source, validation_fraction: float, seed: int,
+                 test_fraction: float = 0.0) -> tuple[sql.Composable, sql.Composable] | None:
+    """The split for ``check_rows(split=...)`` (the held-out rows, and each one's part) when the check scan can
+    collect the held-out keys (``_keys_fold_into_the_check``), else None (``cut_shards`` counts them in a pass of
+    its own)."""
+    if not _keys_fold_into_the_check(conn, source, validation_fraction + test_fraction):
         return None
-    return is_validation(source, validation_fraction, seed)
+    return (is_held_out(source, validation_fraction, test_fraction, seed),
+            split_part(source, validation_fraction, test_fraction, seed))
 
 
-def _keys_fold_into_the_check(conn: psycopg.Connection, source: Source, validation_fraction: float) -> bool:
-    """Whether the check scan collects the validation rows' keys: integer keys, PostgreSQL 16 and later (whose
+def _keys_fold_into_the_check(conn: psycopg.Connection, source: Source, held_fraction: float) -> bool:
+    """Whether the check scan collects the held-out rows' keys: integer keys, PostgreSQL 16 and later (whose
     string_agg(bytea) runs in parallel: before 16 it would make the check scan serial), and a plain table whose
     heap bounds those keys to FOLDED_KEYS_MAX_BYTES (a larger table counts them in a pass of its own)."""
-    if validation_fraction <= 0 or source.key_type not in _INTEGER_KEYS or conn.info.server_version < 160000:
+    if held_fraction <= 0 or source.key_type not in _INTEGER_KEYS or conn.info.server_version < 160000:
         return False
     kind, heap_bytes = heap_of(conn, source)
     most_rows = heap_bytes // _MIN_HEAP_TUPLE_BYTES
-    return kind in ("r", "m") and validation_fraction * most_rows * 8 <= FOLDED_KEYS_MAX_BYTES
+    return kind in ("r", "m") and held_fraction * most_rows * HELD_KEY.itemsize <= FOLDED_KEYS_MAX_BYTES
 
 
 def batch_size(source: Source, dim: int, output_dim: int | None = None) -> int:
@@ -212,49 +221,58 @@ def sample_length(conn: psycopg.Connection, source: Source, length: sql.Composab
 
 
 def cut_shards(conn: psycopg.Connection, source: Source, rows: int, world_size: int, validation_fraction: float,
-               seed: int, batch_rows: int, exclude: sql.Composable | None, *, validation_keys: bytes | None = None,
-               keys: dict[int, str] | None = None) -> tuple[list[Shard], list[tuple[list[str], list[str]]]]:
+               seed: int, batch_rows: int, exclude: sql.Composable | None, *, held_keys: bytes | None = None,
+               keys: dict[int, str] | None = None, test_fraction: float = 0.0
+               ) -> tuple[list[Shard], list[tuple[list[str], list[str]]]]:
     """The shards, and each shard's batches as (first keys, last keys) (``shard_grid``), in two passes that read
     only the key:
 
     1. ``keys_at``: the keys at the shard edges and at the first and last row of each batch, by position in key
        order (one sort of the keys, as ``percentile_disc`` does; only those keys come back), unless given as
        ``keys`` (``key_pass_beside``);
-    2. ``validation_query``: each shard's validation rows (the split hashes every key once).
+    2. ``validation_query``: each shard's validation and test rows (the split hashes every key once, the held-out
+       ones twice).
 
-    ``exclude`` (SQL) drops bad rows from the numbering. ``validation_keys`` (integer keys, from ``check_rows``
-    with a split, none of them excluded): the validation rows' keys, counted per shard here instead of by the
-    second pass.
+    ``exclude`` (SQL) drops bad rows from the numbering. ``held_keys`` (integer keys, from ``check_rows`` with a
+    split, none of them excluded): the held-out rows' keys and parts (HELD_KEY), counted per shard here instead of
+    by the second pass.
     """
     positions, grid, wanted = shard_grid(rows, world_size, batch_rows)
     at = keys if keys is not None else keys_at(conn, source, rows, wanted, exclude)
     edges = [(at[first], at[last]) for first, last in positions]
-    if validation_keys is not None:
-        import numpy as np  # loaded already (pgtrain.data.loader)
-
-        held = np.sort(np.frombuffer(validation_keys, ">i8"))
-        validation = [int(np.searchsorted(held, int(hi), "right") - np.searchsorted(held, int(lo), "left"))
-                      for lo, hi in edges]
+    if held_keys is not None:
+        held = np.frombuffer(held_keys, HELD_KEY)
+        counted = []
+        for part in (VALIDATION, TEST):
+            keys_of_part = np.sort(held["key"][held["part"] == part])
+            counted.append([int(np.searchsorted(keys_of_part, int(hi), "right")
+                                - np.searchsorted(keys_of_part, int(lo), "left")) for lo, hi in edges])
+        validation, test = counted
     else:
-        validation = conn.execute(validation_query(source, validation_fraction, seed, edges, exclude)).fetchone()
+        counts = conn.execute(validation_query(source, validation_fraction, seed, edges, exclude,
+                                               test_fraction)).fetchone()
+        validation, test = counts[:len(edges)], counts[len(edges):]
     shards, batches = [], []
     for rank, (first, last) in enumerate(positions):
-        size, val_count = last - first + 1, validation[rank]
-        shards.append(Shard(rank, world_size, at[first], at[last], size, size - val_count, val_count))
+        size, val_count, test_count = last - first + 1, validation[rank], test[rank]
+        shards.append(Shard(rank, world_size, at[first], at[last], size, size - val_count - test_count, val_count,
+                            test_count))
         starts, ends = grid[rank]
         batches.append(([at[p] for p in starts], [at[p] for p in ends]))
     return shards, batches
 
 
 def validation_query(source: Source, validation_fraction: float, seed: int, edges: list[tuple[str, str]],
-                     exclude: sql.Composable | None = None) -> sql.Composed:
-    """One row: each shard's validation rows, the shards given by their (first key, last key). One pass that
-    hashes every key once (PostgreSQL may run it in parallel, or on the key index alone); only validation rows
-    are placed in their shard."""
+                     exclude: sql.Composable | None = None, test_fraction: float = 0.0) -> sql.Composed:
+    """One row: each shard's validation rows, then each shard's test rows, the shards given by their (first key,
+    last key). One pass that hashes every key once (PostgreSQL may run it in parallel, or on the key index alone)
+    and the held-out ones once more; only held-out rows are placed in their shard."""
+    validation = is_validation(source, validation_fraction, seed)
     counts = sql.SQL(", ").join(
-        sql.SQL("count(*) FILTER (WHERE {})").format(key_range(source, lo, hi)) for lo, hi in edges)
+        sql.SQL("count(*) FILTER (WHERE {} AND {})").format(key_range(source, lo, hi), part)
+        for part in (validation, sql.SQL("NOT {}").format(validation)) for lo, hi in edges)
     return sql.SQL("SELECT {counts} FROM {rel} WHERE {is_val}{exclude}").format(
-        counts=counts, rel=source.relation, is_val=is_validation(source, validation_fraction, seed),
+        counts=counts, rel=source.relation, is_val=is_held_out(source, validation_fraction, test_fraction, seed),
         exclude=sql.SQL(" AND NOT {}").format(exclude) if exclude is not None else sql.SQL(""))
 
 
@@ -334,13 +352,14 @@ def _target_width(conn: psycopg.Connection, source: Source) -> int | None:
 
 
 def _check_training_rows(source: Source, shards: list[Shard], config: TrainingConfig) -> None:
-    """A rank may hold only validation rows (it then trains on none), but the run as a whole needs some."""
+    """A rank may hold only held-out rows (it then trains on none), but the run as a whole needs some."""
     rows = sum(s.row_count for s in shards)
     if rows and not sum(s.train_count for s in shards):
         raise SourceError(
-            f"validation_fraction {config.validation_fraction} holds out all {rows} usable rows of "
-            f"{source.qualified_name} for validation (rows are chosen by a hash of the key and the seed): nothing "
-            "is left to train on; lower validation_fraction, change the seed, or load more rows")
+            f"validation_fraction {config.validation_fraction} and test_fraction {config.test_fraction} hold out "
+            f"all {rows} usable rows of {source.qualified_name} (rows are chosen by a hash of the key and the seed): "
+            "nothing is left to train on; lower validation_fraction or test_fraction, change the seed, or load more "
+            "rows")
 
 
 def _check_validation_rows(source: Source, shards: list[Shard], config: TrainingConfig) -> None:

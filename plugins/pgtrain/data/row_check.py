@@ -42,8 +42,9 @@ class RowCheck:
     kinds: dict[str, BadRows]
     alias_xmin_ages: list[int]  # alias_xmin_age of the rows that have one
     bad_columns: tuple[str, ...] = ()
-    # the validation rows' keys as big-endian int8s, when asked (split): up to FOLDED_KEYS_MAX_BYTES, kept out of reprs
-    validation_keys: bytes | None = field(default=None, repr=False)
+    # the held-out rows' keys as big-endian int8s, each followed by its part of the split (one byte), when asked
+    # (split): up to FOLDED_KEYS_MAX_BYTES, kept out of reprs
+    held_keys: bytes | None = field(default=None, repr=False)
     extra: tuple[Any, ...] = ()  # the values of check_rows' ``extra`` aggregates, over every row checked
 
 
@@ -54,13 +55,15 @@ def bad_rows_report(kinds: dict[str, BadRows]) -> dict[str, dict[str, object]]:
 
 def check_rows(conn: psycopg.Connection, source: Source, dim: int, num_classes: int | None,
                clock: XidClock, output_dim: int | None = None, *, values: bool = True,
-               where: sql.Composable | None = None, split: sql.Composable | None = None,
+               where: sql.Composable | None = None,
+               split: tuple[sql.Composable, sql.Composable] | None = None,
                extra: Sequence[sql.Composable] = ()) -> RowCheck:
     """Row count, largest good label (classification without num_classes), each bad-row kind's count and example
     keys, and (scalar feature columns) which columns hold bad values; ``values=False`` leaves the kinds of
-    LOAD_KINDS to the loader; ``where`` (SQL) restricts the rows checked. ``split`` (SQL, ``is_validation``; integer
-    keys only): the lean scan also collects the keys of the rows it holds (``validation_keys``), so that
-    ``cut_shards`` needs no pass of its own to count each shard's validation rows. ``extra``: more aggregates the
+    LOAD_KINDS to the loader; ``where`` (SQL) restricts the rows checked. ``split`` (SQL: which rows, and a byte
+    each; ``is_held_out`` and ``split_part``; integer keys only): the lean scan also collects the keys of the rows
+    it holds, each followed by its byte (``held_keys``), so that ``cut_shards`` needs no pass of its own to count
+    each shard's validation and test rows. ``extra``: more aggregates the
     lean scan computes on the way (``pgtrain.data.statistics``: the numeric columns' training means).
 
     One lean scan counts the rows and the bad ones (``source.bad_row``: the kinds' checks in fewer calls); only
@@ -75,9 +78,9 @@ def check_rows(conn: psycopg.Connection, source: Source, dim: int, num_classes: 
                 else sql.SQL("0"))
     # The largest label only matters when num_classes is inferred from it (max_label is None otherwise).
     infer = source.target_format == "label" and not num_classes
-    keys = (sql.SQL("string_agg(int8send(CAST({} AS bigint)), ''::bytea) FILTER (WHERE {})").format(source.key, split)
-            if split is not None else sql.SQL("NULL::bytea"))
-    total, bad, max_label, aliased, validation_keys, *extras = conn.execute(sql.SQL(
+    keys = (sql.SQL("string_agg(int8send(CAST({} AS bigint)) || {}, ''::bytea) FILTER (WHERE {})").format(
+        source.key, split[1], split[0]) if split is not None else sql.SQL("NULL::bytea"))
+    total, bad, max_label, aliased, held_keys, *extras = conn.execute(sql.SQL(
         """SELECT count(*), count(*) FILTER (WHERE {any_bad}), {max_label}, {aliasing}, {keys}{extra}
            FROM {rel} {where}""").format(
         any_bad=bad_row(source, dim, num_classes, output_dim, values=values), rel=source.relation, where=restrict,
@@ -86,9 +89,9 @@ def check_rows(conn: psycopg.Connection, source: Source, dim: int, num_classes: 
         binary=split is not None  # the keys as bytes, not as hex text twice their size
     ).fetchone()
     if split is not None:
-        validation_keys = bytes(validation_keys or b"")
+        held_keys = bytes(held_keys or b"")
     if not bad and not aliased:
-        return RowCheck(total, 0, max_label, {}, [], validation_keys=validation_keys, extra=tuple(extras))
+        return RowCheck(total, 0, max_label, {}, [], held_keys=held_keys, extra=tuple(extras))
     checks = row_checks(source, dim, num_classes, output_dim)
     flags = [sql.Identifier(f"is_{kind}") for kind in checks]
     any_bad = sql.SQL(" OR ").join(flags)
@@ -123,7 +126,7 @@ def check_rows(conn: psycopg.Connection, source: Source, dim: int, num_classes: 
     kinds = {kind: BadRows(count, list(examples))
              for kind, count, examples in zip(checks, found[::2], found[1::2], strict=True) if count}
     bad_columns = tuple(c.name for c, bit in zip(checked, column_bits or "", strict=False) if bit == "1")
-    return RowCheck(total, bad, max_label, kinds, ages or [], bad_columns, validation_keys, tuple(extras))
+    return RowCheck(total, bad, max_label, kinds, ages or [], bad_columns, held_keys, tuple(extras))
 
 
 def _column_bit(column: Column, value: sql.Composable, nulls: bool) -> sql.Composable:

@@ -27,7 +27,7 @@ from pgtrain.core.errors import SourceError
 from pgtrain.data import level_storage
 from pgtrain.data.encoding import NULL_HASH
 from pgtrain.data.source.resolve import CATEGORY, LABEL_TYPES, Column, Source, categories, valued
-from pgtrain.data.source.rows import is_validation, scalar_value
+from pgtrain.data.source.rows import is_held_out, scalar_value
 from pgtrain.data.source.snapshot import Beside
 
 # A categorical column with more distinct values than max_categories and at least this share of the rows that have
@@ -181,7 +181,7 @@ def vocabularies(conn: psycopg.Connection, source: Source, categorical: Sequence
         sql.SQL("WHEN {} THEN {}").format(sql.Literal(m), t) for m, t in zip(masks, texts, strict=True)))
     cap = sql.SQL("CASE g WHEN {} THEN {} ELSE {} END").format(
         sql.Literal(masks[-1] if classes else -1), sql.Literal(MAX_CLASSES + 1), sql.Literal(config.max_categories))
-    split = is_validation(source, config.validation_fraction, config.seed)
+    split = is_held_out(source, config.validation_fraction, config.test_fraction, config.seed)
     query = sql.SQL(
         """SELECT g, level, n, val_n, levels, valued, hashtextextended(level, 0) FROM (
              SELECT g, level, n, val_n, count(level) OVER (PARTITION BY g) AS levels,
@@ -250,7 +250,8 @@ def _classes(source: Source, counted: Mapping[str, Any]) -> tuple[Source, str | 
     warning = None
     if unseen:
         rows = sum(v for _, v in unseen)
-        warning = (f"label_column {label!r}: {len(unseen)} classes appear only in validation rows ({rows} rows, "
+        warning = (f"label_column {label!r}: {len(unseen)} classes appear only in held-out (validation or test) rows "
+                   f"({rows} rows, "
                    "e.g. " + ", ".join(repr(t) for t, _ in unseen[:EXAMPLE_CLASSES]) + "); the model cannot "
                    "predict them and those rows count as wrong")
     classes = tuple(t for t, _ in trained)

@@ -3,7 +3,7 @@ shared by the planner (which sizes batches by it), the loader (which reads shard
 
 A row's features arrive as PostgreSQL sends them (``pgtrain.data.source.rows.feature_payload``: one array or
 bytea, or one float4/float8 array per wire type of scalar columns), then its label or regression target
-(``target_payload``) and its validation flag.
+(``target_payload``) and its part of the split (rows.split_part).
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ def target_fields(source: Source, output_dim: int | None) -> list[tuple[Any, ...
 
 
 def record_dtype(source: Source, dim: int, output_dim: int | None = None) -> np.dtype:
-    """One row of a batch payload: features, label::int4 or the regression target, is_validation."""
-    return np.dtype([*source_feature_fields(source, dim), *target_fields(source, output_dim), ("val", "u1")])
+    """One row of a batch payload: features, label::int4 or the regression target, its part of the split."""
+    return np.dtype([*source_feature_fields(source, dim), *target_fields(source, output_dim), ("part", "u1")])
 
 
 Group = tuple[str, slice | list[int], Coder | None]

@@ -44,6 +44,7 @@ class Shard:
     row_count: int
     train_count: int
     val_count: int
+    test_count: int = 0  # rows that choose nothing (the figures are read on them); 0 before the test part
 
 
 def training_run_id(dag_id: str, dag_run_id: str) -> str:
@@ -177,9 +178,10 @@ def write_manifest(conn: psycopg.Connection, run_id: str, shards: list[Shard], i
     with conn.cursor() as cur:
         cur.executemany(
             """INSERT INTO pgtrain.shard_manifest
-               (run_id, rank, world_size, key_lo, key_hi, row_count, train_count, val_count)
-               VALUES (%s, %s, %s, %s, %s, %s, %s, %s)""",
-            [(run_id, s.rank, s.world_size, s.key_lo, s.key_hi, s.row_count, s.train_count, s.val_count)
+               (run_id, rank, world_size, key_lo, key_hi, row_count, train_count, val_count, test_count)
+               VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)""",
+            [(run_id, s.rank, s.world_size, s.key_lo, s.key_hi, s.row_count, s.train_count, s.val_count,
+              s.test_count)
              for s in shards],
         )
     conn.execute("UPDATE pgtrain.training_runs SET input_dim = %s, num_classes = %s, output_dim = %s, encoding = %s "
@@ -190,7 +192,7 @@ def write_manifest(conn: psycopg.Connection, run_id: str, shards: list[Shard], i
 
 def get_manifest(conn: psycopg.Connection, run_id: str) -> list[Shard]:
     rows = conn.execute(
-        """SELECT rank, world_size, key_lo, key_hi, row_count, train_count, val_count
+        """SELECT rank, world_size, key_lo, key_hi, row_count, train_count, val_count, test_count
            FROM pgtrain.shard_manifest WHERE run_id = %s ORDER BY rank""",
         (run_id,),
     ).fetchall()
@@ -262,6 +264,13 @@ def set_init_version(conn: psycopg.Connection, run_id: str, version: int | None)
     with conn.transaction():
         conn.execute("UPDATE pgtrain.training_runs SET init_version = %s, updated_at = now() WHERE run_id = %s",
                      (version, run_id))
+
+
+def set_test_metrics(conn: psycopg.Connection, run_id: str, metrics: dict[str, Any]) -> None:
+    """Record the kept parameters' figures on the test rows (rank 0, once, before staging them)."""
+    with conn.transaction():
+        conn.execute("UPDATE pgtrain.training_runs SET test_metrics = %s, updated_at = now() WHERE run_id = %s",
+                     (Jsonb(json_safe(metrics)), run_id))
 
 
 _METRIC_COLUMNS = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "seconds")

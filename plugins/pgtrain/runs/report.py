@@ -1,4 +1,5 @@
-"""The summary of a run: rows per rank, loss curve, validation metrics, committed version, wall time.
+"""The summary of a run: rows per rank, loss curve, validation metrics (they chose the epoch), the kept parameters'
+figures on the test rows (they chose nothing), committed version, wall time.
 
 The report task stores it with the run; ``python -m pgtrain.cli.report`` prints it.
 """
@@ -19,7 +20,7 @@ def build_summary(conn: psycopg.Connection, run_id: str) -> dict[str, Any]:
         row = cur.execute(
             """SELECT r.run_id, r.model_name, r.status, r.status_reason, r.input_dim, r.num_classes,
                       extract(epoch FROM r.updated_at - r.created_at)::float8 AS wall_seconds,
-                      v.version, v.created_at, p.excluded_rows, h.version IS NOT NULL AS is_head
+                      v.version, v.created_at, p.excluded_rows, h.version IS NOT NULL AS is_head, r.test_metrics
                FROM pgtrain.training_runs r
                LEFT JOIN pgtrain.model_versions v ON v.run_id = r.run_id
                LEFT JOIN pgtrain.model_heads h ON h.model_name = v.model_name AND h.version = v.version
@@ -28,7 +29,7 @@ def build_summary(conn: psycopg.Connection, run_id: str) -> dict[str, Any]:
             (run_id,),
         ).fetchone()
         manifest = cur.execute(
-            "SELECT rank, row_count, train_count, val_count FROM pgtrain.shard_manifest WHERE run_id = %s "
+            "SELECT rank, row_count, train_count, val_count, test_count FROM pgtrain.shard_manifest WHERE run_id = %s "
             "ORDER BY rank",
             (run_id,),
         ).fetchall()
@@ -48,6 +49,8 @@ def build_summary(conn: psycopg.Connection, run_id: str) -> dict[str, Any]:
         "loss_per_epoch": [round(e["train_loss"], 5) for e in epochs],
         "val_accuracy": kept.get("val_accuracy"),
         "validation": {k: v for k, v in kept.items() if k.startswith("val_") and v is not None},
+        "test_rows": sum(m["test_count"] for m in manifest),
+        "test": {k: v for k, v in (row["test_metrics"] or {}).items() if isinstance(v, float)},
         "best_epoch": last.get("best_epoch"),
         "samples_per_second": last.get("samples_per_second"),
         "version": row["version"],
@@ -57,7 +60,7 @@ def build_summary(conn: psycopg.Connection, run_id: str) -> dict[str, Any]:
 
 
 def format_summary(summary: dict[str, Any]) -> str:
-    validation = summary.get("validation") or {}
+    validation, test = summary.get("validation") or {}, summary.get("test") or {}
     head = "" if summary.get("is_head", True) else f" (not the head: {summary['status_reason']})"
     lines = [
         f"run               {summary['run_id']} ({summary['status']})",
@@ -68,6 +71,8 @@ def format_summary(summary: dict[str, Any]) -> str:
                                  or "n/a")
         + (f" (best epoch {summary['best_epoch']} of {len(summary['loss_per_epoch'])})"
            if summary.get("best_epoch") else ""),
+        "test              " + (", ".join(f"{k.removeprefix('test_')} {v:.4f}" for k, v in test.items())
+                                 + f" ({summary.get('test_rows')} rows that chose nothing)" if test else "n/a"),
         f"committed version {summary['model_name']} v{summary['version']}{head}" if summary["version"]
         else f"committed version none ({summary['status_reason'] or 'not committed'})",
         f"wall time         {summary['wall_seconds']} s",

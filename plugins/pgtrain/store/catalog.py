@@ -76,14 +76,15 @@ def version_details(conn: psycopg.Connection, model_name: str, versions: list[in
         rows = cur.execute(
             """SELECT v.version, v.run_id, v.metrics, v.spec, v.created_at, h.version IS NOT NULL AS is_head,
                       r.config, r.dag_id, r.dag_run_id, p.excluded_rows, p.planned_at,
-                      m.rows, m.train_rows, m.val_rows, m.world_size
+                      m.rows, m.train_rows, m.val_rows, m.test_rows, m.world_size
                FROM pgtrain.model_versions v
                LEFT JOIN pgtrain.model_heads h ON h.model_name = v.model_name AND h.version = v.version
                LEFT JOIN pgtrain.training_runs r ON r.run_id = v.run_id
                LEFT JOIN pgtrain.shard_plans p ON p.run_id = v.run_id
                LEFT JOIN LATERAL (
                    SELECT sum(row_count)::bigint AS rows, sum(train_count)::bigint AS train_rows,
-                          sum(val_count)::bigint AS val_rows, max(world_size) AS world_size
+                          sum(val_count)::bigint AS val_rows, sum(test_count)::bigint AS test_rows,
+                          max(world_size) AS world_size
                    FROM pgtrain.shard_manifest s WHERE s.run_id = v.run_id) m ON true
                WHERE v.model_name = %s AND v.version = ANY(%s)""",
             (model_name, versions),

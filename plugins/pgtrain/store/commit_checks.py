@@ -9,7 +9,7 @@ from typing import Any
 
 import psycopg
 
-from pgtrain.config.metrics import METRICS, REGRESSION, Metric
+from pgtrain.config.metrics import METRICS, REGRESSION, TEST_PREFIX, VALIDATION_PREFIX, Metric, figures_from, reported
 from pgtrain.config.params import TrainingConfig
 from pgtrain.core.errors import CommitRejected
 from pgtrain.runs.record import Run
@@ -125,7 +125,10 @@ def quality_gate(config: TrainingConfig, task: str, metrics: Mapping[str, Any],
 
     Each rule of the run's gate in turn: the task's (max_accuracy_drop and the floor min_val_accuracy on
     val_accuracy, max_rmse_rise and max_val_rmse on val_rmse), then ``metric``'s (max_drop and floor), each
-    in the metric's direction (``pgtrain.config.metrics.METRICS``). Floors hold whatever the head; the
+    in the metric's direction (``pgtrain.config.metrics.METRICS``), on the figure the version reports: read on its
+    test rows (rows that chose nothing) where it has them, else on its validation rows. The head is compared on
+    the rows both have: test rows, or (a head from before the test part, or either without test rows) both
+    versions' validation rows, which the note says. Floors hold whatever the head; the
     comparison with the head only when there is a comparable head (``head`` None: none, or a different
     architecture) that recorded the metric (else the verdict's note says so). A metric the run did not record
     (None) fails a floor, and a comparison with a head that recorded it. A run that recorded no validation metric
@@ -144,7 +147,8 @@ def quality_gate(config: TrainingConfig, task: str, metrics: Mapping[str, Any],
         if rejection is not None:
             return GateVerdict(rejection)
         notes += [note] if note else []
-    validated = any(key.startswith("val_") and value is not None for key, value in metrics.items())
+    validated = any(key.startswith((VALIDATION_PREFIX, TEST_PREFIX)) and value is not None
+                    for key, value in metrics.items())
     hold = None if validated or config.allow_unvalidated else (
         "the run recorded no validation metric (it had no validation rows), and the DAG's author's quality gate "
         "does not set allow_unvalidated")
@@ -154,10 +158,17 @@ def quality_gate(config: TrainingConfig, task: str, metrics: Mapping[str, Any],
 def _gate(metric: Metric, metrics: Mapping[str, Any], head: Mapping[str, Any] | None, floor: float | None,
           floor_name: str, slack: float | None, slack_name: str) -> tuple[str | None, str | None]:
     """(rejection, note) of one rule: a floor and a slack on one metric."""
-    value = metrics.get(metric.name)
-    label = f"validation {metric.label}"
+    rows = figures_from(metrics)
+    value = reported(metrics, metric.name)
+    label = f"{rows} {metric.label}"
     compared = head is not None and slack is not None
-    head_value = (head or {}).get("metrics", {}).get(metric.name) if compared else None
+    head_metrics = (head or {}).get("metrics") or {}
+    common = "test" if rows == figures_from(head_metrics) == "test" else "validation"
+    head_value = reported(head_metrics, metric.name, common) if compared else None
+    fallback = None
+    if compared and common != rows:
+        fallback = (f"quality gate: head version {head['version']} has no test figures: it was compared on both "
+                    "versions' validation rows")
     if value is None and (floor is not None or head_value is not None):
         against = (f"check against {floor_name}={floor:g}" if floor is not None else
                    f"compare with head version {head['version']} ({head_value:.4f})")
@@ -170,9 +181,11 @@ def _gate(metric: Metric, metrics: Mapping[str, Any], head: Mapping[str, Any] | 
     if not compared:
         return None, None
     if head_value is None:
-        return None, f"quality gate: head version {head['version']} recorded no {label}: {slack_name} was not applied"
+        return None, (f"quality gate: head version {head['version']} recorded no {common} {metric.label}: "
+                      f"{slack_name} was not applied")
+    value = reported(metrics, metric.name, common)
     if value is not None and metric.worse(value, metric.worsened(head_value, slack)):
         direction = "below" if metric.higher_is_better else "above"
-        return (f"quality gate: {label} {value:.4f} is more than {slack_name}={slack:g} {direction} head version "
-                f"{head['version']} ({head_value:.4f}); the head stays at version {head['version']}"), None
-    return None, None
+        return (f"quality gate: {common} {metric.label} {value:.4f} is more than {slack_name}={slack:g} {direction} "
+                f"head version {head['version']} ({head_value:.4f}); the head stays at version {head['version']}"), None
+    return None, fallback

@@ -19,6 +19,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from pgtrain.config.metrics import FIGURES_FROM
 from pgtrain.core.errors import CommitRejected, PgtrainError, StaleLockToken
 from pgtrain.runs.record import epoch_metrics, get_run, kept_epoch, set_status
 from pgtrain.store import identity, tensors
@@ -103,7 +104,7 @@ def commit_run(conn: psycopg.Connection, run_id: str, owner: Mapping[str, Any] |
             set_status(conn, run_id, "rejected", str(rejected))
             _discard_run_tensors(conn, run_id)
         raise
-    metrics = version_metrics(epochs, infos)
+    metrics = version_metrics(epochs, infos, record.get("test_metrics"))
 
     rejection: str | None = None
     # heartbeat=True: the lease is renewed every ttl/3 while the commit works, however long it waits.
@@ -141,10 +142,14 @@ def commit_run(conn: psycopg.Connection, run_id: str, owner: Mapping[str, Any] |
     return CommitResult(run.model_name, version, True, lease.token, metrics, head_moved=held is None)
 
 
-def version_metrics(epochs: list[dict[str, Any]], infos: list[tensors.TensorInfo]) -> dict[str, Any]:
+def version_metrics(epochs: list[dict[str, Any]], infos: list[tensors.TensorInfo],
+                    test: dict[str, Any] | None = None) -> dict[str, Any]:
     """The figures of the epoch whose parameters the run staged (the best one, ``best_epoch``, with early stopping;
-    else the last), plus epochs trained, total training seconds and parameter count."""
-    metrics: dict[str, Any] = {}
+    else the last), plus epochs trained, total training seconds and parameter count; and ``test``, the staged
+    parameters' figures on the test rows (test_*), with FIGURES_FROM saying which rows the reported figures come
+    from."""
+    metrics: dict[str, Any] = {k: _finite_or_none(v) for k, v in (test or {}).items()}
+    metrics[FIGURES_FROM] = "test" if test else "validation"
     if epochs:
         metrics.update({k: _finite_or_none(v) for k, v in kept_epoch(epochs).items() if k != "seconds"})
         metrics["epoch"] = epochs[-1].get("epoch", metrics.get("epoch"))

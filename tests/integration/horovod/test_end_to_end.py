@@ -13,6 +13,7 @@ import pytest
 from psycopg import sql
 
 from dev import examples
+from pgtrain.runs import record
 from pgtrain.store.model_spec import ModelSpec
 from pgtrain.store.model_store import commit_run, load_tensors
 from tests.conftest import REPO
@@ -75,11 +76,11 @@ def test_the_digits_dag_trains_and_commits_a_version(airflow_env, make_database)
         parameters = load_tensors(conn, "digits-mlp", version)[1]
         assert {n: a.shape for n, a in parameters.items()} == ModelSpec(64, (50,), 10).parameter_shapes()
         assert all(np.isfinite(a).all() for a in parameters.values())
-        val_accuracy = conn.execute(
-            "SELECT val_accuracy FROM pgtrain.run_metrics WHERE run_id = %s ORDER BY epoch DESC LIMIT 1", (run_id,)
-        ).fetchone()[0]
-        assert val_accuracy >= 0.90
-        assert metrics.get("val_accuracy") == pytest.approx(val_accuracy)
+        kept = record.kept_epoch(record.epoch_metrics(conn, run_id))  # the best epoch with early stopping
+        assert kept["val_accuracy"] >= 0.90
+        assert metrics.get("val_accuracy") == pytest.approx(kept["val_accuracy"])
+        # The reported figures are the kept parameters' on the test rows, which chose nothing.
+        assert metrics["figures_from"] == "test" and metrics["test_accuracy"] >= 0.90
 
         assert_model_asset_event(run_id, version)
 

@@ -40,22 +40,24 @@ def dags_test(airflow_env: dict[str, str], db_url: str, settings: str, conf: dic
 
 def split_rows(conn: psycopg.Connection, model_name: str, columns: list[str], target: str
                ) -> tuple[dict[str, float], tuple[np.ndarray, ...]]:
-    """The committed version's metrics, and the run's own train/validation rows (by pgtrain's split)."""
+    """The committed version's metrics, and the run's own training/validation rows (by pgtrain's split)."""
     run_id, metrics = conn.execute(
         "SELECT run_id, metrics FROM pgtrain.model_versions WHERE model_name = %s", (model_name,)).fetchone()
     run = record.get_run(conn, run_id)
     source = manifest.source_for(conn, run)
-    from pgtrain.data.source.rows import is_validation
+    from pgtrain.data.source.rows import is_held_out, is_validation
 
-    query = sql.SQL("SELECT {cols}, {target}, {is_val} FROM {rel} ORDER BY {key}").format(
+    config = run.config
+    query = sql.SQL("SELECT {cols}, {target}, {is_val}, {held} FROM {rel} ORDER BY {key}").format(
         cols=sql.SQL(", ").join(map(sql.Identifier, columns)), target=sql.Identifier(target),
-        is_val=is_validation(source, run.config.validation_fraction, run.config.seed), rel=source.relation,
+        is_val=is_validation(source, config.validation_fraction, config.seed),
+        held=is_held_out(source, config.validation_fraction, config.test_fraction, config.seed), rel=source.relation,
         key=source.key)
     rows = conn.execute(query).fetchall()
-    x = np.array([r[:-2] for r in rows], dtype=np.float64)
-    y = np.array([r[-2] for r in rows], dtype=np.float64)
-    val = np.array([r[-1] for r in rows], dtype=bool)
-    return metrics, (x[~val], y[~val], x[val], y[val])
+    x = np.array([r[:-3] for r in rows], dtype=np.float64)
+    y = np.array([r[-3] for r in rows], dtype=np.float64)
+    val, held = (np.array([r[i] for r in rows], dtype=bool) for i in (-2, -1))
+    return metrics, (x[~held], y[~held], x[val], y[val])
 
 
 def test_breast_cancer_scalar_columns_match_logistic_regression(airflow_env, db_url, settings_file):

@@ -18,6 +18,7 @@ from pgtrain.airflow.dag import train_run
 from pgtrain.core.cpus import usable_cpus
 from pgtrain.core.errors import ClaimLost, TrainingFailed, TrainingInputError
 from pgtrain.data import loader, manifest
+from pgtrain.data.source.rows import TRAIN
 from pgtrain.launch import local as launch_local
 from pgtrain.runs import record
 from pgtrain.store import tensors
@@ -61,9 +62,9 @@ def reference_training(autocommit: psycopg.Connection, run: record.Run, loss_of,
     config = run.config
     shards = record.get_manifest(autocommit, run.run_id)
     source = manifest.source_for(autocommit, run)
-    data = [loader.load_shard(autocommit, source, s, run.input_dim, config.validation_fraction, config.seed)
-            for s in shards]
-    train = [np.flatnonzero(~d.is_validation) for d in data]
+    data = [loader.load_shard(autocommit, source, s, run.input_dim, config.validation_fraction, config.seed,
+                              test_fraction=config.test_fraction) for s in shards]
+    train = [np.flatnonzero(d.part == TRAIN) for d in data]
     model = build_model(config.model, run.input_dim, run.output_dim, config.model_options_for_build, config.seed,
                         run.encoding)
     everything = torch.from_numpy(np.concatenate([d.features[t] for d, t in zip(data, train, strict=True)])).double()
@@ -155,7 +156,8 @@ def test_two_rank_sgd_equals_single_process_on_the_same_global_batches(autocommi
     batches; the run records the backend that trained it."""
     seed_samples(autocommit, rows=96, dim=6, classes=3, seed=7)
     run = planned_run(autocommit, world_size=2, epochs=1, batch_size=8, hidden_sizes=[5], backend=backend,
-                      validation_fraction=0.0, allow_unvalidated=True, learning_rate=0.1, seed=3)
+                      validation_fraction=0.0, test_fraction=0, allow_unvalidated=True, learning_rate=0.1,
+                      seed=3)
     output = run_job(run, db_url)
     distributed = tensors.read_staged(autocommit, run.run_id)
     assert any(f"starting 2 {backend} ranks" in line for line in output)
@@ -173,7 +175,7 @@ def test_the_auto_batch_and_learning_rate_train_as_the_reference_does(autocommit
     rate of 0.008 x sqrt(80 / 64), the same in the ranks as in the single-process reference."""
     seed_samples(autocommit, rows=4000, dim=6, classes=3, seed=5)
     run = planned_run(autocommit, world_size=2, epochs=1, hidden_sizes=[5], validation_fraction=0.0,
-                      allow_unvalidated=True, seed=2)
+                      test_fraction=0, allow_unvalidated=True, seed=2)
     assert (run.config.batch_size, run.config.learning_rate) == (None, None)
     output = run_job(run, db_url)
     assert batch_and_rate(run.config, record.get_manifest(autocommit, run.run_id)) == (40, 0.008 * 1.25 ** 0.5)
@@ -189,7 +191,8 @@ def test_two_rank_regression_equals_single_process_and_reports_its_metrics(autoc
     momentum and a validation split), and val_rmse / val_mae / val_r2 in the target's units over all ranks."""
     price = seed_regression(autocommit, rows=120, dim=5, seed=2)
     run = planned_run(autocommit, world_size=2, epochs=2, batch_size=10, hidden_sizes=[6],
-                      validation_fraction=0.25, learning_rate=0.05, seed=1, source_table="public.houses",
+                      validation_fraction=0.25, test_fraction=0, learning_rate=0.05, seed=1,
+                      source_table="public.houses",
                       early_stopping_patience=0, optimizer="sgd", lr_schedule="constant",
                       label_column="price", task="regression", model_name="houses")
     assert (run.output_dim, run.num_classes) == (1, None)
@@ -338,7 +341,7 @@ def test_two_rank_training_on_categories_and_imputed_nulls_equals_single_process
 
 def balanced_weights(data: list, classes: int) -> torch.Tensor:
     """class_weight=balanced from every rank's training rows, computed here independently of the trainer."""
-    labels = np.concatenate([d.labels[~d.is_validation] for d in data])
+    labels = np.concatenate([d.labels[d.part == TRAIN] for d in data])
     counts = np.bincount(labels, minlength=classes).astype(np.float64)
     return torch.from_numpy(len(labels) / (classes * counts)).float()
 
@@ -366,7 +369,8 @@ def test_two_ranks_with_each_optimizer_schedule_class_weights_and_early_stopping
 
     shards = record.get_manifest(autocommit, run.run_id)
     source = manifest.source_for(autocommit, run)
-    data = [loader.load_shard(autocommit, source, s, run.input_dim, 0.25, 4) for s in shards]
+    data = [loader.load_shard(autocommit, source, s, run.input_dim, 0.25, 4, test_fraction=run.config.test_fraction)
+            for s in shards]
     weights.append(balanced_weights(data, 3))
     snapshots: list[dict[str, torch.Tensor]] = []
     model, data = reference_training(autocommit, run, loss, snapshots)

@@ -100,8 +100,8 @@ def compute_shards(training_run: str, settings: dict[str, Any], conn_id: str = D
             leave_outcome(ti, conn, training_run)
             raise
     for shard in plan.shards:
-        log.info("rank %d: keys %s..%s, %d rows (%d training)", shard.rank, shard.key_lo, shard.key_hi,
-                 shard.row_count, shard.train_count)
+        log.info("rank %d: keys %s..%s, %d rows (%d training, %d validation, %d test)", shard.rank, shard.key_lo,
+                 shard.key_hi, shard.row_count, shard.train_count, shard.val_count, shard.test_count)
     if plan.excluded_rows:
         log.warning("excluded %d bad rows (bad_rows=exclude): %s", plan.excluded_rows, plan.summary()["bad_rows"])
     return plan.summary()

@@ -12,34 +12,59 @@ from typing import Any
 
 from pgtrain.airflow.ui.charts import metric_charts
 from pgtrain.airflow.ui.html import dag_run_href, e, link, model_href, number, page, version_label, when
-from pgtrain.config.metrics import CONFUSION_MATRIX, METRICS
+from pgtrain.config.metrics import CONFUSION_MATRIX, METRICS, TEST_PREFIX, VALIDATION_PREFIX, figures_from
 from pgtrain.config.params import QUALITY_GATE
 
 
-def validation_keys(metrics: Mapping[str, Any]) -> list[str]:
-    """The validation figures of ``metrics``: the registry's in its order, then any other val_* key."""
-    return ([k for k in METRICS if k in metrics]
-            + sorted(k for k in metrics if k.startswith("val_") and k not in METRICS))
+def validation_keys(metrics: Mapping[str, Any], prefix: str = VALIDATION_PREFIX) -> list[str]:
+    """The validation figures of ``metrics`` (or, with prefix test_, the test figures): the registry's in its
+    order, then any other such key."""
+    known = [TEST_PREFIX + k.removeprefix(VALIDATION_PREFIX) if prefix == TEST_PREFIX else k for k in METRICS]
+    return ([k for k in known if k in metrics]
+            + sorted(k for k in metrics if k.startswith(prefix) and k not in known
+                     and k != prefix + CONFUSION_MATRIX))
+
+
+def figure_keys(metrics: Mapping[str, Any]) -> list[str]:
+    """Every figure of ``metrics``: those read on the test rows first, then the validation rows'."""
+    return validation_keys(metrics, TEST_PREFIX) + validation_keys(metrics)
+
+
+def metric_of(key: str) -> str:
+    """The registry name of a figure's metric (test_accuracy -> val_accuracy)."""
+    return VALIDATION_PREFIX + key.removeprefix(TEST_PREFIX) if key.startswith(TEST_PREFIX) else key
+
+
+def rows_of(key: str) -> str:
+    """Which rows a figure was read on: test rows chose nothing; validation rows chose the epoch."""
+    return "test" if key.startswith(TEST_PREFIX) else "validation"
 
 
 def _label(key: str) -> str:
-    return METRICS[key].label if key in METRICS else key.removeprefix("val_").replace("_", " ")
+    name = metric_of(key)
+    return METRICS[name].label if name in METRICS else name.removeprefix(VALIDATION_PREFIX).replace("_", " ")
 
 
 def metrics_text(metrics: Mapping[str, Any] | None) -> str:
-    """The validation figures first, then epochs; a short line."""
+    """The reported figures (the test rows' where the version has them, else the validation rows'), saying which
+    rows they come from, then epochs; a short line."""
     metrics = metrics or {}
-    keys = validation_keys(metrics) + [k for k in ("best_epoch", "epochs") if k in metrics]
-    return ", ".join(f"{e(_label(k))} {number(metrics[k])}" for k in keys) or "-"
+    rows = figures_from(metrics)
+    shown = validation_keys(metrics, TEST_PREFIX if rows == "test" else VALIDATION_PREFIX)
+    keys = shown + [k for k in ("best_epoch", "epochs") if k in metrics]
+    text = ", ".join(f"{e(_label(k))} {number(metrics[k])}" for k in keys)
+    return (f'<span class="rows muted" data-rows="{e(rows)}">{e(rows)}:</span> {text}' if shown else text) or "-"
 
 
 def metrics_table(metrics: Mapping[str, Any] | None) -> str:
-    """A version's validation figures, one row each, with the direction that is better."""
+    """A version's figures, one row each, with the direction that is better and the rows it was read on (test
+    rows, which chose nothing, first)."""
     metrics = metrics or {}
     rows = "".join(
         f'<tr data-metric="{e(k)}"><th>{e(_label(k))}</th><td>{number(metrics[k])}</td><td>'
-        f"{e(METRICS[k].better if k in METRICS else None)}</td><td><code>{e(k)}</code></td></tr>"
-        for k in validation_keys(metrics))
+        f"{e(METRICS[metric_of(k)].better if metric_of(k) in METRICS else None)}</td><td><code>{e(k)}</code></td>"
+        f'<td class="rows">{e(rows_of(k))} rows</td></tr>'
+        for k in figure_keys(metrics))
     if rows and metrics.get("best_epoch") is not None:  # early stopping: the figures are the best epoch's
         rows += (f'<tr data-metric="best_epoch"><th>best epoch</th><td>{number(metrics["best_epoch"])} of '
                  f'{number(metrics.get("epochs"))}</td><td>its parameters are the version\'s</td>'

@@ -30,11 +30,13 @@ from pgtrain.airflow.ui.render import (
     config_groups,
     config_tables,
     confusion_matrix,
+    figure_keys,
     flat_params,
+    metric_of,
     metrics_table,
     metrics_text,
     normalized,
-    validation_keys,
+    rows_of,
 )
 from pgtrain.config.metrics import CONFUSION_MATRIX, METRICS
 
@@ -116,7 +118,7 @@ def _version_section(model_name: str, shown: Mapping[str, Any], root: str) -> st
     title = f"v{shown['version']}" + (" (head)" if shown["is_head"] else "")
     run = f" (run {link(run_href(root, shown['run_id']), shown['run_id'])})" if shown["run_id"] else ""
     return (f"<h2 id=\"version\" data-version=\"{e(shown['version'])}\">Version {e(title)}</h2>"
-            "<div class=\"grid2\"><section><h3>Validation</h3>" + metrics_table(metrics)
+            "<div class=\"grid2\"><section><h3>Figures</h3>" + metrics_table(metrics)
             + confusion_matrix(metrics.get(CONFUSION_MATRIX)) + "</section>"
             "<section><h3>Data</h3>" + _facts_table("data", data_facts(shown)) + "</section>"
             "<section><h3>Model</h3>" + _facts_table("model-spec", model_facts(shown)) + "</section></div>"
@@ -136,7 +138,8 @@ def data_facts(version: Mapping[str, Any]) -> dict[str, Any]:
     watermark, planned = spec.get("watermark") or {}, version.get("planned_at")
     return {"source table": spec.get("source_table"), "key column": spec.get("key_column"),
             "rows": version.get("rows"), "training rows": version.get("train_rows"),
-            "validation rows": version.get("val_rows"), "excluded rows (bad)": version.get("excluded_rows"),
+            "validation rows": version.get("val_rows"), "test rows": version.get("test_rows"),
+            "excluded rows (bad)": version.get("excluded_rows"),
             "ranks": version.get("world_size"), "watermark: largest key": watermark.get("max_key"),
             "watermark: snapshot": watermark.get("snapshot"),
             "planned at": planned.isoformat(sep=" ", timespec="seconds") if planned else None}
@@ -172,7 +175,7 @@ def compare_page(model_name: str, compared: Sequence[Mapping[str, Any]], root: s
 
 def _compare_metrics(compared: Sequence[Mapping[str, Any]], header: str) -> str:
     figures = [d["metrics"] or {} for d in compared]
-    keys = validation_keys({k: None for m in figures for k in m})
+    keys = figure_keys({k: None for m in figures for k in m})
     keys += [k for k in ("best_epoch", "epochs") if any(k in m for m in figures)]
     rows = []
     for key in keys:
@@ -180,7 +183,8 @@ def _compare_metrics(compared: Sequence[Mapping[str, Any]], header: str) -> str:
         best = _best(key, values)
         cells = "".join(f'<td class="num{" best" if best is not None and v == best else ""}">{number(v)}</td>'
                         for v in values)
-        label = METRICS[key].label if key in METRICS else key
+        name = metric_of(key)
+        label = f"{METRICS[name].label if name in METRICS else key} ({rows_of(key)})"
         rows.append(f'<tr data-metric="{e(key)}"><th>{e(label)} <code>{e(key)}</code></th>{cells}</tr>')
     return (f'<table id="compare-metrics"><thead><tr><th>Metric</th>{header}</tr></thead>'
             f"<tbody>{''.join(rows)}</tbody></table>")
@@ -189,6 +193,7 @@ def _compare_metrics(compared: Sequence[Mapping[str, Any]], header: str) -> str:
 def _best(key: str, values: Sequence[Any]) -> float | None:
     """The best of a registry metric's finite values (by its direction), when they are not all the same."""
     finite = [v for v in values if isinstance(v, int | float) and math.isfinite(v)]
+    key = metric_of(key)
     if key not in METRICS or len(set(finite)) < 2:
         return None
     return max(finite) if METRICS[key].higher_is_better else min(finite)

@@ -1,7 +1,8 @@
 """The SQL fragments that select a source's rows, check them and send them, shared by the planner
 (``compute_shards``) and the trainer's loader so that both sides agree on which rows a run trains on:
 
-- ``is_validation``: the deterministic train/validation split (a hash of the key);
+- ``split_part`` / ``is_validation`` / ``is_test`` / ``is_held_out``: the deterministic train/validation/test
+  split (a hash of the key: docs/configuration.md, "The split");
 - ``row_checks`` / ``bad_row``: what makes a row unusable (NULLs, NaN/Inf, values beyond float32, wrong
   length, bad label or target);
 - ``feature_payload`` / ``target_payload``: the binary form of a row's features and target the loader reads.
@@ -30,7 +31,7 @@ _FLOATING = {"real", "double precision", "numeric"}  # may hold NaN and infiniti
 _WIDER_THAN_FLOAT32 = {"double precision", "numeric"}  # may hold finite values float32 cannot
 # float32's largest finite value, exactly, for each type that can exceed it.
 _FLOAT32_MAX = {"double precision": "3.4028234663852886e38", "numeric": "340282346638528859811704183484516925440"}
-# Resolution of the hash-based validation split: fraction is applied in millionths.
+# Resolution of the hash-based split: fractions are applied in millionths.
 _SPLIT_BUCKETS = 1_000_000
 # A packed little-endian float32 is NaN or infinite when its 8 exponent bits are all set: the high bit of its
 # third byte and the low 7 bits of its fourth. In hex, 8 characters per value: the 5th is 8-f, the 7th 7 or f,
@@ -86,12 +87,48 @@ def target_length(source: Source) -> sql.Composable:
     return array_length(source.label)
 
 
+def split_bucket(source: Source, seed: int) -> sql.Composable:
+    """SQL: the row's place in the split, 0..999999: a hash of the key's text form and ``seed``."""
+    return sql.SQL("abs(mod(hashtextextended({}::text, {}), {}))").format(
+        source.key, sql.Literal(seed), sql.Literal(_SPLIT_BUCKETS))
+
+
+def split_bounds(validation_fraction: float, test_fraction: float = 0.0) -> tuple[int, int]:
+    """(first test bucket, first training bucket): validation rows take buckets [0, the first), test rows
+    [the first, the second), training rows the rest. Validation comes first so that a run without a test part
+    holds out exactly the rows runs held out before there was one."""
+    validation = int(round(validation_fraction * _SPLIT_BUCKETS))
+    return validation, int(round((validation_fraction + test_fraction) * _SPLIT_BUCKETS))
+
+
 def is_validation(source: Source, fraction: float, seed: int) -> sql.Composable:
-    """SQL boolean: the row is held out for validation. Deterministic in (key, seed)."""
-    threshold = int(round(fraction * _SPLIT_BUCKETS))
-    return sql.SQL("(abs(mod(hashtextextended({}::text, {}), {})) < {})").format(
-        source.key, sql.Literal(seed), sql.Literal(_SPLIT_BUCKETS), sql.Literal(threshold)
-    )
+    """SQL boolean: the row is held out for validation (it chooses the epoch). Deterministic in (key, seed)."""
+    return sql.SQL("({} < {})").format(split_bucket(source, seed), sql.Literal(split_bounds(fraction)[0]))
+
+
+def is_test(source: Source, validation_fraction: float, test_fraction: float, seed: int) -> sql.Composable:
+    """SQL boolean: the row is held out as a test row (it chooses nothing: the version's figures are read on it)."""
+    first, last = split_bounds(validation_fraction, test_fraction)
+    return sql.SQL("({} BETWEEN {} AND {})").format(split_bucket(source, seed), sql.Literal(first),
+                                                   sql.Literal(last - 1))
+
+
+def is_held_out(source: Source, validation_fraction: float, test_fraction: float, seed: int) -> sql.Composable:
+    """SQL boolean: the row is no training row (validation or test); one hash per row."""
+    return sql.SQL("({} < {})").format(split_bucket(source, seed),
+                                       sql.Literal(split_bounds(validation_fraction, test_fraction)[1]))
+
+
+# A row's part of the split as the loader receives it (one byte): training rows 0, as runs before the test part.
+TRAIN, VALIDATION, TEST = 0, 1, 2
+
+
+def split_part(source: Source, validation_fraction: float, test_fraction: float, seed: int) -> sql.Composable:
+    """SQL bytea, one byte: the row's part (TRAIN, VALIDATION, TEST), from one hash per row: width_bucket is 0
+    below the first bound (validation), 1 below the second (test), else 2 (training)."""
+    first, last = split_bounds(validation_fraction, test_fraction)
+    return sql.SQL("set_byte('\\x00'::bytea, 0, mod(width_bucket({}, ARRAY[{}, {}]::bigint[]) + 1, 3))").format(
+        split_bucket(source, seed), sql.Literal(first), sql.Literal(last))
 
 
 def key_range(source: Source, lo: str | sql.Composable, hi: str | sql.Composable) -> sql.Composable:

@@ -1,0 +1,72 @@
+"""The train / validation / test split against a real PostgreSQL: deterministic, disjoint, covering every row, the
+same rows the manifest counts and the loader places, and exactly the SQL docs/configuration.md gives users."""
+
+from __future__ import annotations
+
+import numpy as np
+import psycopg
+import pytest
+
+from pgtrain.data import manifest
+from pgtrain.data.source.rows import TEST, TRAIN, VALIDATION
+from pgtrain.runs import record
+from tests.db.test_manifest import load_all, make_table, plan
+
+# docs/configuration.md, "The split": what a user runs to see each row's part (here with the run's values).
+DOCUMENTED_SPLIT = """
+SELECT id,
+       CASE WHEN bucket < round(%(validation_fraction)s * 1000000) THEN 'validation'
+            WHEN bucket < round((%(validation_fraction)s + %(test_fraction)s) * 1000000) THEN 'test'
+            ELSE 'train' END AS part
+FROM (SELECT id, abs(mod(hashtextextended(id::text, %(seed)s), 1000000)) AS bucket FROM {table}) AS keyed
+ORDER BY id"""
+PARTS = {"train": TRAIN, "validation": VALIDATION, "test": TEST}
+
+
+def documented_parts(conn: psycopg.Connection, table: str, **split) -> np.ndarray:
+    rows = conn.execute(DOCUMENTED_SPLIT.format(table=table), split).fetchall()  # table: a constant of this test
+    return np.array([PARTS[part] for _, part in rows], np.uint8)
+
+
+@pytest.mark.usefixtures("small_batches")
+@pytest.mark.parametrize("key_type", ["bigint", "text"])  # integer keys: counted by the check scan; text: a pass
+def test_the_split_is_disjoint_deterministic_covers_every_row_and_is_the_documented_sql(ac, key_type):
+    make_table(ac, "t", 3000, key_type=key_type)
+    split = {"validation_fraction": 0.15, "test_fraction": 0.2, "seed": 7}
+    run, planned = plan(ac, "public.t", world_size=3, **split)
+    shards = record.get_manifest(ac, run.run_id)
+    assert all(s.train_count + s.val_count + s.test_count == s.row_count for s in shards)
+
+    expected = documented_parts(ac, "public.t", **split)
+    loaded = np.concatenate([d.part for d in load_all(ac, run)])  # key order, as the SQL's ORDER BY id
+    np.testing.assert_array_equal(loaded, expected)  # every row in exactly one part, the documented one
+    counts = [int((expected == part).sum()) for part in (TRAIN, VALIDATION, TEST)]
+    assert counts == [sum(s.train_count for s in shards), sum(s.val_count for s in shards),
+                      sum(s.test_count for s in shards)]
+    assert sum(counts) == planned.total_rows == 3000
+    assert abs(counts[2] / 3000 - 0.2) < 0.03 and abs(counts[1] / 3000 - 0.15) < 0.03  # the fractions asked for
+
+    again, _ = plan(ac, "public.t", "run-2", world_size=2, **split)  # another run, other ranks: the same rows
+    np.testing.assert_array_equal(np.concatenate([d.part for d in load_all(ac, again)]), expected)
+    other_seed = documented_parts(ac, "public.t", **{**split, "seed": 8})
+    assert (other_seed != expected).mean() > 0.2  # the seed chooses the rows
+
+    # Without a test part the validation rows are the same: what a run held out before the test part existed.
+    untested, _ = plan(ac, "public.t", "run-3", world_size=3, **{**split, "test_fraction": 0})
+    parts = np.concatenate([d.part for d in load_all(ac, untested)])
+    np.testing.assert_array_equal(parts == VALIDATION, expected == VALIDATION)
+    assert not (parts == TEST).any() and sum(s.test_count for s in record.get_manifest(ac, untested.run_id)) == 0
+
+
+def test_the_encoding_learns_categories_from_training_rows_only(ac):
+    """A level seen only in test rows is no level of the encoding: the test rows chose nothing, not even it."""
+    ac.execute("CREATE TABLE public.c (id bigint PRIMARY KEY, x real, colour text, label integer)")
+    ac.execute("INSERT INTO public.c SELECT g, g, 'c' || g % 2, g % 2 FROM generate_series(1, 600) g")
+    split = {"validation_fraction": 0.1, "test_fraction": 0.2, "seed": 0}
+    parts = documented_parts(ac, "public.c", **split)
+    test_keys = [int(k) for k in np.flatnonzero(parts == TEST)[:6] + 1]  # ids are 1..600 in key order
+    ac.execute("UPDATE public.c SET colour = 'only-in-test' WHERE id = ANY(%s)", (test_keys,))
+    run, _ = plan(ac, "public.c", features_column=None, feature_columns=["x", "colour"], categorical_columns=["colour"],
+                  min_category_count=1, **split)
+    levels = manifest.source_for(ac, run).feature_columns[1].levels
+    assert "c0" in levels and "only-in-test" not in levels
