@@ -18,7 +18,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("pgtrain.config",),
     ("pgtrain.runs",),
     ("pgtrain.data",),
-    ("pgtrain.store", "trainer.model"),  # store.inference rebuilds a version with the trainer's model builder
+    # store.inference rebuilds a version with the trainer's model builders (the networks', the booster's)
+    ("pgtrain.store", "trainer.model", "trainer.booster"),
     ("pgtrain.launch",),
     ("trainer",),  # a rank's code: python -m trainer
     ("pgtrain.airflow.dag", "pgtrain.cli"),

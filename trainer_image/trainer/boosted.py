@@ -6,8 +6,8 @@ Horovod or torch.distributed, local or on Kubernetes); every rank then joins XGB
 merges the ranks' quantile sketches and gradient histograms each round, so every rank grows the same trees.
 Category codes of the encoding are XGBoost categories (``categorical: native``), a numeric NULL is missing
 (the encoding's "was missing" input says where: the imputed mean is put back to NaN), and early stopping follows
-the validation rows. The version holds one tensor: ``booster``, the booster's UBJSON bytes as uint8; the module
-below scores with it behind the same ``forward`` as the MLP's model, so ``load_model``, ``load_predictor`` and
+the validation rows. The version holds one tensor: ``booster``, the booster's UBJSON bytes as uint8; trainer.booster
+scores with it behind the same ``forward`` as the MLP's model, so ``load_model``, ``load_predictor`` and
 ``predict`` use it unchanged. A warm start (``init_from``) adds rounds to the parent version's trees.
 """
 
@@ -22,107 +22,18 @@ from typing import Any
 import numpy as np
 import psycopg
 import torch
-from torch import nn
 
 from pgtrain.config.boosted import BOOSTED, eval_metric
 from pgtrain.config.metrics import REGRESSION
 from pgtrain.core.errors import ConfigError, PgtrainError
-from pgtrain.data import encoding as encodings
 from pgtrain.data.encoding import UNSEEN_CLASS
 from pgtrain.runs import record
 from pgtrain.store import model_store, tensors
 from trainer import collectives
+from trainer.booster import BOOSTER, BoostedModel, build, xgboost_module
 from trainer.evaluate import Task, balanced_class_weights, epoch_figures, test_figures
+from trainer.start import check_encoding_parent, init_version
 from trainer.stopping import BEST_EPOCH
-
-BOOSTER = "booster"  # the one tensor of a boosted version
-
-
-def _xgboost() -> Any:
-    try:
-        import xgboost
-    except ImportError as error:
-        raise ConfigError(f"model {BOOSTED!r} needs the xgboost package in the trainer's environment (pip install "
-                          "'pgtrain[trainer]' with constraints.txt)") from error
-    return xgboost
-
-
-class BoostedModel(nn.Module):
-    """A booster behind the MLP model's interface: ``forward`` takes input rows (float32, the encoding's layout)
-    and returns regression values, or class logits (margins; two classes as [0, margin]) whose softmax is the
-    booster's probabilities. Its state dict is ``{"booster": uint8 bytes}`` of any length."""
-
-    def __init__(self, input_dim: int, output_dim: int, options: Mapping[str, Any],
-                 encoding: Mapping[str, Any] | None, regression: bool) -> None:
-        super().__init__()
-        self.input_dim, self.output_dim, self.regression = input_dim, output_dim, regression
-        self.options = dict(options)
-        self.register_buffer(BOOSTER, torch.zeros(0, dtype=torch.uint8))
-        self.target = nn.Identity()  # trees predict in the target's units: nothing to undo
-        columns = encodings.columns_of(encoding or {})
-        parts = encodings.inputs(columns)
-        position = {(part, column.name): i for i, (part, column) in enumerate(parts)}
-        # (value position, "was missing" position) of each numeric column with NULLs in training
-        self.missing = [(position[("value", c.name)], position[("missing", c.name)])
-                        for part, c in parts if part == "missing"]
-        native = self.options.get("categorical", "native") == "native"
-        self.feature_types = ["c" if part == "code" and native else "q" for part, _ in parts] or None
-        self._booster: Any = None
-
-    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
-        # The booster's bytes have the length of its trees: the buffer takes their shape before they are loaded.
-        raw = state_dict.get(prefix + BOOSTER)
-        if raw is not None:
-            self.booster = torch.zeros(tuple(raw.shape), dtype=torch.uint8)
-            self._booster = None
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-
-    def set_booster(self, booster: Any) -> None:
-        self._booster = booster
-        self.booster = torch.frombuffer(bytearray(booster.save_raw("ubj")), dtype=torch.uint8)
-
-    @property
-    def xgb(self) -> Any:
-        if self._booster is None:
-            if not len(self.booster):
-                raise PgtrainError(f"this {BOOSTED} model has no trees yet")
-            xgboost = _xgboost()
-            self._booster = xgboost.Booster(model_file=bytearray(self.booster.numpy().tobytes()))
-            self._booster.set_param({"nthread": torch.get_num_threads()})
-        return self._booster
-
-    def features(self, x: np.ndarray) -> np.ndarray:
-        """Input rows as the booster sees them: a numeric NULL (imputed with the mean) missing again."""
-        if not self.missing:
-            return x
-        x = np.array(x, dtype=np.float32)
-        for value, was_missing in self.missing:
-            x[x[:, was_missing] == 1, value] = np.nan
-        return x
-
-    def matrix(self, x: np.ndarray, label: np.ndarray | None = None, weight: np.ndarray | None = None) -> Any:
-        return _xgboost().DMatrix(self.features(x), label=label, weight=weight, missing=np.nan,
-                                  feature_types=self.feature_types, enable_categorical=True)
-
-    def standardized(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        margins = self.xgb.predict(self.matrix(x.detach().cpu().numpy()), output_margin=True, validate_features=False)
-        margins = torch.from_numpy(np.asarray(margins, dtype=np.float32)).reshape(len(x), -1)
-        if not self.regression and self.output_dim == 2 and margins.shape[1] == 1:
-            margins = torch.cat([torch.zeros_like(margins), margins], 1)
-        return margins
-
-
-def build(input_dim: int, output_dim: int, options: Mapping[str, Any] | None,
-          encoding: Mapping[str, Any] | None = None, task: str | None = None) -> BoostedModel:
-    """The model of a boosted run or version (no trees until trained or loaded)."""
-    # A version's spec records its task; without one, a single output is a regression.
-    regression = task == REGRESSION if task is not None else output_dim == 1
-    if regression and output_dim != 1:
-        raise ConfigError(f"model {BOOSTED!r} predicts one regression target; this one has {output_dim}")
-    return BoostedModel(input_dim, output_dim, options or {}, encoding, regression)
 
 
 def tracker_address(local_size: int, size: int) -> str:
@@ -136,8 +47,6 @@ def warm_start(conn: psycopg.Connection, run: record.Run, rank: int) -> tuple[in
     refusal every rank raises."""
     shared: dict[str, Any] = {"version": None, "raw": None, "error": None}
     if rank == 0:
-        from trainer.start import init_version
-
         try:
             shared["version"] = init_version(conn, run)
             if shared["version"] is not None:
@@ -160,9 +69,8 @@ def train_rank(conn: psycopg.Connection, run: record.Run, shards: list[record.Sh
                device: torch.device, load: Callable[[], Any]) -> int:
     """One rank of a boosted run: load its rows (``load``: the MLP path's loader call), grow the trees with the
     other ranks, (rank 0) record every round's figures and stage the booster."""
-    from trainer.train import check_encoding_parent  # the MLP path's rule: one piece of code
 
-    xgboost = _xgboost()
+    xgboost = xgboost_module()
     rank, size, config = collectives.rank(), collectives.size(), run.config
     regression = config.task == REGRESSION
     output_dim = run.output_dim if run.output_dim is not None else run.num_classes

@@ -141,3 +141,17 @@ def write_checkpoint(conn: psycopg.Connection, run: record.Run, epoch: int, mode
     meta = {"format": CHECKPOINT_FORMAT, "epoch": epoch, "init_version": start.init_version, "plan": fingerprint,
             "metrics": [record.json_safe(m) for m in history]}
     tensors.write_checkpoint(conn, run.run_id, epoch, arrays, meta)
+
+
+def check_encoding_parent(run: record.Run, init_version: int | None) -> None:
+    """A warm start loads weights made for its version's encoding: the one compute_shards planned with."""
+    if not run.encoding or init_version is None:
+        return
+    planned = run.encoding.get("parent_version")
+    if planned != init_version:
+        raise PgtrainError(
+            f"run {run.run_id} was planned with the input encoding of "
+            f"{'version ' + str(planned) if planned else 'its own rows'} but warm-starts from version {init_version} "
+            f"(init_from={run.config.init_from!r}: "
+            f"{'the head moved' if run.config.init_from == 'head' else 'that version was committed'} since planning); "
+            "re-run the DAG run from compute_shards")

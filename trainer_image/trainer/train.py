@@ -35,7 +35,7 @@ from trainer.device import Cuda, out_of_memory_refused, place_rows, select_devic
 from trainer.evaluate import Task, balanced_class_weights, epoch_figures, test_figures
 from trainer.model import PgtrainModel, build_model, state_layout, writable_tensor
 from trainer.optim import Schedule, load_optimizer_arrays, make_optimizer
-from trainer.start import Start, agree_on_start, plan_fingerprint, write_checkpoint
+from trainer.start import Start, agree_on_start, check_encoding_parent, plan_fingerprint, write_checkpoint
 from trainer.stopping import BEST_EPOCH, EarlyStopping
 from trainer.threads import set_up_threads, thread_summary
 
@@ -104,20 +104,6 @@ def global_statistics(values: torch.Tensor, name: str, columns: int | None = Non
     std = (sums[1] / count - mean * mean).clamp(min=0).sqrt()
     std[std < 1e-6] = 1.0
     return mean.float(), std.float()
-
-
-def check_encoding_parent(run: record.Run, init_version: int | None) -> None:
-    """A warm start loads weights made for its version's encoding: the one compute_shards planned with."""
-    if not run.encoding or init_version is None:
-        return
-    planned = run.encoding.get("parent_version")
-    if planned != init_version:
-        raise PgtrainError(
-            f"run {run.run_id} was planned with the input encoding of "
-            f"{'version ' + str(planned) if planned else 'its own rows'} but warm-starts from version {init_version} "
-            f"(init_from={run.config.init_from!r}: "
-            f"{'the head moved' if run.config.init_from == 'head' else 'that version was committed'} since planning); "
-            "re-run the DAG run from compute_shards")
 
 
 # -- one epoch -------------------------------------------------------------------------------------------

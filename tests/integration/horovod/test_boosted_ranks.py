@@ -15,7 +15,7 @@ from pgtrain.store import model_store, tensors
 from pgtrain.store.commit_checks import run_record
 from pgtrain.store.inference import load_predictor
 from tests.support import make_mixed_table, mixed_params, planned_run, run_job
-from trainer.boosted import BOOSTER, build
+from trainer.booster import BOOSTER, build
 
 pytestmark = pytest.mark.horovod
 
