@@ -17,7 +17,9 @@
   "image" mapped to a local bin directory (the project's virtualenv) and ``/etc/mpi`` mapped to a
   local directory whose hostfile lists ``localhost`` with all the job's slots, so ``horovodrun``
   starts every rank on this machine (Gloo or MPI, whichever the local Horovod has). Worker pods
-  only report Running: in a real cluster they serve SSH for the launcher's ranks.
+  only report Running: in a real cluster they serve SSH for the launcher's ranks. The node's GPUs are counted,
+  not real: the kubelet leaves pgtrain's GPUS_PER_WORKER_ENV out of the containers' environment, so the ranks train
+  on the CPU instead of refusing a run whose GPUs have no CUDA (trainer.device.select_device).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ GPU = "nvidia.com/gpu"
 CONFIG_MOUNT = "/etc/mpi"
 KILL_GRACE_SECONDS = 3
 QUEUE_NAME = "kueue.x-k8s.io/queue-name"
+GPUS_PER_WORKER_ENV = "PGTRAIN_GPUS_PER_WORKER"  # pgtrain.launch.mpijob.api's: the simulated GPUs have no CUDA
 
 
 def validation_errors(job: dict[str, Any]) -> list[str]:
@@ -495,6 +498,7 @@ class Cluster:
                 if ref["key"] not in data:
                     raise ApiError(422, "Invalid", f"couldn't find key {ref['key']} in Secret {ns}/{ref['name']}")
                 env[item["name"]] = data[ref["key"]]
+        env.pop(GPUS_PER_WORKER_ENV, None)
         return env
 
     def mount_volumes(self, ns: str, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, Path]:

@@ -112,7 +112,7 @@ def test_credential_literals_are_found_and_rejected():
     manifest = spec.build_mpijob(settings())
     container(manifest, "Worker")["env"].append({"name": "OTHER", "value": "postgresql://u:hunter2@db/x"})
     assert validation.credential_literals(manifest) == [
-        "spec.mpiReplicaSpecs.Worker.template.spec.containers[0].env[2].value"]
+        "spec.mpiReplicaSpecs.Worker.template.spec.containers[0].env[3].value"]
     container(manifest, "Launcher")["env"][0] = {"name": DATABASE_URL_ENV, "value": "postgresql://db/x"}
     with pytest.raises(ConfigError) as error:
         validation.validate_mpijob(manifest)
@@ -262,12 +262,23 @@ def test_the_torch_backend_s_launcher_runs_mpirun_and_the_manifest_validates(non
     assert command[0] == "mpirun" and ("--allow-run-as-root" in command) is not non_root
     assert command[command.index("-np") + 1] == "8" and command[command.index("--hostfile") + 1] == api.HOSTFILE
     passed = [command[i + 1] for i, part in enumerate(command) if part == "-x"]
-    assert {DATABASE_URL_FILE_ENV, "NCCL_DEBUG"} <= set(passed) and DATABASE_URL_ENV not in passed
+    assert {DATABASE_URL_FILE_ENV, api.GPUS_PER_WORKER_ENV, "NCCL_DEBUG"} <= set(passed)
+    assert DATABASE_URL_ENV not in passed
     argv = trainer_argv(LONG_RUN_ID, 3, backend="torch", collective_timeout=120)
     assert command[-len(argv):] == argv and "--backend" in argv and "120" in argv
     assert "horovodrun" not in command
     assert list(validation.mpijob_problems(manifest)) == []
     assert_valid_mpijob(manifest)
+
+
+@pytest.mark.parametrize("backend", ["horovod", "torch"])
+def test_every_rank_is_told_how_many_gpus_its_worker_holds(backend):
+    """The launcher passes its environment to the ranks: with GPUs held, a rank without CUDA refuses the run
+    (trainer.device.select_device) instead of training on the CPU."""
+    manifest = spec.build_mpijob(settings(8, 4, backend=backend))
+    for role in ("Launcher", "Worker"):
+        env = {e["name"]: e.get("value") for e in container(manifest, role)["env"]}
+        assert env[api.GPUS_PER_WORKER_ENV] == "4"
 
 
 def test_an_unresolved_backend_is_refused():

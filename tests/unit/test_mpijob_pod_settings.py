@@ -146,8 +146,8 @@ def test_nccl_environment_follows_pgtrains_own_in_both_templates():
     manifest = spec.build_mpijob(settings(env={"NCCL_DEBUG": "INFO", "NCCL_IB_HCA": "mlx5"}))
     for role in ("Launcher", "Worker"):
         env = trainer(manifest, role)["env"]
-        assert [e["name"] for e in env] == ["PGTRAIN_DATABASE_URL_FILE", "PYTHONUNBUFFERED", "NCCL_DEBUG",
-                                            "NCCL_IB_HCA"]
+        assert [e["name"] for e in env] == ["PGTRAIN_DATABASE_URL_FILE", "PYTHONUNBUFFERED",
+                                            "PGTRAIN_GPUS_PER_WORKER", "NCCL_DEBUG", "NCCL_IB_HCA"]
     assert_valid_mpijob(manifest)
 
 

@@ -28,7 +28,17 @@ from pgtrain.launch.lifetime import die_with_parent
 from pgtrain.runs import record
 from pgtrain.store import tensors
 from trainer import collectives
-from trainer.device import Cuda, out_of_memory_refused, place_rows, select_device, training_state_bytes
+from trainer.device import (
+    Cuda,
+    device_line,
+    driver_version,
+    gpus_requested,
+    nccl_version,
+    out_of_memory_refused,
+    place_rows,
+    select_device,
+    training_state_bytes,
+)
 from trainer.evaluate import Task, balanced_class_weights, epoch_figures
 from trainer.model import PgtrainModel, build_model, state_layout, writable_tensor
 from trainer.optim import Schedule, load_optimizer_arrays, make_optimizer
@@ -211,8 +221,10 @@ def record_verdict(args: argparse.Namespace, status: str, reason: str) -> None:
 
 def train(args: argparse.Namespace, cuda: Cuda = torch.cuda) -> int:
     ranks = collectives.init(args.backend, args.collective_timeout)
-    device = select_device(ranks.local_rank(), cuda)  # first: before anything can create a CUDA context
+    # First: before anything can create a CUDA context. A rank whose pod holds GPUs never falls back to the CPU.
+    device = select_device(ranks.local_rank(), cuda, gpus_requested(os.environ))
     rank, size = ranks.rank(), ranks.size()
+    print(device_line(rank, device, cuda, driver_version(), nccl_version()), flush=True)
     set_up_threads(os.environ, ranks.local_size())
     conn = connect(attempt=args.attempt)
     record.mark_training(conn, args.run_id)  # the first fenced write: a stale attempt stops here

@@ -33,6 +33,7 @@ from pgtrain.launch.mpijob.api import (
     DEFAULT_SECRET_NAME,
     DNS_LABEL_MAX,
     GPU_RESOURCE,
+    GPUS_PER_WORKER_ENV,
     HOSTFILE,
     JOB_NAME_LABEL,
     JOB_ROLE_LABEL,
@@ -199,7 +200,7 @@ def launcher_command(run_id: str, world_size: int, attempt: int, backend: str = 
     (trainer.collectives.torch_distributed).
     """
     if backend == "torch":
-        passed = [DATABASE_URL_FILE_ENV, "PYTHONUNBUFFERED", "PATH", *env_names]
+        passed = [DATABASE_URL_FILE_ENV, "PYTHONUNBUFFERED", GPUS_PER_WORKER_ENV, "PATH", *env_names]
         return ["mpirun", *(["--allow-run-as-root"] if as_root else []), "-np", str(world_size),
                 "--hostfile", HOSTFILE, "--bind-to", "none", "--map-by", "slot",
                 "--mca", "plm_rsh_args", f"-p {SSH_PORT}",
@@ -252,7 +253,8 @@ def _env_names(pod: Mapping[str, Any]) -> list[str]:
 
 
 def _with_database_secret(spec: dict[str, Any], container: dict[str, Any], settings: MPIJobSettings) -> None:
-    """Mount the URL's Secret into ``container`` and point the trainer at the file; drop any URL env var."""
+    """Mount the URL's Secret into ``container`` and point the trainer at the file; drop any URL env var. Tell the
+    ranks how many GPUs each worker holds (GPUS_PER_WORKER_ENV): with any, a rank without CUDA refuses the run."""
     spec["volumes"] = [v for v in spec.get("volumes") or [] if v.get("name") != DATABASE_VOLUME]
     spec["volumes"].append(database_volume(settings.database_secret, settings.database_secret_key,
                                            0o440 if settings.non_root else 0o400))
@@ -261,9 +263,11 @@ def _with_database_secret(spec: dict[str, Any], container: dict[str, Any], setti
     container["volumeMounts"] = [*mounts, {"name": DATABASE_VOLUME, "mountPath": DATABASE_MOUNT_PATH,
                                            "readOnly": True}]
     env = [e for e in container.get("env") or []
-           if e.get("name") not in (DATABASE_URL_ENV, DATABASE_URL_FILE_ENV, "PYTHONUNBUFFERED")]
+           if e.get("name") not in (DATABASE_URL_ENV, DATABASE_URL_FILE_ENV, "PYTHONUNBUFFERED", GPUS_PER_WORKER_ENV)]
+    _, slots = layout(settings.world_size, settings.gpus_per_worker)
     container["env"] = [{"name": DATABASE_URL_FILE_ENV, "value": DATABASE_URL_FILE},
-                        {"name": "PYTHONUNBUFFERED", "value": "1"}, *env]
+                        {"name": "PYTHONUNBUFFERED", "value": "1"},
+                        {"name": GPUS_PER_WORKER_ENV, "value": str(slots)}, *env]
 
 
 def base_pod(settings: MPIJobSettings) -> dict[str, Any]:
