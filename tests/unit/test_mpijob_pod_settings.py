@@ -211,6 +211,22 @@ def test_non_root_mode_follows_the_operators_pi_example_under_restricted_pod_sec
     assert root["spec"]["sshAuthMountPath"] == "/root/.ssh" and "--ssh-port" in trainer(root, "Launcher")["command"]
 
 
+def test_a_capability_non_root_mode_would_drop_is_refused_with_the_reason():
+    rdma = {"spec": {"containers": [{"name": "trainer", "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}}}],
+                     "initContainers": [{"name": "tune", "image": "busybox", "securityContext": {"privileged": True}}]}}
+    with pytest.raises(ConfigError) as refused:
+        settings(non_root=True, worker_pod_template=rdma)
+    message = str(refused.value)
+    assert ("worker_pod_template.spec.containers[0].securityContext.capabilities.add: IPC_LOCK would be dropped: "
+            "non_root mode runs every container with capabilities drop ALL") in message
+    assert "worker_pod_template.spec.initContainers[0].securityContext.privileged: true would be overridden" in message
+    assert spec.author_problems({"non_root": True, "pod_template": rdma}) != []  # the operator's check, at parse time
+    # as root, the capability reaches the container
+    manifest = spec.build_mpijob(settings(worker_pod_template=rdma))
+    assert trainer(manifest, "Worker")["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+    assert_valid_mpijob(manifest)
+
+
 # --- pod templates ---
 
 def test_pod_templates_merge_by_name_and_pgtrain_keeps_what_it_owns():

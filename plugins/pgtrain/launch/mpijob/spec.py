@@ -49,7 +49,7 @@ from pgtrain.launch.mpijob.api import (
     SSH_PORT,
     WORKER_COMMAND,
 )
-from pgtrain.launch.mpijob.pod_templates import env_problems, merge_template, template_problems
+from pgtrain.launch.mpijob.pod_templates import env_problems, merge_template, non_root_problems, template_problems
 from pgtrain.launch.mpijob.validation import validate_mpijob
 from pgtrain.launch.trainer_command import horovodrun_options, trainer_argv
 
@@ -215,7 +215,7 @@ def launcher_command(run_id: str, world_size: int, attempt: int, backend: str = 
 OPERATOR_ONLY_SETTINGS = ("startup_timeout_seconds", "deferrable")
 # The settings author_problems checks; the operator checks them when it is built, before any pod is.
 AUTHOR_CHECKED = ("worker_memory", "worker_memory_limit", "worker_guaranteed", "env", "pod_template",
-                  "worker_pod_template", "launcher_pod_template")
+                  "worker_pod_template", "launcher_pod_template", "non_root")
 
 
 def author_problems(values: Mapping[str, Any]) -> list[str]:
@@ -228,6 +228,8 @@ def author_problems(values: Mapping[str, Any]) -> list[str]:
     problems += env_problems(values["env"] or {})
     for key in ("pod_template", "worker_pod_template", "launcher_pod_template"):
         problems += template_problems(values[key] or {}, key)
+        if values["non_root"]:
+            problems += non_root_problems(values[key] or {}, key)
     return problems
 
 
