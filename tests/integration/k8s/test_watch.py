@@ -30,6 +30,7 @@ from tests.k8s_sim.validation import assert_cluster_accepted_every_manifest
 
 pytestmark = pytest.mark.horovod
 STARTUP_TIMEOUT = 6
+PULL_TIMEOUT = 3
 QUEUE = {api.QUEUE_NAME_LABEL: "gpu-queue"}
 EVENTS_OF_A_POD = "involvedObject.kind=Pod,involvedObject.name="
 
@@ -205,3 +206,38 @@ def test_a_cluster_without_the_mpi_operator_fails_the_task_for_good(tmp_path, na
             plain.execute(task_context(DAG_ID, "no-operator", state_store=store))
     with psycopg.connect(db_url) as conn:
         assert record.get_run(conn, run_id).attempt == attempt  # nothing was begun
+
+
+@pytest.mark.parametrize("deferrable", [False, True])
+def test_a_cold_node_pulling_the_image_outlasts_the_startup_timeout_and_the_job_runs(k8s, namespace, db_url, capfd,
+                                                                                    deferrable):
+    """The node pulls the image for three times the startup timeout: the clock stands still while it pulls and counts
+    from the last sign of progress after (the launcher pod made once the workers are ready), so the job runs."""
+    run_id = plan(db_url, f"cold-node-{deferrable}", epochs=2)
+    k8s.set_pull_seconds(3 * PULL_TIMEOUT)
+    try:
+        operator = MPIJobTrainOperator(task_id="train", namespace=namespace, image=f"{IMAGE}-cold-{namespace}",
+                                       training_run_id=run_id, startup_timeout_seconds=PULL_TIMEOUT,
+                                       poll_interval=0.3, deferrable=deferrable)
+        context = task_context(DAG_ID, f"cold-node-{deferrable}", state_store=FakeTaskStateStore())
+        if deferrable:
+            with pytest.raises(TaskDeferred) as deferred:
+                operator.execute(context)
+
+            async def first_event():
+                async for event in deferred.value.trigger.run():
+                    return event.payload
+
+            event = asyncio.run(asyncio.wait_for(first_event(), 180))
+            assert event["status"] == "succeeded", event
+            operator.execute_complete(context, event)
+        else:
+            operator.execute(context)
+    finally:
+        k8s.set_pull_seconds(0)
+    task_log = "".join(capfd.readouterr())
+    assert staged(db_url, run_id) > 0  # it trained
+    (pulled,) = [e for e in k8s.api("GET", f"/api/v1/namespaces/{namespace}/events")["items"]
+                 if e["reason"] == "Pulled"]
+    assert f"in {3 * PULL_TIMEOUT}" in pulled["message"]  # the pull took longer than the startup timeout
+    assert task_log.count("the startup timeout counts from the last sign of progress") == 1
