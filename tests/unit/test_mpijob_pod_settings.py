@@ -97,6 +97,33 @@ def test_worker_memory_limit_and_guaranteed_qos():
         settings(worker_guaranteed=True, worker_memory_limit="24Gi")
 
 
+def test_worker_requests_are_sized_per_gpu_unless_the_author_sets_them():
+    def requests(**overrides) -> dict:
+        return trainer(spec.build_mpijob(settings(**overrides)), "Worker")["resources"]["requests"]
+
+    assert requests() == {"cpu": "16", "memory": "64Gi"}  # 4 GPUs: 4 CPUs and 16Gi each
+    assert requests(world_size=16, gpus=8) == {"cpu": "32", "memory": "128Gi"}
+    assert requests(world_size=2, gpus=1, cpu_per_gpu="1500m", memory_per_gpu="12.5Gi") == {
+        "cpu": "1500m", "memory": "12.5Gi"}
+    assert requests(world_size=6, gpus=3, cpu_per_gpu="1.5") == {"cpu": "4.5", "memory": "48Gi"}
+    assert requests(worker_cpu="20", memory_per_gpu="40Gi") == {"cpu": "20", "memory": "160Gi"}
+    guaranteed = trainer(spec.build_mpijob(settings(16, 8, worker_guaranteed=True)), "Worker")["resources"]
+    assert guaranteed["limits"] == {"cpu": "32", "memory": "128Gi", api.GPU_RESOURCE: 8}  # Guaranteed QoS
+    assert_valid_mpijob(spec.build_mpijob(settings(16, 8, worker_guaranteed=True)))
+
+
+def test_whole_node_workers_get_one_node_each_unless_the_author_says_otherwise():
+    def anti_affinity(**overrides) -> list:
+        affinity = template(spec.build_mpijob(settings(**overrides)), "Worker")["spec"].get("affinity") or {}
+        return (affinity.get("podAntiAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution", [])
+
+    (term,) = anti_affinity(world_size=16, gpus=8)
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert anti_affinity(world_size=16, gpus=8, one_worker_per_node=False) == []
+    assert anti_affinity(world_size=8, gpus=4) == []  # half-node workers may share a node
+    assert len(anti_affinity(world_size=8, gpus=4, one_worker_per_node=True)) == 1
+
+
 # --- scheduling ---
 
 def test_kueue_queue_label_priority_and_pull_secrets():

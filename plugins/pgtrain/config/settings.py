@@ -82,6 +82,8 @@ KUBERNETES_SETTINGS: dict[str, dict[str, Any]] = {
     "launcher_node_selector": _STRINGS,
     "worker_cpu": _QUANTITY,
     "worker_memory": _QUANTITY,
+    "cpu_per_gpu": _QUANTITY,
+    "memory_per_gpu": _QUANTITY,
     "worker_memory_limit": _OPTIONAL_QUANTITY,
     "worker_guaranteed": {"type": "boolean"},
     "launcher_cpu": _QUANTITY,

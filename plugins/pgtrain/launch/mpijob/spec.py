@@ -49,6 +49,7 @@ from pgtrain.launch.mpijob.api import (
     SSH_PORT,
     WORKER_COMMAND,
 )
+from pgtrain.launch.mpijob import sizing
 from pgtrain.launch.mpijob.pod_templates import env_problems, merge_template, non_root_problems, template_problems
 from pgtrain.launch.mpijob.validation import validate_mpijob
 from pgtrain.launch.trainer_command import horovodrun_options, trainer_argv
@@ -66,8 +67,11 @@ class MPIJobSettings:
     namespace: str = "default"
     database_secret: str = DEFAULT_SECRET_NAME
     database_secret_key: str = DEFAULT_SECRET_KEY
-    worker_cpu: str = "4"
-    worker_memory: str = "16Gi"
+    # None: cpu_per_gpu and memory_per_gpu for each GPU the worker holds (pgtrain.launch.mpijob.sizing).
+    worker_cpu: str | None = None
+    worker_memory: str | None = None
+    cpu_per_gpu: str = "4"
+    memory_per_gpu: str = "16Gi"
     # None: no memory limit (Burstable). worker_guaranteed: limits = requests (cpu and memory), Guaranteed QoS.
     worker_memory_limit: str | None = None
     worker_guaranteed: bool = False
@@ -95,7 +99,7 @@ class MPIJobSettings:
     # launcher's node selector (instead of the pod's: it needs no GPU node).
     worker_affinity: Mapping[str, Any] = field(default_factory=dict)
     launcher_affinity: Mapping[str, Any] = field(default_factory=dict)
-    one_worker_per_node: bool = False
+    one_worker_per_node: bool | None = None  # None: on for whole-node workers (sizing.WHOLE_NODE_GPUS)
     launcher_node_selector: Mapping[str, str] = field(default_factory=dict)
     # The MPI Operator's non-root mode under the restricted Pod Security Standard (api.NON_ROOT_*).
     non_root: bool = False
@@ -137,6 +141,13 @@ class MPIJobSettings:
         if problems:
             raise ConfigError("invalid MPIJob settings: " + "; ".join(problems))
         layout(self.world_size, self.gpus_per_worker)  # raises on an impossible layout
+
+    @property
+    def worker_requests(self) -> dict[str, str]:
+        """Each worker's cpu and memory requests: the author's, else sized per GPU it holds."""
+        _, slots = layout(self.world_size, self.gpus_per_worker)
+        return {"cpu": sizing.per_gpu(self.worker_cpu, self.cpu_per_gpu, slots),
+                "memory": sizing.per_gpu(self.worker_memory, self.memory_per_gpu, slots)}
 
     @property
     def job_name(self) -> str:
@@ -223,7 +234,8 @@ def author_problems(values: Mapping[str, Any]) -> list[str]:
     values = {name: values.get(name, default(name)) for name in AUTHOR_CHECKED}
     problems = []
     if values["worker_guaranteed"] and values["worker_memory_limit"] not in (None, values["worker_memory"]):
-        problems.append(f"worker_guaranteed sets the memory limit to worker_memory={values['worker_memory']!r}; "
+        problems.append(f"worker_guaranteed sets the memory limit to the memory request (worker_memory="
+                        f"{values['worker_memory']!r}, None: memory_per_gpu for each GPU); "
                         f"worker_memory_limit={values['worker_memory_limit']!r} contradicts it: drop one of them")
     problems += env_problems(values["env"] or {})
     for key in ("pod_template", "worker_pod_template", "launcher_pod_template"):
@@ -305,11 +317,12 @@ def build_mpijob(settings: MPIJobSettings, pod: Mapping[str, Any] | None = None)
     labels = dict((pod.get("metadata") or {}).get("labels", {}))
     annotations = {**(pod.get("metadata") or {}).get("annotations", {}), RUN_ID_ANNOTATION: settings.run_id}
 
+    worker_requests = settings.worker_requests
     worker_limits = {"memory": settings.worker_memory_limit} if settings.worker_memory_limit else {}
     if settings.worker_guaranteed:
-        worker_limits = {"cpu": settings.worker_cpu, "memory": settings.worker_memory}
+        worker_limits = dict(worker_requests)
     worker_affinity = dict(settings.worker_affinity)
-    if settings.one_worker_per_node:
+    if sizing.one_worker_per_node(settings.one_worker_per_node, slots):
         worker_affinity = _one_per_node(worker_affinity or (pod.get("spec") or {}).get("affinity") or {}, name)
     launcher = _replica_template(
         pod, settings, labels, annotations,
@@ -322,7 +335,7 @@ def build_mpijob(settings: MPIJobSettings, pod: Mapping[str, Any] | None = None)
     )
     worker = _replica_template(
         pod, settings, labels, annotations, command=NON_ROOT_WORKER_COMMAND if settings.non_root else WORKER_COMMAND,
-        requests={"cpu": settings.worker_cpu, "memory": settings.worker_memory}, limits=worker_limits, gpus=slots,
+        requests=worker_requests, limits=worker_limits, gpus=slots,
         shm_size=settings.shm_size, affinity=worker_affinity, node_selector={},
         templates=(settings.pod_template, settings.worker_pod_template),
     )
