@@ -21,6 +21,7 @@ from typing import Any
 from pgtrain.config.params import DEFAULT_COLLECTIVE_TIMEOUT
 from pgtrain.core.database_url import DATABASE_URL_ENV, DATABASE_URL_FILE_ENV
 from pgtrain.core.errors import ConfigError
+from pgtrain.launch.mpijob import sizing
 from pgtrain.launch.mpijob.api import (
     API_GROUP,
     API_VERSION,
@@ -49,7 +50,6 @@ from pgtrain.launch.mpijob.api import (
     SSH_PORT,
     WORKER_COMMAND,
 )
-from pgtrain.launch.mpijob import sizing
 from pgtrain.launch.mpijob.pod_templates import env_problems, merge_template, non_root_problems, template_problems
 from pgtrain.launch.mpijob.validation import validate_mpijob
 from pgtrain.launch.trainer_command import horovodrun_options, trainer_argv
