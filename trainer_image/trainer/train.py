@@ -21,7 +21,7 @@ import psycopg
 import torch
 
 from pgtrain.config.params import DEFAULT_COLLECTIVE_TIMEOUT, TrainingConfig
-from pgtrain.core.db import connect
+from pgtrain.core.db import connect, connect_retrying
 from pgtrain.core.errors import PgtrainError
 from pgtrain.data import loader, manifest
 from pgtrain.launch.lifetime import die_with_parent
@@ -226,7 +226,7 @@ def train(args: argparse.Namespace, cuda: Cuda = torch.cuda) -> int:
     rank, size = ranks.rank(), ranks.size()
     print(device_line(rank, device, cuda, driver_version(), nccl_version()), flush=True)
     set_up_threads(os.environ, ranks.local_size())
-    conn = connect(attempt=args.attempt)
+    conn = connect_retrying(attempt=args.attempt)  # every rank at once: a busy or restarting server gets retried
     record.mark_training(conn, args.run_id)  # the first fenced write: a stale attempt stops here
     if rank == 0:
         record.set_backend(conn, args.run_id, ranks.name)
