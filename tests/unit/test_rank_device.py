@@ -15,12 +15,14 @@ from trainer.device import (
     DEVICE_RESERVE_BYTES,
     device_line,
     driver_version,
+    forward_precision,
     gpus_requested,
     out_of_memory_refused,
     place_rows,
     placement,
     select_device,
     training_state_bytes,
+    use_tf32,
 )
 from trainer.model import mlp
 
@@ -198,3 +200,29 @@ class OutOfMemoryWhenTraining(nn.Module):
 
 def out_of_memory_when_training(input_dim: int, output_dim: int) -> nn.Module:
     return OutOfMemoryWhenTraining(input_dim, output_dim)
+
+
+@pytest.fixture
+def matmul_precision():
+    before = torch.get_float32_matmul_precision()
+    yield
+    torch.set_float32_matmul_precision(before)
+
+
+def test_a_gpu_rank_multiplies_float32_in_tf32_and_a_cpu_rank_in_full_float32(matmul_precision):
+    torch.set_float32_matmul_precision("highest")
+    use_tf32(torch.device("cpu"))
+    assert torch.get_float32_matmul_precision() == "highest"
+    use_tf32(torch.device("cuda", 3))  # a device object needs no GPU; the setting is process-wide
+    assert torch.get_float32_matmul_precision() == "high"  # TF32
+    assert torch.backends.cudnn.allow_tf32 is True
+
+
+def test_bf16_autocasts_the_forward_pass_and_fp32_leaves_it_alone():
+    layer = nn.Linear(4, 2)
+    x = torch.randn(3, 4)
+    with forward_precision(torch.device("cpu"), "bf16"):
+        assert layer(x).dtype == torch.bfloat16
+    with forward_precision(torch.device("cpu"), "fp32"):
+        assert layer(x).dtype == torch.float32
+    assert layer.weight.dtype == torch.float32  # the weights stay float32 either way

@@ -93,3 +93,31 @@ def test_the_auto_batch_size_and_learning_rate():
     explicit = TrainingConfig(world_size=2, batch_size=16, learning_rate=0.3)
     assert (explicit.batch_size_for(90_000), explicit.learning_rate_for(16)) == (16, 0.3)
     assert TrainingConfig.from_mapping({"batch_size": None, "learning_rate": None}).batch_size is None
+
+
+class DtypeRecordingNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(1, 2)
+        self.dtypes: list[torch.dtype] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.linear(x)
+        self.dtypes.append(out.dtype)
+        return out
+
+
+@pytest.mark.parametrize(("precision", "dtype"), [("bf16", torch.bfloat16), ("fp32", torch.float32)])
+def test_the_run_s_precision_sets_the_training_steps_forward_dtype(precision, dtype):
+    """precision: bf16 (the author's) autocasts each step's forward pass; weights and gradients stay float32."""
+    net = DtypeRecordingNet()
+    model = PgtrainModel(net, 1, 2)
+    x_train, y_train = torch.arange(32, dtype=torch.float32).reshape(-1, 1), torch.arange(32) % 2
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    batches = Batches(x_train, y_train, 8, torch.device("cpu"))
+    schedule = Schedule(TrainingConfig(epochs=1, lr_schedule="constant"), optimizer, 0.01, 4)
+    sums = train_epoch(model, optimizer, schedule, 0, Task(False, 2, torch.device("cpu")), batches,
+                       torch.from_numpy(epoch_order(32, 0, 1, 0)), batch_bounds(32, 4), precision)
+    assert net.dtypes == [dtype] * 4
+    assert net.linear.weight.dtype == net.linear.weight.grad.dtype == torch.float32
+    assert torch.isfinite(sums).all()

@@ -6,7 +6,7 @@ out-of-memory error as a refusal that names what to change.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -91,6 +91,20 @@ def select_device(local_rank: int, cuda: Cuda, gpus: int = 0) -> torch.device:
             "give each worker as many GPUs as it runs ranks (gpus_per_worker), or run fewer ranks per node")
     cuda.set_device(local_rank)
     return torch.device("cuda", local_rank)
+
+
+def use_tf32(device: torch.device) -> None:
+    """On a GPU, float32 matmuls and convolutions in TF32 (Ampere and newer: several times the float32 rate, 10
+    mantissa bits in the products, float32 sums): what a training step wants; a CPU rank keeps full float32."""
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")
+        torch.backends.cudnn.allow_tf32 = True
+
+
+def forward_precision(device: torch.device, precision: str) -> AbstractContextManager[None]:
+    """Where a training step's forward pass and loss run: autocast to bfloat16 for the author's ``precision: bf16``
+    (weights, gradients and the optimizer's state stay float32), else as they are."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
 def driver_version(version_file: Path = NVIDIA_DRIVER_FILE) -> str:

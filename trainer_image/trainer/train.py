@@ -32,12 +32,14 @@ from trainer.device import (
     Cuda,
     device_line,
     driver_version,
+    forward_precision,
     gpus_requested,
     nccl_version,
     out_of_memory_refused,
     place_rows,
     select_device,
     training_state_bytes,
+    use_tf32,
 )
 from trainer.evaluate import Task, balanced_class_weights, epoch_figures
 from trainer.model import PgtrainModel, build_model, state_layout, writable_tensor
@@ -162,8 +164,10 @@ class Batches:
 
 
 def train_epoch(model: PgtrainModel, optimizer: torch.optim.Optimizer, schedule: Schedule, first_step: int,
-                task: Task, batches: Batches, order: torch.Tensor, bounds: list[int]) -> torch.Tensor:
-    """One pass over this rank's shuffled rows; returns [loss sum, correct] on the device (no sync per step)."""
+                task: Task, batches: Batches, order: torch.Tensor, bounds: list[int],
+                precision: str = "fp32") -> torch.Tensor:
+    """One pass over this rank's shuffled rows; returns [loss sum, correct] on the device (no sync per step).
+    ``precision``: the run's (bf16: each step's forward pass and loss autocast, trainer.device.forward_precision)."""
     sums = task.train_sums()
     for step, (lo, hi) in enumerate(zip(bounds, bounds[1:], strict=False), start=first_step):
         schedule.set(step)
@@ -173,8 +177,9 @@ def train_epoch(model: PgtrainModel, optimizer: torch.optim.Optimizer, schedule:
             optimizer.step()
             continue
         x, y = batches(order[lo:hi])
-        out = model.standardized(x)
-        loss = task.loss(out, y)
+        with forward_precision(task.device, precision):
+            out = model.standardized(x)
+            loss = task.loss(out, y)
         loss.backward()
         optimizer.step()
         task.add_train(sums, loss, out, y)
@@ -225,6 +230,7 @@ def train(args: argparse.Namespace, cuda: Cuda = torch.cuda) -> int:
     device = select_device(ranks.local_rank(), cuda, gpus_requested(os.environ))
     rank, size = ranks.rank(), ranks.size()
     print(device_line(rank, device, cuda, driver_version(), nccl_version()), flush=True)
+    use_tf32(device)
     set_up_threads(os.environ, ranks.local_size())
     conn = connect_retrying(attempt=args.attempt)  # every rank at once: a busy or restarting server gets retried
     record.mark_training(conn, args.run_id)  # the first fenced write: a stale attempt stops here
@@ -347,7 +353,7 @@ def fit(conn: psycopg.Connection, run: record.Run, model: PgtrainModel, start: S
         # The order is dropped with the epoch: the next one is never built beside it.
         train_sums = train_epoch(model, optimizer, schedule, (epoch - 1) * steps, task, batches,
                                  torch.from_numpy(epoch_order(train_count, config.seed, epoch, rank)).to(
-                                     batches.rows_device), batch_bounds(train_count, steps))
+                                     batches.rows_device), batch_bounds(train_count, steps), config.precision)
         if device.type == "cuda":
             cuda.synchronize(device.index)
         train_seconds = time.perf_counter() - started
