@@ -205,3 +205,14 @@ def test_how_the_startup_timeout_counts_is_logged_once():
             for (observed, _), before, now in zip(steps, previous, verdicts, strict=True)]
     assert news[0] == (f"MPIJob ml/train-1 is starting; {watch.STARTUP_CLOCK_NOTE}.")
     assert "counts from the last sign of progress" in news[0] and news[1:] == [None, None]
+
+
+def test_the_deferred_watch_keeps_the_run_s_stall_timeout_across_a_triggerer_restart():
+    from pgtrain.airflow.kubernetes.training_trigger import TrainingRunMPIJobTrigger
+
+    claim = {"name": "model:m", "token": 3, "ttl": 60, "training_run": "dag/run"}
+    trigger = TrainingRunMPIJobTrigger(name="job", namespace="ml", startup_timeout=600, claim=claim,
+                                       stall_timeout=900, training_run_id="dag/run")
+    _, kwargs = trigger.serialize()
+    assert kwargs["stall_timeout"] == 900 and kwargs["training_run_id"] == "dag/run"
+    assert TrainingRunMPIJobTrigger(**kwargs).stall_timeout == 900

@@ -354,7 +354,7 @@ PARAMETERS: dict[str, dict[str, Any]] = _with_defaults({
     "precision": {"type": "string", "enum": list(PRECISIONS), "section": _CLUSTER, "title": "Precision",
                   "description": "fp32 (TF32 matmuls on GPUs) or bf16 (the forward pass autocast to bfloat16); the "
                                  "DAG author's"},
-    "stall_timeout": {"type": "integer", "minimum": 60, "maximum": 7 * 86400, "section": _CLUSTER,
+    "stall_timeout": {"type": "integer", "minimum": 10, "maximum": 7 * 86400, "section": _CLUSTER,
                       "title": "Stall timeout (s)",
                       "description": "a running Kubernetes job without a new epoch for this long is deleted and the "
                                      "train task fails naming the stall; the DAG author's"},

@@ -28,6 +28,10 @@ class MPIJobFailed(TrainingFailed):
     """The MPIJob ended with its Failed condition."""
 
 
+class MPIJobStalled(MPIJobFailed):
+    """The running MPIJob recorded no new epoch for its stall_timeout and was deleted: a retry resumes it."""
+
+
 class MPIJobInputRefused(MPIJobFailed, TrainingInputError):
     """The MPIJob failed because a rank refused its planned input: retrying cannot help."""
 
