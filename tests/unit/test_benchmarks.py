@@ -57,3 +57,19 @@ def test_the_gpu_benchmark_s_cpu_parts_run_in_quick_mode():
         assert figures[f"gpu.{size}.device_vs_plain"] > 0
     assert figures["gpu.trainer.torch_1_gpus_samples_per_s"] > 0
     assert figures["gpu.rounds"] == 1 and figures["gpu.rows"] == 2000
+
+
+def test_the_gpu_check_script_fails_clearly_without_cuda():
+    """scripts/gpu_check.sh on a machine without a usable GPU: exit 2 naming why, before any database or benchmark."""
+    import os
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: scripts/gpu_check.sh would measure")
+    result = subprocess.run([str(REPO / "scripts" / "gpu_check.sh")], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHON": sys.executable})
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "gpu_check: FAILED: no CUDA device is usable here" in result.stderr
+    assert "make image-gpu" in result.stderr and "nothing was measured" in result.stderr
+    assert "== bench_gpu" not in result.stdout
