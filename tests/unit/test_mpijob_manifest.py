@@ -281,6 +281,23 @@ def test_every_rank_is_told_how_many_gpus_its_worker_holds(backend):
         assert env[api.GPUS_PER_WORKER_ENV] == "4"
 
 
+@pytest.mark.parametrize(("ifname", "option"), [("eth0", ["--network-interfaces", "eth0"]),
+                                               ("ib0,eth1", ["--network-interfaces", "ib0,eth1"]),
+                                               ("^docker,lo", []), ("eth", [])])
+def test_horovodrun_uses_the_authors_nccl_interface_instead_of_overriding_it(ifname, option):
+    """horovodrun puts NCCL_SOCKET_IFNAME=<the interfaces it found> on the ranks' mpirun line, over the environment's:
+    exact names become its --network-interfaces; NCCL's exclusions and prefixes are no interface names."""
+    manifest = spec.build_mpijob(settings(8, 4, env={"NCCL_SOCKET_IFNAME": ifname}))
+    command = container(manifest, "Launcher")["command"]
+    assert command[0] == "horovodrun"
+    found = command[command.index("--network-interfaces"):command.index("--network-interfaces") + 2] \
+        if "--network-interfaces" in command else []
+    assert found == option
+    torch_command = container(spec.build_mpijob(settings(8, 4, backend="torch", env={"NCCL_SOCKET_IFNAME": ifname})),
+                              "Launcher")["command"]
+    assert "--network-interfaces" not in torch_command and "NCCL_SOCKET_IFNAME" in torch_command  # mpirun -x
+
+
 def test_an_unresolved_backend_is_refused():
     with pytest.raises(ConfigError, match="backend='auto' should be horovod or torch"):
         settings(backend="auto")

@@ -197,7 +197,7 @@ def _longest_suffix(workers: int) -> int:
 
 def launcher_command(run_id: str, world_size: int, attempt: int, backend: str = "horovod",
                      collective_timeout: int = DEFAULT_COLLECTIVE_TIMEOUT, env_names: Sequence[str] = (),
-                     as_root: bool = True) -> list[str]:
+                     as_root: bool = True, socket_ifname: str | None = None) -> list[str]:
     """``horovodrun`` over the MPI Operator's hostfile: MPI (+NCCL) in the GPU image, Gloo where MPI is absent.
 
     horovodrun passes the launcher's environment to every rank (``mpirun -x NAME``, or ``env K=V`` on
@@ -209,6 +209,11 @@ def launcher_command(run_id: str, world_size: int, attempt: int, backend: str = 
     ranks need by name (``-x``: the URL file's path, the author's ``env_names``; their values are the same on every
     pod), and each rank finds its place in ``OMPI_COMM_WORLD_*`` and its rendezvous at the hostfile's first host
     (trainer.collectives.torch_distributed).
+
+    ``socket_ifname``: the author's NCCL_SOCKET_IFNAME. horovodrun sets NCCL_SOCKET_IFNAME on the ranks itself (the
+    interfaces common to all hosts, or its ``--network-interfaces``), over the environment's; exact interface names
+    become its ``--network-interfaces``, so that its choice is the author's (NCCL's prefix and ``^``/``=`` forms
+    name no interface horovodrun knows, and are left to it).
     """
     if backend == "torch":
         passed = [DATABASE_URL_FILE_ENV, "PYTHONUNBUFFERED", GPUS_PER_WORKER_ENV, "PATH", *env_names]
@@ -217,9 +222,15 @@ def launcher_command(run_id: str, world_size: int, attempt: int, backend: str = 
                 "--mca", "plm_rsh_args", f"-p {SSH_PORT}",
                 *(option for name in dict.fromkeys(passed) for option in ("-x", name)),
                 *trainer_argv(run_id, attempt, backend=backend, collective_timeout=collective_timeout)]
+    interfaces = ["--network-interfaces", socket_ifname] if socket_ifname and _EXACT_IFNAMES.match(socket_ifname) \
+        else []
     return ["horovodrun", "-np", str(world_size), "--hostfile", HOSTFILE, "--ssh-port", str(SSH_PORT),
-            *horovodrun_options(),
+            *horovodrun_options(), *interfaces,
             *trainer_argv(run_id, attempt)]
+
+
+# NCCL_SOCKET_IFNAME as exact interface names (eth0, or ib0,eth0), not NCCL's prefixes or ^/= forms.
+_EXACT_IFNAMES = re.compile(r"^[A-Za-z0-9_.:@-]+[0-9](,[A-Za-z0-9_.:@-]+[0-9])*$")
 
 
 # Settings of the author's ``kubernetes:`` block that only the Airflow operator uses (not part of the manifest).
@@ -264,6 +275,11 @@ def _env_names(pod: Mapping[str, Any]) -> list[str]:
     containers = (pod.get("spec") or {}).get("containers") or [{}]
     return [e["name"] for e in containers[0].get("env") or [] if e.get("name")
             and e["name"] not in (DATABASE_URL_ENV, DATABASE_URL_FILE_ENV)]
+
+
+def _env_value(pod: Mapping[str, Any], name: str) -> str | None:
+    containers = (pod.get("spec") or {}).get("containers") or [{}]
+    return next((e.get("value") for e in containers[0].get("env") or [] if e.get("name") == name), None)
 
 
 def _with_database_secret(spec: dict[str, Any], container: dict[str, Any], settings: MPIJobSettings) -> None:
@@ -327,7 +343,8 @@ def build_mpijob(settings: MPIJobSettings, pod: Mapping[str, Any] | None = None)
     launcher = _replica_template(
         pod, settings, labels, annotations,
         command=launcher_command(settings.run_id, settings.world_size, settings.attempt, settings.backend,
-                                 settings.collective_timeout, _env_names(pod), as_root=not settings.non_root),
+                                 settings.collective_timeout, _env_names(pod), as_root=not settings.non_root,
+                                 socket_ifname=_env_value(pod, "NCCL_SOCKET_IFNAME")),
         requests={"cpu": settings.launcher_cpu, "memory": settings.launcher_memory},
         limits={"memory": settings.launcher_memory}, gpus=0, shm_size=None, affinity=settings.launcher_affinity,
         node_selector=settings.launcher_node_selector, templates=(settings.pod_template,
