@@ -262,16 +262,19 @@ def _trainer_pids(run_id: str) -> list[int]:
     return pids
 
 
-def test_a_job_whose_epochs_stop_is_deleted_and_the_task_fails_naming_the_stall(k8s, namespace, db_url):
+@pytest.mark.parametrize("deferrable", [False, True])
+def test_a_job_whose_epochs_stop_is_deleted_and_the_task_fails_naming_the_stall(k8s, namespace, db_url, deferrable):
     """The ranks are stopped (SIGSTOP: a hung collective, as far as the watcher can tell) as soon as they exist: no
-    epoch comes within the run's stall_timeout, so the guard deletes the running job and the task names the stall."""
+    epoch comes within the run's stall_timeout, so the watcher (the synchronous guard, or the trigger) deletes the
+    running job and the task names the stall."""
     with psycopg.connect(db_url, autocommit=True) as conn:
         if conn.execute("SELECT count(*) FROM public.samples").fetchone()[0] == 0:
             seed_samples(conn, 240, dim=8, classes=3)
-        run_id = planned_run(conn, "stalled", world_size=2, epochs=10000, batch_size=16, launcher="kubernetes",
-                             stall_timeout=STALL_TIMEOUT, early_stopping_patience=0).run_id
+        run_id = planned_run(conn, f"stalled-{deferrable}", world_size=2, epochs=10000, batch_size=16,
+                             launcher="kubernetes", stall_timeout=STALL_TIMEOUT, early_stopping_patience=0).run_id
     operator = MPIJobTrainOperator(task_id="train", namespace=namespace, image=IMAGE, training_run_id=run_id,
-                                   startup_timeout_seconds=60, poll_interval=0.3)
+                                   startup_timeout_seconds=60, poll_interval=0.3, deferrable=deferrable)
+    context = task_context(DAG_ID, f"stalled-{deferrable}", state_store=FakeTaskStateStore())
     stopped: set[int] = set()
     watching = threading.Event()
 
@@ -286,7 +289,19 @@ def test_a_job_whose_epochs_stop_is_deleted_and_the_task_fails_naming_the_stall(
     stopper.start()
     try:
         with pytest.raises(MPIJobStalled) as stalled:
-            operator.execute(task_context(DAG_ID, "stalled"))
+            if not deferrable:
+                operator.execute(context)
+            else:
+                with pytest.raises(TaskDeferred) as deferred:
+                    operator.execute(context)
+
+                async def first_event():
+                    async for event in deferred.value.trigger.run():
+                        return event.payload
+
+                event = asyncio.run(asyncio.wait_for(first_event(), 180))
+                assert event["status"] == "error" and event["reason"] == "stalled", event
+                operator.execute_complete(context, event)
     finally:
         watching.set()
         stopper.join(10)
