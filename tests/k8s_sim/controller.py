@@ -487,6 +487,8 @@ class Cluster:
     def container_env(self, ns: str, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
         env = {"PATH": f"{self.image_bin_dir}:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
                "HOSTNAME": pod["spec"].get("hostname") or pod["metadata"]["name"]}
+        if os.environ.get("PYTHONPATH"):  # the "image" holds the checkout under test, not what the venv installed
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         role = pod["metadata"]["labels"].get(JOB_ROLE, "")
         env["K_MPI_JOB_ROLE"] = role
         if role == "launcher":  # what mpi-operator adds for OpenMPI
