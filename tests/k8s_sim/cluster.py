@@ -124,6 +124,11 @@ class SimulatedCluster:
     def set_gpus(self, gpus: int) -> None:
         self.api("PUT", "/sim/node", {"gpus": gpus})
 
+    def set_pull_seconds(self, seconds: float) -> None:
+        """A cold node: each image it has not pulled yet takes ``seconds`` to pull (the pod waits in
+        ContainerCreating, with Pulling and Pulled events)."""
+        self.api("PUT", "/sim/node", {"pull_seconds": seconds})
+
     def log_text(self, namespace: str, pod_name: str) -> str:
         path = self.state_dir / "logs" / namespace / f"{pod_name}.log"
         return path.read_text() if path.exists() else ""

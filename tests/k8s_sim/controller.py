@@ -17,7 +17,11 @@
   "image" mapped to a local bin directory (the project's virtualenv) and ``/etc/mpi`` mapped to a
   local directory whose hostfile lists ``localhost`` with all the job's slots, so ``horovodrun``
   starts every rank on this machine (Gloo or MPI, whichever the local Horovod has). Worker pods
-  only report Running: in a real cluster they serve SSH for the launcher's ranks.
+  only report Running: in a real cluster they serve SSH for the launcher's ranks. The node's GPUs are counted,
+  not real: the kubelet leaves pgtrain's GPUS_PER_WORKER_ENV out of the containers' environment, so the ranks train
+  on the CPU instead of refusing a run whose GPUs have no CUDA (trainer.device.select_device). With the node's
+  ``pull_seconds`` set, an image the node has not pulled yet keeps its pod in ContainerCreating that long, with
+  ``Pulling`` then ``Pulled`` events, as on a cold node; the node keeps the image afterwards.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import re
 import signal
 import subprocess
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -45,6 +50,7 @@ GPU = "nvidia.com/gpu"
 CONFIG_MOUNT = "/etc/mpi"
 KILL_GRACE_SECONDS = 3
 QUEUE_NAME = "kueue.x-k8s.io/queue-name"
+GPUS_PER_WORKER_ENV = "PGTRAIN_GPUS_PER_WORKER"  # pgtrain.launch.mpijob.api's: the simulated GPUs have no CUDA
 
 
 def validation_errors(job: dict[str, Any]) -> list[str]:
@@ -174,8 +180,10 @@ class Cluster:
         self.store = store
         self.state_dir = state_dir
         self.image_bin_dir = image_bin_dir
-        self.node = {"name": "sim-gpu-node-0", "gpus": node_gpus,
+        self.node = {"name": "sim-gpu-node-0", "gpus": node_gpus, "pull_seconds": 0.0,
                      "labels": {"kubernetes.io/hostname": "sim-gpu-node-0", "nvidia.com/gpu.present": "true"}}
+        self.images: set[str] = set()  # pulled onto the node
+        self.pulls: dict[tuple[str, str], float] = {}  # (namespace, pod) -> when its image pull began
         self.containers: dict[tuple[str, str], Container] = {}
         self.failures: dict[tuple[str, str], int] = {}
         self.stopping = threading.Event()
@@ -433,6 +441,8 @@ class Cluster:
     def start_pod(self, pod: dict[str, Any]) -> None:
         ns, pod_name = pod["metadata"]["namespace"], pod["metadata"]["name"]
         container = pod["spec"]["containers"][0]
+        if not self.image_ready(ns, pod_name, container.get("image", "")):
+            return
         try:
             mounts = self.mount_volumes(ns, pod, container)
         except ApiError as exc:
@@ -477,6 +487,8 @@ class Cluster:
     def container_env(self, ns: str, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
         env = {"PATH": f"{self.image_bin_dir}:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
                "HOSTNAME": pod["spec"].get("hostname") or pod["metadata"]["name"]}
+        if os.environ.get("PYTHONPATH"):  # the "image" holds the checkout under test, not what the venv installed
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         role = pod["metadata"]["labels"].get(JOB_ROLE, "")
         env["K_MPI_JOB_ROLE"] = role
         if role == "launcher":  # what mpi-operator adds for OpenMPI
@@ -495,6 +507,7 @@ class Cluster:
                 if ref["key"] not in data:
                     raise ApiError(422, "Invalid", f"couldn't find key {ref['key']} in Secret {ns}/{ref['name']}")
                 env[item["name"]] = data[ref["key"]]
+        env.pop(GPUS_PER_WORKER_ENV, None)
         return env
 
     def mount_volumes(self, ns: str, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, Path]:
@@ -521,6 +534,27 @@ class Cluster:
                 path.chmod(item.get("mode", source.get("defaultMode", 0o644)))
             mounts[mount["mountPath"]] = directory
         return mounts
+
+    def image_ready(self, ns: str, pod_name: str, image: str) -> bool:
+        """Whether the node has ``image``; else pull it for ``pull_seconds`` (Pulling, then Pulled events)."""
+        if image in self.images or not self.node["pull_seconds"]:
+            return True
+        if (ns, pod_name) not in self.pulls:
+            self.pulls[(ns, pod_name)] = time.monotonic()
+            self.event(ns, pod_name, "pulling", "Pulling", f'Pulling image "{image}"')
+        if time.monotonic() - self.pulls[(ns, pod_name)] < self.node["pull_seconds"]:
+            return False
+        self.images.add(image)
+        self.event(ns, pod_name, "pulled", "Pulled", f'Successfully pulled image "{image}" in '
+                                                     f'{self.node["pull_seconds"]}s')
+        return True
+
+    def event(self, ns: str, pod_name: str, suffix: str, reason: str, message: str) -> None:
+        self.store.create("events", ns, {
+            "apiVersion": "v1", "kind": "Event", "metadata": {"name": f"{pod_name}.{suffix}"},
+            "involvedObject": {"kind": "Pod", "namespace": ns, "name": pod_name},
+            "reason": reason, "message": message, "type": "Normal", "count": 1,
+            "source": {"component": "kubelet"}, "firstTimestamp": now(), "lastTimestamp": now()}, actor="kubelet")
 
     def failed_mount(self, ns: str, pod_name: str, container: dict[str, Any], message: str) -> None:
         """ContainerCreating, and a FailedMount Warning event on the pod (counted, as the kubelet does)."""

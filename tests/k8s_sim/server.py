@@ -247,7 +247,8 @@ class SimServer(ThreadingHTTPServer):
             self.queued_namespaces.add(body["namespace"])
             return sorted(self.queued_namespaces)
         if path == "/sim/node" and method == "PUT":
-            self.cluster.node["gpus"] = int(body["gpus"])
+            self.cluster.node["gpus"] = int(body.get("gpus", self.cluster.node["gpus"]))
+            self.cluster.node["pull_seconds"] = float(body.get("pull_seconds", self.cluster.node["pull_seconds"]))
             return self.cluster.node
         raise ApiError(404, "NotFound", path)
 

@@ -37,3 +37,39 @@ def test_the_gpu_benchmark_skips_cleanly_without_a_gpu():
     assert result.returncode == 0, result.stderr[-3000:]
     assert "bench_gpu: skipped: no CUDA device here" in result.stdout
     assert result.stdout.splitlines()[-1] == "{}"
+
+
+@pytest.mark.horovod  # the trainer's ranks, on both backends
+def test_the_gpu_benchmark_s_cpu_parts_run_in_quick_mode():
+    """--quick without a GPU: every variant of both model sizes and the trainer on both backends run on the CPU, and
+    each size's figures are medians over its rounds (these prove the code, not a GPU)."""
+    import json
+    import os
+
+    env = {**os.environ, "PGTRAIN_BENCH_GPU_ROWS": "2000", "PGTRAIN_BENCH_GPU_ROUNDS": "1"}
+    result = subprocess.run([sys.executable, "bench_gpu.py", "--quick"], cwd=REPO / "benchmarks", capture_output=True,
+                            text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads(result.stdout.splitlines()[-1])
+    for size in ("launch", "compute"):
+        for variant in ("device", "device_bf16", "plain", "plain_bf16"):
+            assert figures[f"gpu.{size}.{variant}.samples_per_s"] > 0
+        assert figures[f"gpu.{size}.device_vs_plain"] > 0
+    assert figures["gpu.trainer.torch_1_gpus_samples_per_s"] > 0
+    assert figures["gpu.rounds"] == 1 and figures["gpu.rows"] == 2000
+
+
+def test_the_gpu_check_script_fails_clearly_without_cuda():
+    """scripts/gpu_check.sh on a machine without a usable GPU: exit 2 naming why, before any database or benchmark."""
+    import os
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: scripts/gpu_check.sh would measure")
+    result = subprocess.run([str(REPO / "scripts" / "gpu_check.sh")], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHON": sys.executable})
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "gpu_check: FAILED: no CUDA device is usable here" in result.stderr
+    assert "make image-gpu" in result.stderr and "nothing was measured" in result.stderr
+    assert "== bench_gpu" not in result.stdout

@@ -54,8 +54,10 @@ def test_param_defaults_are_valid_training_config(dag):
     defaults = {name: dag.params[name] for name in dag.params}
     config = TrainingConfig.from_mapping(defaults)
     assert config == TrainingConfig(model_name="adhoc-model")  # digits-mlp belongs to the models file
-    # the launcher, backend and collective timeout are the author's (settings file): never trigger params
-    assert set(PARAMETERS) - {"launcher", "backend", "collective_timeout"} == set(defaults)
+    # the launcher, backend, collective timeout, precision and stall timeout are the author's (settings file): never
+    # trigger params
+    assert set(PARAMETERS) - {"launcher", "backend", "collective_timeout", "precision", "stall_timeout"} == set(
+        defaults)
     assert config.launcher == "local" and config.world_size == 1 and config.hidden_sizes == (50,)
 
 

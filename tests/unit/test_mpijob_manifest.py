@@ -112,7 +112,7 @@ def test_credential_literals_are_found_and_rejected():
     manifest = spec.build_mpijob(settings())
     container(manifest, "Worker")["env"].append({"name": "OTHER", "value": "postgresql://u:hunter2@db/x"})
     assert validation.credential_literals(manifest) == [
-        "spec.mpiReplicaSpecs.Worker.template.spec.containers[0].env[2].value"]
+        "spec.mpiReplicaSpecs.Worker.template.spec.containers[0].env[3].value"]
     container(manifest, "Launcher")["env"][0] = {"name": DATABASE_URL_ENV, "value": "postgresql://db/x"}
     with pytest.raises(ConfigError) as error:
         validation.validate_mpijob(manifest)
@@ -262,12 +262,40 @@ def test_the_torch_backend_s_launcher_runs_mpirun_and_the_manifest_validates(non
     assert command[0] == "mpirun" and ("--allow-run-as-root" in command) is not non_root
     assert command[command.index("-np") + 1] == "8" and command[command.index("--hostfile") + 1] == api.HOSTFILE
     passed = [command[i + 1] for i, part in enumerate(command) if part == "-x"]
-    assert {DATABASE_URL_FILE_ENV, "NCCL_DEBUG"} <= set(passed) and DATABASE_URL_ENV not in passed
+    assert {DATABASE_URL_FILE_ENV, api.GPUS_PER_WORKER_ENV, "NCCL_DEBUG"} <= set(passed)
+    assert DATABASE_URL_ENV not in passed
     argv = trainer_argv(LONG_RUN_ID, 3, backend="torch", collective_timeout=120)
     assert command[-len(argv):] == argv and "--backend" in argv and "120" in argv
     assert "horovodrun" not in command
     assert list(validation.mpijob_problems(manifest)) == []
     assert_valid_mpijob(manifest)
+
+
+@pytest.mark.parametrize("backend", ["horovod", "torch"])
+def test_every_rank_is_told_how_many_gpus_its_worker_holds(backend):
+    """The launcher passes its environment to the ranks: with GPUs held, a rank without CUDA refuses the run
+    (trainer.device.select_device) instead of training on the CPU."""
+    manifest = spec.build_mpijob(settings(8, 4, backend=backend))
+    for role in ("Launcher", "Worker"):
+        env = {e["name"]: e.get("value") for e in container(manifest, role)["env"]}
+        assert env[api.GPUS_PER_WORKER_ENV] == "4"
+
+
+@pytest.mark.parametrize(("ifname", "option"), [("eth0", ["--network-interfaces", "eth0"]),
+                                               ("ib0,eth1", ["--network-interfaces", "ib0,eth1"]),
+                                               ("^docker,lo", []), ("eth", [])])
+def test_horovodrun_uses_the_authors_nccl_interface_instead_of_overriding_it(ifname, option):
+    """horovodrun puts NCCL_SOCKET_IFNAME=<the interfaces it found> on the ranks' mpirun line, over the environment's:
+    exact names become its --network-interfaces; NCCL's exclusions and prefixes are no interface names."""
+    manifest = spec.build_mpijob(settings(8, 4, env={"NCCL_SOCKET_IFNAME": ifname}))
+    command = container(manifest, "Launcher")["command"]
+    assert command[0] == "horovodrun"
+    found = command[command.index("--network-interfaces"):command.index("--network-interfaces") + 2] \
+        if "--network-interfaces" in command else []
+    assert found == option
+    torch_command = container(spec.build_mpijob(settings(8, 4, backend="torch", env={"NCCL_SOCKET_IFNAME": ifname})),
+                              "Launcher")["command"]
+    assert "--network-interfaces" not in torch_command and "NCCL_SOCKET_IFNAME" in torch_command  # mpirun -x
 
 
 def test_an_unresolved_backend_is_refused():

@@ -97,6 +97,33 @@ def test_worker_memory_limit_and_guaranteed_qos():
         settings(worker_guaranteed=True, worker_memory_limit="24Gi")
 
 
+def test_worker_requests_are_sized_per_gpu_unless_the_author_sets_them():
+    def requests(**overrides) -> dict:
+        return trainer(spec.build_mpijob(settings(**overrides)), "Worker")["resources"]["requests"]
+
+    assert requests() == {"cpu": "16", "memory": "64Gi"}  # 4 GPUs: 4 CPUs and 16Gi each
+    assert requests(world_size=16, gpus=8) == {"cpu": "32", "memory": "128Gi"}
+    assert requests(world_size=2, gpus=1, cpu_per_gpu="1500m", memory_per_gpu="12.5Gi") == {
+        "cpu": "1500m", "memory": "12.5Gi"}
+    assert requests(world_size=6, gpus=3, cpu_per_gpu="1.5") == {"cpu": "4.5", "memory": "48Gi"}
+    assert requests(worker_cpu="20", memory_per_gpu="40Gi") == {"cpu": "20", "memory": "160Gi"}
+    guaranteed = trainer(spec.build_mpijob(settings(16, 8, worker_guaranteed=True)), "Worker")["resources"]
+    assert guaranteed["limits"] == {"cpu": "32", "memory": "128Gi", api.GPU_RESOURCE: 8}  # Guaranteed QoS
+    assert_valid_mpijob(spec.build_mpijob(settings(16, 8, worker_guaranteed=True)))
+
+
+def test_whole_node_workers_get_one_node_each_unless_the_author_says_otherwise():
+    def anti_affinity(**overrides) -> list:
+        affinity = template(spec.build_mpijob(settings(**overrides)), "Worker")["spec"].get("affinity") or {}
+        return (affinity.get("podAntiAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution", [])
+
+    (term,) = anti_affinity(world_size=16, gpus=8)
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert anti_affinity(world_size=16, gpus=8, one_worker_per_node=False) == []
+    assert anti_affinity(world_size=8, gpus=4) == []  # half-node workers may share a node
+    assert len(anti_affinity(world_size=8, gpus=4, one_worker_per_node=True)) == 1
+
+
 # --- scheduling ---
 
 def test_kueue_queue_label_priority_and_pull_secrets():
@@ -146,8 +173,8 @@ def test_nccl_environment_follows_pgtrains_own_in_both_templates():
     manifest = spec.build_mpijob(settings(env={"NCCL_DEBUG": "INFO", "NCCL_IB_HCA": "mlx5"}))
     for role in ("Launcher", "Worker"):
         env = trainer(manifest, role)["env"]
-        assert [e["name"] for e in env] == ["PGTRAIN_DATABASE_URL_FILE", "PYTHONUNBUFFERED", "NCCL_DEBUG",
-                                            "NCCL_IB_HCA"]
+        assert [e["name"] for e in env] == ["PGTRAIN_DATABASE_URL_FILE", "PYTHONUNBUFFERED",
+                                            "PGTRAIN_GPUS_PER_WORKER", "NCCL_DEBUG", "NCCL_IB_HCA"]
     assert_valid_mpijob(manifest)
 
 
@@ -209,6 +236,22 @@ def test_non_root_mode_follows_the_operators_pi_example_under_restricted_pod_sec
     assert_valid_mpijob(widened)
     root = spec.build_mpijob(settings())
     assert root["spec"]["sshAuthMountPath"] == "/root/.ssh" and "--ssh-port" in trainer(root, "Launcher")["command"]
+
+
+def test_a_capability_non_root_mode_would_drop_is_refused_with_the_reason():
+    rdma = {"spec": {"containers": [{"name": "trainer", "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}}}],
+                     "initContainers": [{"name": "tune", "image": "busybox", "securityContext": {"privileged": True}}]}}
+    with pytest.raises(ConfigError) as refused:
+        settings(non_root=True, worker_pod_template=rdma)
+    message = str(refused.value)
+    assert ("worker_pod_template.spec.containers[0].securityContext.capabilities.add: IPC_LOCK would be dropped: "
+            "non_root mode runs every container with capabilities drop ALL") in message
+    assert "worker_pod_template.spec.initContainers[0].securityContext.privileged: true would be overridden" in message
+    assert spec.author_problems({"non_root": True, "pod_template": rdma}) != []  # the operator's check, at parse time
+    # as root, the capability reaches the container
+    manifest = spec.build_mpijob(settings(worker_pod_template=rdma))
+    assert trainer(manifest, "Worker")["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+    assert_valid_mpijob(manifest)
 
 
 # --- pod templates ---

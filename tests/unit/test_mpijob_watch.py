@@ -153,3 +153,66 @@ def test_a_trigger_serialized_before_the_queue_aware_watch_still_loads():
     assert kwargs["startup_timeout"] == 600 and "startup_deadline" not in kwargs
     with pytest.raises(TypeError, match="needs startup_timeout"):
         MPIJobTrigger(name="job", namespace="ml")
+
+
+def _event(pod: str, reason: str, at: int, count: int = 1) -> dict:
+    return {"involvedObject": {"kind": "Pod", "name": pod}, "reason": reason, "count": count,
+            "lastTimestamp": stamp(at)}
+
+
+def _scheduled(name: str, at: int, waiting: str = "ContainerCreating") -> dict:
+    pod = _pod(name, waiting=waiting)
+    pod["metadata"]["creationTimestamp"] = CREATED
+    pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "True", "lastTransitionTime": stamp(at)}]
+    return pod
+
+
+def test_the_startup_timeout_stands_still_while_an_image_is_pulled():
+    pods = [_scheduled("j-worker-0", 5)]
+    pulling = [_event("j-worker-0", "Pulling", 6)]
+    verdict = watch.watch_step(job(queue=None), pods, 3600, 60, watch.WatchState(), pulling)
+    assert verdict.outcome == "waiting"  # an hour after its creation: the cold node is still pulling
+    assert watch.pulling(pods, pulling) == ["j-worker-0"]
+    pulled = [*pulling, _event("j-worker-0", "Pulled", 3000)]
+    assert watch.startup_clock(job(queue=None), watch.WatchState(), pods, pulled) == 3000  # counts from the pull
+    assert watch.watch_step(job(queue=None), pods, 3059, 60, watch.WatchState(), pulled).outcome == "waiting"
+    assert watch.watch_step(job(queue=None), pods, 3060, 60, watch.WatchState(), pulled).outcome == "timeout"
+
+
+def test_the_startup_timeout_counts_from_the_pods_last_sign_of_progress():
+    # workers scheduled at 500 (they waited for a node), the launcher created at 900 once they were ready
+    launcher = _scheduled("j-launcher", 900)
+    launcher["metadata"]["creationTimestamp"] = stamp(900)
+    pods = [_scheduled("j-worker-0", 500, waiting=None), launcher]
+    assert watch.startup_clock(job(queue=None), watch.WatchState(), pods) == 900
+    assert watch.watch_step(job(queue=None), pods, 959, 60).outcome == "waiting"
+    assert watch.watch_step(job(queue=None), pods, 960, 60).outcome == "timeout"
+
+
+def test_a_pull_in_back_off_is_no_progress():
+    pods = [_scheduled("j-worker-0", 5, waiting="ImagePullBackOff")]
+    backing_off = [_event("j-worker-0", "Pulling", 50, count=4), _event("j-worker-0", "Failed", 51, count=4)]
+    assert watch.pulling(pods, backing_off) == []
+    verdict = watch.watch_step(job(queue=None), pods, 65, 60, watch.WatchState(), backing_off)
+    assert verdict.outcome == "timeout" and "ImagePullBackOff" in verdict.message
+
+
+def test_how_the_startup_timeout_counts_is_logged_once():
+    steps = [(job(queue=None), 1), (job(queue=None), 2), (job(queue=None, running=True), 3)]
+    verdicts = looks(*steps)
+    previous = [watch.WatchVerdict("waiting"), *verdicts[:-1]]
+    news = [watch.queue_news(observed, before, now)
+            for (observed, _), before, now in zip(steps, previous, verdicts, strict=True)]
+    assert news[0] == (f"MPIJob ml/train-1 is starting; {watch.STARTUP_CLOCK_NOTE}.")
+    assert "counts from the last sign of progress" in news[0] and news[1:] == [None, None]
+
+
+def test_the_deferred_watch_keeps_the_run_s_stall_timeout_across_a_triggerer_restart():
+    from pgtrain.airflow.kubernetes.training_trigger import TrainingRunMPIJobTrigger
+
+    claim = {"name": "model:m", "token": 3, "ttl": 60, "training_run": "dag/run"}
+    trigger = TrainingRunMPIJobTrigger(name="job", namespace="ml", startup_timeout=600, claim=claim,
+                                       stall_timeout=900, training_run_id="dag/run")
+    _, kwargs = trigger.serialize()
+    assert kwargs["stall_timeout"] == 900 and kwargs["training_run_id"] == "dag/run"
+    assert TrainingRunMPIJobTrigger(**kwargs).stall_timeout == 900

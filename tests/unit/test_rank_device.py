@@ -10,13 +10,19 @@ import torch
 from torch import nn
 
 from pgtrain.core.errors import ConfigError, PgtrainError
+from pgtrain.launch.mpijob.api import GPUS_PER_WORKER_ENV
 from trainer.device import (
     DEVICE_RESERVE_BYTES,
+    device_line,
+    driver_version,
+    forward_precision,
+    gpus_requested,
     out_of_memory_refused,
     place_rows,
     placement,
     select_device,
     training_state_bytes,
+    use_tf32,
 )
 from trainer.model import mlp
 
@@ -50,6 +56,10 @@ class RecordingCuda:
     def synchronize(self, device: int) -> None:
         self.calls.append(f"synchronize {device}")
 
+    def get_device_name(self, device: int) -> str:
+        self.calls.append(f"get_device_name {device}")
+        return "NVIDIA H200"
+
 
 def test_a_rank_makes_its_local_rank_s_gpu_the_current_one():
     cuda = RecordingCuda(gpus=4)
@@ -61,6 +71,47 @@ def test_without_cuda_a_rank_computes_on_the_cpu_and_calls_nothing_else():
     cuda = RecordingCuda(gpus=0)
     assert select_device(3, cuda) == torch.device("cpu")
     assert cuda.calls == ["is_available"]
+
+
+@pytest.mark.parametrize(("cuda_version", "floor"), [("13.0", "R580"), ("12.8", "R525")])
+def test_a_rank_whose_pod_holds_gpus_refuses_to_train_without_cuda_naming_the_driver_floor(
+        monkeypatch, cuda_version, floor):
+    monkeypatch.setattr(torch.version, "cuda", cuda_version)
+    cuda = RecordingCuda(gpus=0)  # what torch.cuda answers on a node whose driver is older than the build's floor
+    with pytest.raises(ConfigError) as refused:
+        select_device(0, cuda, gpus=8)
+    assert isinstance(refused.value, PgtrainError)  # the trainer records it as the verdict "refused", not retried
+    message = str(refused.value)
+    assert message.startswith("this rank's worker holds 8 GPUs (gpus_per_worker) but CUDA is unavailable")
+    assert f"driver must be {floor} or newer for this CUDA {cuda_version.split('.')[0]} build" in message
+    assert "torch's cu126 wheels (CUDA 12.6, driver R525 or newer)" in message
+
+
+def test_a_cpu_build_of_torch_on_a_gpu_worker_is_refused_naming_the_gpu_image(monkeypatch):
+    monkeypatch.setattr(torch.version, "cuda", None)
+    with pytest.raises(ConfigError, match=r"holds 1 GPU \(gpus_per_worker\) but its torch .* is a CPU build: run "
+                                          r"the GPU image \(make image-gpu"):
+        select_device(0, RecordingCuda(gpus=0), gpus=1)
+
+
+def test_the_gpus_a_rank_holds_come_from_the_environment_the_mpijob_sets():
+    assert gpus_requested({GPUS_PER_WORKER_ENV: "8"}) == 8
+    assert gpus_requested({}) == 0  # the local launcher: the CPU is a choice
+    assert gpus_requested({GPUS_PER_WORKER_ENV: ""}) == 0
+
+
+def test_a_gpu_rank_names_torch_s_cuda_the_driver_its_gpu_and_nccl(monkeypatch, tmp_path):
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    version_file = tmp_path / "version"
+    version_file.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build  "
+                            "(dvs-builder@U16-I3-B03-4-3)  Sun Jul 27 06:54:38 UTC 2025\nGCC version: gcc 13\n")
+    driver = driver_version(version_file)
+    assert driver == "580.65.06"
+    assert driver_version(tmp_path / "absent") == "unknown"
+    line = device_line(3, torch.device("cuda", 3), RecordingCuda(gpus=8), driver, "2.27.7")
+    assert line == (f"rank 3: GPU 3 NVIDIA H200, torch {torch.__version__} CUDA 13.0, driver 580.65.06, "
+                    "NCCL 2.27.7")
+    assert device_line(0, torch.device("cpu"), RecordingCuda(), driver, "none").startswith("rank 0: CPU (torch ")
 
 
 def test_a_local_rank_beyond_the_node_s_gpus_is_refused_before_any_gpu_is_selected():
@@ -149,3 +200,29 @@ class OutOfMemoryWhenTraining(nn.Module):
 
 def out_of_memory_when_training(input_dim: int, output_dim: int) -> nn.Module:
     return OutOfMemoryWhenTraining(input_dim, output_dim)
+
+
+@pytest.fixture
+def matmul_precision():
+    before = torch.get_float32_matmul_precision()
+    yield
+    torch.set_float32_matmul_precision(before)
+
+
+def test_a_gpu_rank_multiplies_float32_in_tf32_and_a_cpu_rank_in_full_float32(matmul_precision):
+    torch.set_float32_matmul_precision("highest")
+    use_tf32(torch.device("cpu"))
+    assert torch.get_float32_matmul_precision() == "highest"
+    use_tf32(torch.device("cuda", 3))  # a device object needs no GPU; the setting is process-wide
+    assert torch.get_float32_matmul_precision() == "high"  # TF32
+    assert torch.backends.cudnn.allow_tf32 is True
+
+
+def test_bf16_autocasts_the_forward_pass_and_fp32_leaves_it_alone():
+    layer = nn.Linear(4, 2)
+    x = torch.randn(3, 4)
+    with forward_precision(torch.device("cpu"), "bf16"):
+        assert layer(x).dtype == torch.bfloat16
+    with forward_precision(torch.device("cpu"), "fp32"):
+        assert layer(x).dtype == torch.float32
+    assert layer.weight.dtype == torch.float32  # the weights stay float32 either way

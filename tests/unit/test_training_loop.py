@@ -121,3 +121,31 @@ def test_the_trainer_s_optimizers_step_exactly_as_torch_s_own(name):
     theirs.load_state_dict(ours.state_dict())
     ours.load_state_dict(theirs.state_dict())
     assert ours.state_dict()["param_groups"] == theirs.state_dict()["param_groups"]
+
+
+class DtypeRecordingNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(1, 2)
+        self.dtypes: list[torch.dtype] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.linear(x)
+        self.dtypes.append(out.dtype)
+        return out
+
+
+@pytest.mark.parametrize(("precision", "dtype"), [("bf16", torch.bfloat16), ("fp32", torch.float32)])
+def test_the_run_s_precision_sets_the_training_steps_forward_dtype(precision, dtype):
+    """precision: bf16 (the author's) autocasts each step's forward pass; weights and gradients stay float32."""
+    net = DtypeRecordingNet()
+    model = PgtrainModel(net, 1, 2)
+    x_train, y_train = torch.arange(32, dtype=torch.float32).reshape(-1, 1), torch.arange(32) % 2
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    batches = Batches(x_train, y_train, 8, torch.device("cpu"))
+    schedule = Schedule(TrainingConfig(epochs=1, lr_schedule="constant"), optimizer, 0.01, 4)
+    sums = train_epoch(model, optimizer, schedule, 0, Task(False, 2, torch.device("cpu")), batches,
+                       torch.from_numpy(epoch_order(32, 0, 1, 0)), batch_bounds(32, 4), precision)
+    assert net.dtypes == [dtype] * 4
+    assert net.linear.weight.dtype == net.linear.weight.grad.dtype == torch.float32
+    assert torch.isfinite(sums).all()

@@ -24,14 +24,26 @@ import torch
 import trainer
 from pgtrain.config.boosted import BOOSTED
 from pgtrain.config.params import DEFAULT_COLLECTIVE_TIMEOUT, TrainingConfig
-from pgtrain.core.db import connect
+from pgtrain.core.db import connect, connect_retrying
 from pgtrain.core.errors import PgtrainError
 from pgtrain.data import loader, manifest
 from pgtrain.launch.lifetime import die_with_parent
 from pgtrain.runs import record
 from pgtrain.store import tensors
 from trainer import boosted, collectives
-from trainer.device import Cuda, out_of_memory_refused, place_rows, select_device, training_state_bytes
+from trainer.device import (
+    Cuda,
+    device_line,
+    driver_version,
+    forward_precision,
+    gpus_requested,
+    nccl_version,
+    out_of_memory_refused,
+    place_rows,
+    select_device,
+    training_state_bytes,
+    use_tf32,
+)
 from trainer.evaluate import Task, balanced_class_weights, epoch_figures, test_figures
 from trainer.model import PgtrainModel, build_model, state_layout, writable_tensor
 from trainer.optim import Schedule, load_optimizer_arrays, make_optimizer
@@ -141,8 +153,10 @@ class Batches:
 
 
 def train_epoch(model: PgtrainModel, optimizer: torch.optim.Optimizer, schedule: Schedule, first_step: int,
-                task: Task, batches: Batches, order: torch.Tensor, bounds: list[int]) -> torch.Tensor:
-    """One pass over this rank's shuffled rows; returns [loss sum, correct] on the device (no sync per step)."""
+                task: Task, batches: Batches, order: torch.Tensor, bounds: list[int],
+                precision: str = "fp32") -> torch.Tensor:
+    """One pass over this rank's shuffled rows; returns [loss sum, correct] on the device (no sync per step).
+    ``precision``: the run's (bf16: each step's forward pass and loss autocast, trainer.device.forward_precision)."""
     sums = task.train_sums()
     for step, (lo, hi) in enumerate(zip(bounds, bounds[1:], strict=False), start=first_step):
         schedule.set(step)
@@ -152,8 +166,9 @@ def train_epoch(model: PgtrainModel, optimizer: torch.optim.Optimizer, schedule:
             optimizer.step()
             continue
         x, y = batches(order[lo:hi])
-        out = model.standardized(x)
-        loss = task.loss(out, y)
+        with forward_precision(task.device, precision):
+            out = model.standardized(x)
+            loss = task.loss(out, y)
         loss.backward()
         optimizer.step()
         task.add_train(sums, loss, out, y)
@@ -201,9 +216,12 @@ def record_verdict(args: argparse.Namespace, status: str, reason: str) -> None:
 def train(args: argparse.Namespace, cuda: Cuda = torch.cuda) -> int:
     imports = time.perf_counter() - trainer.STARTED  # torch's and the trainer's: most of a small run's start
     ranks = collectives.init(args.backend, args.collective_timeout)
-    device = select_device(ranks.local_rank(), cuda)  # first: before anything can create a CUDA context
+    # First: before anything can create a CUDA context. A rank whose pod holds GPUs never falls back to the CPU.
+    device = select_device(ranks.local_rank(), cuda, gpus_requested(os.environ))
     rank, size = ranks.rank(), ranks.size()
-    conn = connect(attempt=args.attempt)
+    print(device_line(rank, device, cuda, driver_version(), nccl_version()), flush=True)
+    use_tf32(device)
+    conn = connect_retrying(attempt=args.attempt)  # every rank at once: a busy or restarting server gets retried
     record.mark_training(conn, args.run_id)  # the first fenced write: a stale attempt stops here
     if rank == 0:
         record.set_backend(conn, args.run_id, ranks.name)
@@ -341,7 +359,7 @@ def fit(conn: psycopg.Connection, run: record.Run, model: PgtrainModel, start: S
         # The order is dropped with the epoch: the next one is never built beside it.
         train_sums = train_epoch(model, optimizer, schedule, (epoch - 1) * steps, task, batches,
                                  torch.from_numpy(epoch_order(train_count, config.seed, epoch, rank)).to(
-                                     batches.rows_device), batch_bounds(train_count, steps))
+                                     batches.rows_device), batch_bounds(train_count, steps), config.precision)
         if device.type == "cuda":
             cuda.synchronize(device.index)
         train_seconds = time.perf_counter() - started

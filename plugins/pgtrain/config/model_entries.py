@@ -6,8 +6,8 @@
 - ``source``: the table and its key, feature and label columns: fixed, whoever triggers the DAG;
 - ``schedule``: ``cron`` (an expression or preset), ``min_new_rows`` (retrain once that many rows have been
   added since the head version's watermark; ``poll_seconds`` between checks), or both;
-- ``launcher`` (``local`` or ``kubernetes``), ``backend`` and ``collective_timeout`` (default: the settings
-  file's) and ``kubernetes``
+- ``launcher`` (``local`` or ``kubernetes``), ``backend``, ``collective_timeout``, ``precision`` and
+  ``stall_timeout`` (default: the settings file's) and ``kubernetes``
   (``KUBERNETES_SETTINGS``, over the settings file's);
 - ``params``: default training params (``pgtrain.config.params.PARAMETERS``: epochs, world_size, task, ...), which the
   trigger form offers and a triggerer may change;
@@ -37,7 +37,8 @@ MODELS_ENV = "PGTRAIN_MODELS"
 MODELS_FILE_NAME = "models.yaml"  # next to the DAG files, which pass its path
 # What the author fixes per model: a triggerer of the model's DAG can change none of these.
 FIXED_PARAMS = ("model_name", "source_table", "key_column", "features_column", "feature_columns", "exclude_columns",
-                "categorical_columns", "label_column", "launcher", "backend", "collective_timeout")
+                "categorical_columns", "label_column", "launcher", "backend", "collective_timeout", "precision",
+                "stall_timeout")
 # The entry's source keys that are params of the same name (``table`` is source_table).
 SOURCE_PARAMS = ("key_column", "features_column", "feature_columns", "exclude_columns", "categorical_columns",
                  "label_column")
@@ -85,6 +86,8 @@ class ModelEntry:
     launcher: str | None = None  # None: the settings file's
     backend: str | None = None  # None: the settings file's
     collective_timeout: int | None = None  # None: the settings file's
+    precision: str | None = None  # None: the settings file's
+    stall_timeout: int | None = None  # None: the settings file's
     cron: str | None = None
     min_new_rows: int | None = None
     poll_seconds: float = DEFAULT_POLL_SECONDS
@@ -119,7 +122,8 @@ class ModelEntry:
             quality_gate=dict(self.quality_gate), max_world_size=self.max_world_size or base.max_world_size,
             launcher=self.launcher or base.launcher, categories=categories, backend=self.backend or base.backend,
             collective_timeout=self.collective_timeout or base.collective_timeout,
-            intra_op_threads=base.intra_op_threads if self.intra_op_threads is None else self.intra_op_threads)
+            intra_op_threads=base.intra_op_threads if self.intra_op_threads is None else self.intra_op_threads,
+            precision=self.precision or base.precision, stall_timeout=self.stall_timeout or base.stall_timeout)
 
     def fixed_params(self, settings: AuthorSettings) -> dict[str, Any]:
         """Every param the author fixes for this model's runs (FIXED_PARAMS), with ``settings``' launcher and
@@ -205,7 +209,8 @@ def parse_entry(raw: Any) -> ModelEntry:
     schedule = raw["schedule"]
     return ModelEntry(
         name=raw["name"], fixed=fixed, params=dict(params), launcher=raw.get("launcher"), backend=raw.get("backend"),
-        collective_timeout=raw.get("collective_timeout"), cron=schedule.get("cron"),
+        collective_timeout=raw.get("collective_timeout"), precision=raw.get("precision"),
+        stall_timeout=raw.get("stall_timeout"), cron=schedule.get("cron"),
         min_new_rows=schedule.get("min_new_rows"), poll_seconds=schedule.get("poll_seconds", DEFAULT_POLL_SECONDS),
         kubernetes=dict(raw.get("kubernetes") or {}),
         quality_gate={**DEFAULT_QUALITY_GATE, **(raw.get("quality_gate") or {})},

@@ -59,6 +59,12 @@ MAX_CLASSES = 100_000  # the most classes a classification run may have (num_cla
 LIST_PARAMS = ("hidden_sizes", "feature_columns", "exclude_columns", "categorical_columns", "hashed_columns")
 # The ranks' collectives (trainer.collectives): auto = horovod where ``import horovod.torch`` works, else torch.
 BACKENDS = ("auto", "horovod", "torch")
+# fp32: float32 throughout (TF32 matmuls on GPUs); bf16: the forward pass autocast to bfloat16 (weights, gradients and
+# the optimizer stay float32).
+PRECISIONS = ("fp32", "bf16")
+# Seconds a running job may go without a new epoch (or its first one) before it is deleted: a hung collective must
+# not hold its GPUs until activeDeadlineSeconds.
+DEFAULT_STALL_TIMEOUT = 3600
 # How long a rank of the torch backend waits in one collective (and in the rendezvous) before the job fails: a rank
 # that hangs or died must not hold the job's GPUs for hours.
 DEFAULT_COLLECTIVE_TIMEOUT = 300
@@ -122,6 +128,8 @@ class TrainingConfig:
     launcher: str = "local"
     backend: str = "auto"
     collective_timeout: int = DEFAULT_COLLECTIVE_TIMEOUT
+    precision: str = "fp32"
+    stall_timeout: int = DEFAULT_STALL_TIMEOUT
     # The DAG author's (RANK_SETTINGS), never the triggerer's: kept in the snapshot, which is how it reaches the ranks.
     intra_op_threads: int | None = None
 
@@ -363,6 +371,13 @@ PARAMETERS: dict[str, dict[str, Any]] = _with_defaults({
                            "title": "Collective timeout (s)",
                            "description": "torch backend: the longest a rank waits in one collective or the "
                                           "rendezvous before the job fails; the DAG author's"},
+    "precision": {"type": "string", "enum": list(PRECISIONS), "section": _CLUSTER, "title": "Precision",
+                  "description": "fp32 (TF32 matmuls on GPUs) or bf16 (the forward pass autocast to bfloat16); the "
+                                 "DAG author's"},
+    "stall_timeout": {"type": "integer", "minimum": 10, "maximum": 7 * 86400, "section": _CLUSTER,
+                      "title": "Stall timeout (s)",
+                      "description": "a running Kubernetes job without a new epoch for this long is deleted and the "
+                                     "train task fails naming the stall; the DAG author's"},
 })
 
 # The quality gate: the DAG author's (the settings file's ``quality_gate``), never the triggerer's. It is kept

@@ -5,6 +5,7 @@ They live in a YAML file next to the DAGs (``dags/pgtrain.yaml``, whose path the
 
 - ``launcher``: where the generic DAG's jobs run, ``local`` (horovodrun on the worker) or ``kubernetes``;
 - ``backend``: the ranks' collectives, ``auto``, ``horovod`` or ``torch``, and ``collective_timeout`` (seconds);
+- ``precision`` (``fp32`` or ``bf16``) and ``stall_timeout`` (seconds a running job may go without a new epoch);
 - ``allowed_sources``: schemas (``public``) or tables (``"Clinic"."Biopsies"``) a run may train on;
 - ``allowed_models``: model references a run may build (``mlp``, ``package.module:factory``);
 - ``kubernetes``: the MPIJob's image, namespace, Secret, scheduling (queue, priority, affinity), sizes, pod
@@ -84,6 +85,8 @@ KUBERNETES_SETTINGS: dict[str, dict[str, Any]] = {
     "launcher_node_selector": _STRINGS,
     "worker_cpu": _QUANTITY,
     "worker_memory": _QUANTITY,
+    "cpu_per_gpu": _QUANTITY,
+    "memory_per_gpu": _QUANTITY,
     "worker_memory_limit": _OPTIONAL_QUANTITY,
     "worker_guaranteed": {"type": "boolean"},
     "launcher_cpu": _QUANTITY,
@@ -123,6 +126,8 @@ AUTHOR_PROPERTIES: dict[str, dict[str, Any]] = {
     "launcher": rule(PARAMETERS["launcher"]),
     "backend": rule(PARAMETERS["backend"]),
     "collective_timeout": rule(PARAMETERS["collective_timeout"]),
+    "precision": rule(PARAMETERS["precision"]),
+    "stall_timeout": rule(PARAMETERS["stall_timeout"]),
     "kubernetes": {"type": "object", "additionalProperties": False, "properties": KUBERNETES_SETTINGS},
     "quality_gate": {"type": "object", "additionalProperties": False,
                      "properties": {name: rule(schema) for name, schema in QUALITY_GATE.items()}},
@@ -133,7 +138,7 @@ AUTHOR_PROPERTIES: dict[str, dict[str, Any]] = {
 }
 
 # The author's settings a run's config snapshot holds (its params, fixed by the author).
-RUN_SETTINGS = ("launcher", "backend", "collective_timeout")
+RUN_SETTINGS = ("launcher", "backend", "collective_timeout", "precision", "stall_timeout")
 
 _SCHEMA = {
     "type": "object",
@@ -157,6 +162,8 @@ class AuthorSettings:
     categories: dict[str, Any] = field(default_factory=dict)  # CATEGORIES keys the author set
     backend: str = TrainingConfig.backend
     collective_timeout: int = TrainingConfig.collective_timeout
+    precision: str = TrainingConfig.precision
+    stall_timeout: int = TrainingConfig.stall_timeout
     intra_op_threads: int | None = None
 
     def category_rules(self) -> dict[str, Any]:
@@ -232,4 +239,6 @@ def load_settings(path: Path | str | None = None, *, default: Path | str | None 
                           data.get("max_world_size", defaults.max_world_size),
                           data.get("launcher", defaults.launcher), dict(data.get("categories") or {}),
                           data.get("backend", defaults.backend),
-                          data.get("collective_timeout", defaults.collective_timeout), data.get("intra_op_threads"))
+                          data.get("collective_timeout", defaults.collective_timeout),
+                          data.get("precision", defaults.precision),
+                          data.get("stall_timeout", defaults.stall_timeout), data.get("intra_op_threads"))

@@ -6,7 +6,10 @@ raised as ConfigError with the password redacted (libpq quotes a malformed URI w
 
 from __future__ import annotations
 
+import random
 import re
+import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
@@ -94,6 +97,32 @@ def connect(url: str | None = None, *, autocommit: bool = True, attempt: int | N
         if message == str(error):
             raise
         raise type(error)(message) from None
+
+
+# A rank's first connection: every rank of a job connects at once (8 per GPU node), into a server or PgBouncer that
+# may be restarting or briefly full; a few tries over about half a minute, then the error.
+CONNECT_TRIES = 6
+CONNECT_FIRST_WAIT = 1.0
+
+
+def connect_retrying(url: str | None = None, *, tries: int = CONNECT_TRIES, first_wait: float = CONNECT_FIRST_WAIT,
+                     sleep: Callable[[float], None] = time.sleep, **kwargs: Any) -> psycopg.Connection:
+    """``connect`` tried up to ``tries`` times while the connection itself fails (psycopg's OperationalError: the
+    server down, restarting or out of connection slots), waiting ``first_wait`` seconds, then twice as long each time,
+    with jitter so that a job's ranks do not come back together. A bad URL (ConfigError) is not retried, and nothing
+    after the connection is: a query's error is the caller's."""
+    for attempt in range(1, tries + 1):
+        try:
+            return connect(url, **kwargs)
+        except psycopg.OperationalError as error:
+            if attempt == tries:
+                raise
+            wait = first_wait * 2 ** (attempt - 1) * random.uniform(0.5, 1.0)
+            print(f"could not connect to the training database (try {attempt} of {tries}: "
+                  f"{str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__}); "
+                  f"trying again in {wait:.1f} s", flush=True)
+            sleep(wait)
+    raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
 
 def connect_like(conn_or_url: psycopg.Connection | str, application_name: str) -> psycopg.Connection:

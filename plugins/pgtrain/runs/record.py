@@ -229,6 +229,13 @@ def epoch_metrics(conn: psycopg.Connection, run_id: str) -> list[dict[str, Any]]
     return [_merged(row) for row in rows]
 
 
+def seconds_since_last_epoch(conn: psycopg.Connection, run_id: str) -> float | None:
+    """Seconds since the run's latest epoch was recorded, by the database's clock; None before its first."""
+    row = conn.execute("SELECT extract(epoch FROM now() - max(recorded_at))::float8 FROM pgtrain.run_metrics "
+                       "WHERE run_id = %s", (run_id,)).fetchone()
+    return None if row is None or row[0] is None else max(0.0, float(row[0]))
+
+
 def kept_epoch(epochs: list[dict[str, Any]]) -> dict[str, Any]:
     """The metrics of the epoch whose parameters the run staged: the best one (``best_epoch``, recorded while early
     stopping is on), else the last; {} without epochs."""

@@ -18,6 +18,7 @@ from pgtrain.core.errors import TrainingInputError
 from pgtrain.data import loader
 from pgtrain.launch import local as launch_local
 from pgtrain.launch.attempt import start_attempt
+from pgtrain.launch.mpijob.api import GPUS_PER_WORKER_ENV
 from pgtrain.runs import record
 from tests.conftest import REPO
 from tests.db.test_verdicts import verdict
@@ -62,7 +63,9 @@ def test_a_gpu_rank_selects_its_gpu_before_it_loads_a_row(autocommit, db_url, mo
     cuda = StoppingCuda(gpus=1, free=80 << 30)
     _, returned = rank_in_this_process(autocommit, db_url, monkeypatch, cuda)
     assert returned is None  # stopped at the memory check, before any tensor went to the GPU
-    assert cuda.calls == ["is_available", "device_count", "set_device 0", "load_shard", "mem_get_info 0"]
+    # the rank names its GPU once it is the current one (trainer.device.device_line), then loads
+    assert cuda.calls == ["is_available", "device_count", "set_device 0", "get_device_name 0", "load_shard",
+                          "mem_get_info 0"]
 
 
 def test_a_cpu_rank_asks_cuda_nothing_but_whether_it_is_there(autocommit, db_url, monkeypatch):
@@ -87,3 +90,23 @@ def test_a_cuda_out_of_memory_error_while_training_is_the_run_s_refusal(autocomm
                       "memory); use a smaller batch_size, a smaller model, or more ranks (world_size: fewer rows "
                       "per GPU)")
     assert reason in str(failure.value)
+
+
+def test_a_rank_whose_worker_holds_gpus_refuses_to_train_without_cuda(autocommit, db_url, monkeypatch):
+    """What an MPIJob's rank does on a node whose driver is older than the build's floor (here: no CUDA at all, the
+    real torch.cuda): it refuses before it loads a row, and the run's verdict is 'refused', which the train task
+    does not retry."""
+    monkeypatch.setenv(GPUS_PER_WORKER_ENV, "2")  # as the MPIJob sets it (the local launcher passes no such thing)
+    monkeypatch.setenv(DATABASE_URL_ENV, db_url)
+    seed_samples(autocommit, rows=120, dim=4, classes=3)
+    run = planned_run(autocommit, world_size=1, epochs=1)
+    attempt = start_attempt(autocommit, run.run_id)
+    try:
+        assert trainer.main(["--run-id", run.run_id, "--attempt", str(attempt)]) == 2
+    finally:
+        hvd.shutdown()
+    status, reason = verdict(autocommit, run.run_id)
+    assert status == "refused"
+    assert reason.startswith("this rank's worker holds 2 GPUs (gpus_per_worker) but ")
+    assert "make image-gpu" in reason or "driver must be R" in reason  # a CPU build here, a CUDA build on a node
+    assert record.epoch_metrics(autocommit, run.run_id) == []  # nothing trained on the CPU

@@ -10,15 +10,19 @@ simulated pods many times the second they take to start.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import importlib
+import os
+import signal
 import threading
+from pathlib import Path
 
 import psycopg
 import pytest
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
-from pgtrain.airflow.kubernetes.errors import MPIJobStartupTimeout
+from pgtrain.airflow.kubernetes.errors import MPIJobStalled, MPIJobStartupTimeout
 from pgtrain.airflow.kubernetes.operator import MPIJobOperator
 from pgtrain.airflow.kubernetes.train import MPIJobTrainOperator
 from pgtrain.launch.mpijob import api
@@ -27,9 +31,12 @@ from tests.integration.k8s.test_operator import DAG_ID, IMAGE, plan, staged
 from tests.k8s_sim import SimulatedCluster
 from tests.k8s_sim.airflow_context import FakeTaskStateStore, task_context
 from tests.k8s_sim.validation import assert_cluster_accepted_every_manifest
+from tests.support import planned_run, seed_samples
 
 pytestmark = pytest.mark.horovod
 STARTUP_TIMEOUT = 6
+PULL_TIMEOUT = 3
+STALL_TIMEOUT = 10
 QUEUE = {api.QUEUE_NAME_LABEL: "gpu-queue"}
 EVENTS_OF_A_POD = "involvedObject.kind=Pod,involvedObject.name="
 
@@ -205,3 +212,108 @@ def test_a_cluster_without_the_mpi_operator_fails_the_task_for_good(tmp_path, na
             plain.execute(task_context(DAG_ID, "no-operator", state_store=store))
     with psycopg.connect(db_url) as conn:
         assert record.get_run(conn, run_id).attempt == attempt  # nothing was begun
+
+
+@pytest.mark.parametrize("deferrable", [False, True])
+def test_a_cold_node_pulling_the_image_outlasts_the_startup_timeout_and_the_job_runs(k8s, namespace, db_url, capfd,
+                                                                                    deferrable):
+    """The node pulls the image for three times the startup timeout: the clock stands still while it pulls and counts
+    from the last sign of progress after (the launcher pod made once the workers are ready), so the job runs."""
+    run_id = plan(db_url, f"cold-node-{deferrable}", epochs=2)
+    k8s.set_pull_seconds(3 * PULL_TIMEOUT)
+    try:
+        operator = MPIJobTrainOperator(task_id="train", namespace=namespace, image=f"{IMAGE}-cold-{namespace}",
+                                       training_run_id=run_id, startup_timeout_seconds=PULL_TIMEOUT,
+                                       poll_interval=0.3, deferrable=deferrable)
+        context = task_context(DAG_ID, f"cold-node-{deferrable}", state_store=FakeTaskStateStore())
+        if deferrable:
+            with pytest.raises(TaskDeferred) as deferred:
+                operator.execute(context)
+
+            async def first_event():
+                async for event in deferred.value.trigger.run():
+                    return event.payload
+
+            event = asyncio.run(asyncio.wait_for(first_event(), 180))
+            assert event["status"] == "succeeded", event
+            operator.execute_complete(context, event)
+        else:
+            operator.execute(context)
+    finally:
+        k8s.set_pull_seconds(0)
+    task_log = "".join(capfd.readouterr())
+    assert staged(db_url, run_id) > 0  # it trained
+    (pulled,) = [e for e in k8s.api("GET", f"/api/v1/namespaces/{namespace}/events")["items"]
+                 if e["reason"] == "Pulled"]
+    assert f"in {3 * PULL_TIMEOUT}" in pulled["message"]  # the pull took longer than the startup timeout
+    assert task_log.count("the startup timeout counts from the last sign of progress") == 1
+
+
+def _trainer_pids(run_id: str) -> list[int]:
+    """This run's trainer ranks on this machine (the simulated cluster runs them as local processes)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if entry.name.isdigit() and b"trainer" in argv and run_id.encode() in argv:
+            pids.append(int(entry.name))
+    return pids
+
+
+@pytest.mark.parametrize("deferrable", [False, True])
+def test_a_job_whose_epochs_stop_is_deleted_and_the_task_fails_naming_the_stall(k8s, namespace, db_url, deferrable):
+    """The ranks are stopped (SIGSTOP: a hung collective, as far as the watcher can tell) as soon as they exist: no
+    epoch comes within the run's stall_timeout, so the watcher (the synchronous guard, or the trigger) deletes the
+    running job and the task names the stall."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        if conn.execute("SELECT count(*) FROM public.samples").fetchone()[0] == 0:
+            seed_samples(conn, 240, dim=8, classes=3)
+        run_id = planned_run(conn, f"stalled-{deferrable}", world_size=2, epochs=10000, batch_size=16,
+                             launcher="kubernetes", stall_timeout=STALL_TIMEOUT, early_stopping_patience=0).run_id
+    operator = MPIJobTrainOperator(task_id="train", namespace=namespace, image=IMAGE, training_run_id=run_id,
+                                   startup_timeout_seconds=60, poll_interval=0.3, deferrable=deferrable)
+    context = task_context(DAG_ID, f"stalled-{deferrable}", state_store=FakeTaskStateStore())
+    stopped: set[int] = set()
+    watching = threading.Event()
+
+    def stop_the_ranks() -> None:
+        while not watching.wait(0.05):
+            for pid in set(_trainer_pids(run_id)) - stopped:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+                    stopped.add(pid)
+
+    stopper = threading.Thread(target=stop_the_ranks, daemon=True)
+    stopper.start()
+    try:
+        with pytest.raises(MPIJobStalled) as stalled:
+            if not deferrable:
+                operator.execute(context)
+            else:
+                with pytest.raises(TaskDeferred) as deferred:
+                    operator.execute(context)
+
+                async def first_event():
+                    async for event in deferred.value.trigger.run():
+                        return event.payload
+
+                event = asyncio.run(asyncio.wait_for(first_event(), 180))
+                assert event["status"] == "error" and event["reason"] == "stalled", event
+                operator.execute_complete(context, event)
+    finally:
+        watching.set()
+        stopper.join(10)
+        for pid in stopped:  # the job's deletion ends them; never leave one stopped
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    message = str(stalled.value)
+    assert stopped, "no trainer rank was seen"
+    assert f"no epoch recorded for {STALL_TIMEOUT}" in message or "the job stalled: no epoch recorded for" in message
+    assert f"stall_timeout {STALL_TIMEOUT} s" in message and "raise stall_timeout" in message
+    assert [h for h in k8s.history(namespace, verb="delete", resource="mpijobs")]
+    with psycopg.connect(db_url) as conn:
+        status, reason = conn.execute("SELECT status, status_reason FROM pgtrain.training_runs WHERE run_id = %s",
+                                      (run_id,)).fetchone()
+    assert status == "failed" and "stalled" in reason  # the run's record names the stall

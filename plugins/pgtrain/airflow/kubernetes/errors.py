@@ -28,6 +28,10 @@ class MPIJobFailed(TrainingFailed):
     """The MPIJob ended with its Failed condition."""
 
 
+class MPIJobStalled(MPIJobFailed):
+    """The running MPIJob recorded no new epoch for its stall_timeout and was deleted: a retry resumes it."""
+
+
 class MPIJobInputRefused(MPIJobFailed, TrainingInputError):
     """The MPIJob failed because a rank refused its planned input: retrying cannot help."""
 
@@ -43,7 +47,8 @@ def not_started(namespace: str, name: str, timeout_seconds: float, verdict: Watc
     """The job was not running ``timeout_seconds`` after its creation, or after it left its queue (a ``timeout``
     verdict: its message says what the pods wait for): it has been deleted."""
     queued = verdict.reason == RESUMED_REASON
-    counted = ", counted from when it left its queue" if queued else ""
+    counted = (", counted from when it left its queue or its pods' last sign of progress" if queued else
+               ", counted from its pods' last sign of progress")
     if verdict.message:
         waiting = f"waiting: {verdict.message}. Free GPUs, request fewer (world_size, gpus_per_worker)"
     elif queued:  # the MPI Operator saw the job (it set the Suspended condition), yet made no pods

@@ -77,7 +77,8 @@ class MPIJobOperator(MPIJobWatch, KubernetesPodOperator):
     :param gpus_per_worker: GPUs and MPI slots per worker pod (templated)
     :param database_secret: Secret in the job's namespace whose ``database_secret_key`` is the
         database URL; it is mounted into the pods as a file (``PGTRAIN_DATABASE_URL_FILE``), never an env var
-    :param worker_cpu, worker_memory: requests of each worker (GPUs are set from the layout)
+    :param worker_cpu, worker_memory: requests of each worker (GPUs are set from the layout); None: cpu_per_gpu and
+        memory_per_gpu for each of its GPUs
     :param worker_memory_limit, worker_guaranteed: a memory limit of each worker, or limits = requests
         (Guaranteed QoS)
     :param launcher_cpu, launcher_memory: the launcher's small requests (it gets no GPU)
@@ -116,8 +117,10 @@ class MPIJobOperator(MPIJobWatch, KubernetesPodOperator):
         gpus_per_worker: int | str = spec.default("gpus_per_worker"),
         database_secret: str = spec.default("database_secret"),
         database_secret_key: str = spec.default("database_secret_key"),
-        worker_cpu: str = spec.default("worker_cpu"),
-        worker_memory: str = spec.default("worker_memory"),
+        worker_cpu: str | None = spec.default("worker_cpu"),
+        worker_memory: str | None = spec.default("worker_memory"),
+        cpu_per_gpu: str = spec.default("cpu_per_gpu"),
+        memory_per_gpu: str = spec.default("memory_per_gpu"),
         launcher_cpu: str = spec.default("launcher_cpu"),
         launcher_memory: str = spec.default("launcher_memory"),
         worker_memory_limit: str | None = spec.default("worker_memory_limit"),
@@ -127,7 +130,7 @@ class MPIJobOperator(MPIJobWatch, KubernetesPodOperator):
         scheduling_policy: dict[str, Any] | None = None,
         worker_affinity: dict[str, Any] | None = None,
         launcher_affinity: dict[str, Any] | None = None,
-        one_worker_per_node: bool = spec.default("one_worker_per_node"),
+        one_worker_per_node: bool | None = spec.default("one_worker_per_node"),
         launcher_node_selector: dict[str, str] | None = None,
         non_root: bool = spec.default("non_root"),
         pod_template: dict[str, Any] | None = None,
@@ -146,6 +149,7 @@ class MPIJobOperator(MPIJobWatch, KubernetesPodOperator):
             raise ConfigError("MPIJobOperator has no XCom sidecar: the trainer writes its results to PostgreSQL")
         job_settings: dict[str, Any] = {
             "worker_memory_limit": worker_memory_limit, "worker_guaranteed": worker_guaranteed, "shm_size": shm_size,
+            "cpu_per_gpu": cpu_per_gpu, "memory_per_gpu": memory_per_gpu,
             "queue_name": queue_name, "scheduling_policy": scheduling_policy or {},
             "worker_affinity": worker_affinity or {}, "launcher_affinity": launcher_affinity or {},
             "one_worker_per_node": one_worker_per_node, "launcher_node_selector": launcher_node_selector or {},

@@ -98,6 +98,7 @@ class MPIJobTrainOperator(BaseOperator):
                           else " (the author's setting)")
             job.job_settings = {**job.job_settings, "backend": backend,
                                 "collective_timeout": run.config.collective_timeout}
+            job.stall_timeout = run.config.stall_timeout
             with train_run.training_claimed(self.conn_id, run, context["ti"]) as claim:
                 job.claim = claim  # deferred, the trigger keeps it until execute_complete (docs/locks.md)
                 job.run_job(context)

@@ -11,6 +11,7 @@ renewal that finds the claim taken by another run deletes the job (docs/locks.md
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     import psycopg
 
 STATEMENT_TIMEOUT_MS = 10_000  # a renewal never holds the poll loop longer than this
+STALLED = "stalled"  # an error event's reason: no epoch for stall_timeout, and the MPIJob was deleted
 
 
 class TrainingRunMPIJobTrigger(MPIJobTrigger):
@@ -33,24 +35,57 @@ class TrainingRunMPIJobTrigger(MPIJobTrigger):
 
     :param claim: the handed-over claim (``pgtrain.launch.attempt.TrainingClaim.hand_over``: name, token, ttl)
     :param conn_id: Airflow connection of the training database
+    :param stall_timeout, training_run_id: once the job runs, it is deleted when the run records no epoch for
+        ``stall_timeout`` seconds (``pgtrain.launch.stall``); None: not watched for stalls
     """
 
-    def __init__(self, *, claim: dict[str, Any], conn_id: str = DEFAULT_CONN_ID, **kwargs: Any) -> None:
+    def __init__(self, *, claim: dict[str, Any], conn_id: str = DEFAULT_CONN_ID, stall_timeout: float | None = None,
+                 training_run_id: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.claim = claim
         self.conn_id = conn_id
+        self.stall_timeout = stall_timeout
+        self.training_run_id = training_run_id
+        self._stalled = False
         self._conn: psycopg.Connection | None = None
         self._claim_lost = False
         self._superseded = False  # a new try of the run took the claim over and watches the job
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         classpath, kwargs = super().serialize()
-        return classpath, {**kwargs, "claim": self.claim, "conn_id": self.conn_id}
+        return classpath, {**kwargs, "claim": self.claim, "conn_id": self.conn_id,
+                           "stall_timeout": self.stall_timeout, "training_run_id": self.training_run_id}
 
     def _event(self, status: str, message: str, **extra: Any) -> TriggerEvent:
+        if self._stalled:
+            extra["reason"] = STALLED
         return super()._event(status, message, claim=self.claim, **extra)
 
     async def on_poll(self) -> str | None:
+        """Renew the claim's lease, then (once the job runs) look for a stall (``_stall``)."""
+        stop = await self._renew()
+        return stop if stop is not None else await self._stall()
+
+    async def _stall(self) -> str | None:
+        """Why the running job is stalled (no epoch for ``stall_timeout``: it is then deleted), or None."""
+        if not self.stall_timeout or self.running_at is None or self.training_run_id is None:
+            return None
+        from pgtrain.launch.stall import check_stall
+
+        since_running = time.monotonic() - self.running_at
+        try:
+            stalled = await self._in_database(
+                lambda conn, _: check_stall(conn, self.training_run_id, since_running, self.stall_timeout))
+        except Exception as error:  # asked again at the next poll
+            self.log.warning("could not read the epochs of run %s: %s", self.training_run_id, error)
+            await asyncio.to_thread(self._close)
+            return None
+        if stalled is not None:
+            self._stalled = True
+            self.log.error("%s", stalled)
+        return stalled
+
+    async def _renew(self) -> str | None:
         """Renew the claim's lease; a failed renewal is logged, and the next poll tries again. A claim found lost
         stops the job when another run (or nobody) holds it now (``claim_lost``); when a new try of this
         run does, that try watches this very job: it goes on, and this trigger no longer deletes it."""

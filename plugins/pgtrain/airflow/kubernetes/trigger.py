@@ -68,6 +68,7 @@ class MPIJobTrigger(BaseTrigger):
         self.poll_interval = poll_interval
         self.on_kill_action = on_kill_action
         self._fired = False
+        self.running_at: float | None = None  # time.monotonic() when first seen running (on_poll may read it)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}", {
@@ -115,6 +116,8 @@ class MPIJobTrigger(BaseTrigger):
                     pods, events = ([], []) if started else await jobs.pods_and_events(self.name)
                 previous, verdict = verdict, watch.watch_step(job, pods, time.time(), self.startup_timeout,
                                                               verdict.state, events)
+                if verdict.outcome == "running" and self.running_at is None:
+                    self.running_at = time.monotonic()
                 if verdict.done:
                     yield self._event(verdict.outcome, verdict.message, reason=verdict.reason)
                     return

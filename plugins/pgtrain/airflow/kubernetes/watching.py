@@ -31,6 +31,7 @@ class MPIJobWatch:
         """Poll the job until ``watch_step`` says it is done; follow each launcher pod's log while it runs."""
         verdict = watch.WatchVerdict("waiting")
         followed: set[str] = set()
+        self.running_at: float | None = None  # time.monotonic() when first seen running (a stall guard reads it)
         while True:
             if self.watch_abandoned():
                 return verdict
@@ -45,6 +46,8 @@ class MPIJobWatch:
             news = watch.queue_news(job, previous, verdict)
             if news:
                 self.log.info("%s", news)
+            if verdict.outcome == "running" and self.running_at is None:
+                self.running_at = time.monotonic()
             if verdict.done:
                 if launcher is not None and self.get_logs and container_started(launcher) \
                         and launcher.metadata.name not in followed:  # it ran and ended between two looks

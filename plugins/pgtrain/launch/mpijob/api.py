@@ -52,6 +52,9 @@ SHM_MOUNT_PATH = "/dev/shm"
 # Kueue admits an MPIJob by this label on its metadata (its webhook suspends the job until admitted).
 QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
 RUN_ID_ANNOTATION = "pgtrain.io/training-run-id"
+# The GPUs each worker pod was given (its nvidia.com/gpu), in the trainer containers' environment: the launcher passes
+# it to every rank, which refuses to train on the CPU while it holds GPUs (trainer.device.select_device).
+GPUS_PER_WORKER_ENV = "PGTRAIN_GPUS_PER_WORKER"
 # The MPI Operator only accepts these (pkg/apis/kubeflow/validation); the launcher is a batch Job.
 RESTART_POLICIES = ("Never", "OnFailure")
 

@@ -89,6 +89,29 @@ def template_problems(template: Mapping[str, Any], key: str = "pod_template") ->
     return problems
 
 
+def non_root_problems(template: Mapping[str, Any], key: str = "pod_template") -> list[str]:
+    """What a template asks of its containers' security contexts that non-root mode overrides: every container
+    runs with ``capabilities: {drop: [ALL]}`` and without privilege escalation (the restricted Pod Security
+    Standard), so a capability it adds (IPC_LOCK for RDMA's pinned memory) or privileges would be dropped silently."""
+    problems = []
+    spec = template.get("spec") or {}
+    for part in ("containers", "initContainers"):
+        for i, container in enumerate(spec.get(part) or []):
+            where = f"{key}.spec.{part}[{i}].securityContext"
+            context = container.get("securityContext") or {}
+            added = (context.get("capabilities") or {}).get("add") or []
+            if added:
+                problems.append(
+                    f"{where}.capabilities.add: {', '.join(map(str, added))} would be dropped: non_root mode runs "
+                    "every container with capabilities drop ALL (the restricted Pod Security Standard); RDMA's "
+                    "IPC_LOCK needs non_root: false (docs/kubernetes.md, \"RDMA and InfiniBand\")")
+            for name in ("privileged", "allowPrivilegeEscalation"):
+                if context.get(name):
+                    problems.append(f"{where}.{name}: true would be overridden: non_root mode runs every container "
+                                    "unprivileged, without privilege escalation; drop it or set non_root: false")
+    return problems
+
+
 def merge_template(base: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
     """``patch`` over ``base``, as a strategic merge patch does for a pod: objects merge key by key, lists of
     named objects (containers, volumes, env, volumeMounts, ...) item by name, other lists are replaced."""

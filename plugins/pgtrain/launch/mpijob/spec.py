@@ -21,6 +21,7 @@ from typing import Any
 from pgtrain.config.params import DEFAULT_COLLECTIVE_TIMEOUT
 from pgtrain.core.database_url import DATABASE_URL_ENV, DATABASE_URL_FILE_ENV
 from pgtrain.core.errors import ConfigError
+from pgtrain.launch.mpijob import sizing
 from pgtrain.launch.mpijob.api import (
     API_GROUP,
     API_VERSION,
@@ -33,6 +34,7 @@ from pgtrain.launch.mpijob.api import (
     DEFAULT_SECRET_NAME,
     DNS_LABEL_MAX,
     GPU_RESOURCE,
+    GPUS_PER_WORKER_ENV,
     HOSTFILE,
     JOB_NAME_LABEL,
     JOB_ROLE_LABEL,
@@ -48,7 +50,7 @@ from pgtrain.launch.mpijob.api import (
     SSH_PORT,
     WORKER_COMMAND,
 )
-from pgtrain.launch.mpijob.pod_templates import env_problems, merge_template, template_problems
+from pgtrain.launch.mpijob.pod_templates import env_problems, merge_template, non_root_problems, template_problems
 from pgtrain.launch.mpijob.validation import validate_mpijob
 from pgtrain.launch.trainer_command import horovodrun_options, trainer_argv
 
@@ -65,8 +67,11 @@ class MPIJobSettings:
     namespace: str = "default"
     database_secret: str = DEFAULT_SECRET_NAME
     database_secret_key: str = DEFAULT_SECRET_KEY
-    worker_cpu: str = "4"
-    worker_memory: str = "16Gi"
+    # None: cpu_per_gpu and memory_per_gpu for each GPU the worker holds (pgtrain.launch.mpijob.sizing).
+    worker_cpu: str | None = None
+    worker_memory: str | None = None
+    cpu_per_gpu: str = "4"
+    memory_per_gpu: str = "16Gi"
     # None: no memory limit (Burstable). worker_guaranteed: limits = requests (cpu and memory), Guaranteed QoS.
     worker_memory_limit: str | None = None
     worker_guaranteed: bool = False
@@ -94,7 +99,7 @@ class MPIJobSettings:
     # launcher's node selector (instead of the pod's: it needs no GPU node).
     worker_affinity: Mapping[str, Any] = field(default_factory=dict)
     launcher_affinity: Mapping[str, Any] = field(default_factory=dict)
-    one_worker_per_node: bool = False
+    one_worker_per_node: bool | None = None  # None: on for whole-node workers (sizing.WHOLE_NODE_GPUS)
     launcher_node_selector: Mapping[str, str] = field(default_factory=dict)
     # The MPI Operator's non-root mode under the restricted Pod Security Standard (api.NON_ROOT_*).
     non_root: bool = False
@@ -136,6 +141,13 @@ class MPIJobSettings:
         if problems:
             raise ConfigError("invalid MPIJob settings: " + "; ".join(problems))
         layout(self.world_size, self.gpus_per_worker)  # raises on an impossible layout
+
+    @property
+    def worker_requests(self) -> dict[str, str]:
+        """Each worker's cpu and memory requests: the author's, else sized per GPU it holds."""
+        _, slots = layout(self.world_size, self.gpus_per_worker)
+        return {"cpu": sizing.per_gpu(self.worker_cpu, self.cpu_per_gpu, slots),
+                "memory": sizing.per_gpu(self.worker_memory, self.memory_per_gpu, slots)}
 
     @property
     def job_name(self) -> str:
@@ -185,7 +197,7 @@ def _longest_suffix(workers: int) -> int:
 
 def launcher_command(run_id: str, world_size: int, attempt: int, backend: str = "horovod",
                      collective_timeout: int = DEFAULT_COLLECTIVE_TIMEOUT, env_names: Sequence[str] = (),
-                     as_root: bool = True) -> list[str]:
+                     as_root: bool = True, socket_ifname: str | None = None) -> list[str]:
     """``horovodrun`` over the MPI Operator's hostfile: MPI (+NCCL) in the GPU image, Gloo where MPI is absent.
 
     horovodrun passes the launcher's environment to every rank (``mpirun -x NAME``, or ``env K=V`` on
@@ -197,24 +209,35 @@ def launcher_command(run_id: str, world_size: int, attempt: int, backend: str = 
     ranks need by name (``-x``: the URL file's path, the author's ``env_names``; their values are the same on every
     pod), and each rank finds its place in ``OMPI_COMM_WORLD_*`` and its rendezvous at the hostfile's first host
     (trainer.collectives.torch_distributed).
+
+    ``socket_ifname``: the author's NCCL_SOCKET_IFNAME. horovodrun sets NCCL_SOCKET_IFNAME on the ranks itself (the
+    interfaces common to all hosts, or its ``--network-interfaces``), over the environment's; exact interface names
+    become its ``--network-interfaces``, so that its choice is the author's (NCCL's prefix and ``^``/``=`` forms
+    name no interface horovodrun knows, and are left to it).
     """
     if backend == "torch":
-        passed = [DATABASE_URL_FILE_ENV, "PYTHONUNBUFFERED", "PATH", *env_names]
+        passed = [DATABASE_URL_FILE_ENV, "PYTHONUNBUFFERED", GPUS_PER_WORKER_ENV, "PATH", *env_names]
         return ["mpirun", *(["--allow-run-as-root"] if as_root else []), "-np", str(world_size),
                 "--hostfile", HOSTFILE, "--bind-to", "none", "--map-by", "slot",
                 "--mca", "plm_rsh_args", f"-p {SSH_PORT}",
                 *(option for name in dict.fromkeys(passed) for option in ("-x", name)),
                 *trainer_argv(run_id, attempt, backend=backend, collective_timeout=collective_timeout)]
+    interfaces = ["--network-interfaces", socket_ifname] if socket_ifname and _EXACT_IFNAMES.match(socket_ifname) \
+        else []
     return ["horovodrun", "-np", str(world_size), "--hostfile", HOSTFILE, "--ssh-port", str(SSH_PORT),
-            *horovodrun_options(),
+            *horovodrun_options(), *interfaces,
             *trainer_argv(run_id, attempt)]
+
+
+# NCCL_SOCKET_IFNAME as exact interface names (eth0, or ib0,eth0), not NCCL's prefixes or ^/= forms.
+_EXACT_IFNAMES = re.compile(r"^[A-Za-z0-9_.:@-]+[0-9](,[A-Za-z0-9_.:@-]+[0-9])*$")
 
 
 # Settings of the author's ``kubernetes:`` block that only the Airflow operator uses (not part of the manifest).
 OPERATOR_ONLY_SETTINGS = ("startup_timeout_seconds", "deferrable")
 # The settings author_problems checks; the operator checks them when it is built, before any pod is.
 AUTHOR_CHECKED = ("worker_memory", "worker_memory_limit", "worker_guaranteed", "env", "pod_template",
-                  "worker_pod_template", "launcher_pod_template")
+                  "worker_pod_template", "launcher_pod_template", "non_root")
 
 
 def author_problems(values: Mapping[str, Any]) -> list[str]:
@@ -222,11 +245,14 @@ def author_problems(values: Mapping[str, Any]) -> list[str]:
     values = {name: values.get(name, default(name)) for name in AUTHOR_CHECKED}
     problems = []
     if values["worker_guaranteed"] and values["worker_memory_limit"] not in (None, values["worker_memory"]):
-        problems.append(f"worker_guaranteed sets the memory limit to worker_memory={values['worker_memory']!r}; "
+        problems.append(f"worker_guaranteed sets the memory limit to the memory request (worker_memory="
+                        f"{values['worker_memory']!r}, None: memory_per_gpu for each GPU); "
                         f"worker_memory_limit={values['worker_memory_limit']!r} contradicts it: drop one of them")
     problems += env_problems(values["env"] or {})
     for key in ("pod_template", "worker_pod_template", "launcher_pod_template"):
         problems += template_problems(values[key] or {}, key)
+        if values["non_root"]:
+            problems += non_root_problems(values[key] or {}, key)
     return problems
 
 
@@ -251,8 +277,14 @@ def _env_names(pod: Mapping[str, Any]) -> list[str]:
             and e["name"] not in (DATABASE_URL_ENV, DATABASE_URL_FILE_ENV)]
 
 
+def _env_value(pod: Mapping[str, Any], name: str) -> str | None:
+    containers = (pod.get("spec") or {}).get("containers") or [{}]
+    return next((e.get("value") for e in containers[0].get("env") or [] if e.get("name") == name), None)
+
+
 def _with_database_secret(spec: dict[str, Any], container: dict[str, Any], settings: MPIJobSettings) -> None:
-    """Mount the URL's Secret into ``container`` and point the trainer at the file; drop any URL env var."""
+    """Mount the URL's Secret into ``container`` and point the trainer at the file; drop any URL env var. Tell the
+    ranks how many GPUs each worker holds (GPUS_PER_WORKER_ENV): with any, a rank without CUDA refuses the run."""
     spec["volumes"] = [v for v in spec.get("volumes") or [] if v.get("name") != DATABASE_VOLUME]
     spec["volumes"].append(database_volume(settings.database_secret, settings.database_secret_key,
                                            0o440 if settings.non_root else 0o400))
@@ -261,9 +293,11 @@ def _with_database_secret(spec: dict[str, Any], container: dict[str, Any], setti
     container["volumeMounts"] = [*mounts, {"name": DATABASE_VOLUME, "mountPath": DATABASE_MOUNT_PATH,
                                            "readOnly": True}]
     env = [e for e in container.get("env") or []
-           if e.get("name") not in (DATABASE_URL_ENV, DATABASE_URL_FILE_ENV, "PYTHONUNBUFFERED")]
+           if e.get("name") not in (DATABASE_URL_ENV, DATABASE_URL_FILE_ENV, "PYTHONUNBUFFERED", GPUS_PER_WORKER_ENV)]
+    _, slots = layout(settings.world_size, settings.gpus_per_worker)
     container["env"] = [{"name": DATABASE_URL_FILE_ENV, "value": DATABASE_URL_FILE},
-                        {"name": "PYTHONUNBUFFERED", "value": "1"}, *env]
+                        {"name": "PYTHONUNBUFFERED", "value": "1"},
+                        {"name": GPUS_PER_WORKER_ENV, "value": str(slots)}, *env]
 
 
 def base_pod(settings: MPIJobSettings) -> dict[str, Any]:
@@ -299,16 +333,18 @@ def build_mpijob(settings: MPIJobSettings, pod: Mapping[str, Any] | None = None)
     labels = dict((pod.get("metadata") or {}).get("labels", {}))
     annotations = {**(pod.get("metadata") or {}).get("annotations", {}), RUN_ID_ANNOTATION: settings.run_id}
 
+    worker_requests = settings.worker_requests
     worker_limits = {"memory": settings.worker_memory_limit} if settings.worker_memory_limit else {}
     if settings.worker_guaranteed:
-        worker_limits = {"cpu": settings.worker_cpu, "memory": settings.worker_memory}
+        worker_limits = dict(worker_requests)
     worker_affinity = dict(settings.worker_affinity)
-    if settings.one_worker_per_node:
+    if sizing.one_worker_per_node(settings.one_worker_per_node, slots):
         worker_affinity = _one_per_node(worker_affinity or (pod.get("spec") or {}).get("affinity") or {}, name)
     launcher = _replica_template(
         pod, settings, labels, annotations,
         command=launcher_command(settings.run_id, settings.world_size, settings.attempt, settings.backend,
-                                 settings.collective_timeout, _env_names(pod), as_root=not settings.non_root),
+                                 settings.collective_timeout, _env_names(pod), as_root=not settings.non_root,
+                                 socket_ifname=_env_value(pod, "NCCL_SOCKET_IFNAME")),
         requests={"cpu": settings.launcher_cpu, "memory": settings.launcher_memory},
         limits={"memory": settings.launcher_memory}, gpus=0, shm_size=None, affinity=settings.launcher_affinity,
         node_selector=settings.launcher_node_selector, templates=(settings.pod_template,
@@ -316,7 +352,7 @@ def build_mpijob(settings: MPIJobSettings, pod: Mapping[str, Any] | None = None)
     )
     worker = _replica_template(
         pod, settings, labels, annotations, command=NON_ROOT_WORKER_COMMAND if settings.non_root else WORKER_COMMAND,
-        requests={"cpu": settings.worker_cpu, "memory": settings.worker_memory}, limits=worker_limits, gpus=slots,
+        requests=worker_requests, limits=worker_limits, gpus=slots,
         shm_size=settings.shm_size, affinity=worker_affinity, node_selector={},
         templates=(settings.pod_template, settings.worker_pod_template),
     )

@@ -128,6 +128,7 @@ class WatchState:
     started: bool = False  # seen running: a job that started is never timed out for startup
     queued: bool = False  # seen suspended (waiting in a queue)
     resumed_at: float | None = None  # when it was first seen let go after that (if the job's conditions don't say)
+    looked: bool = False  # looked at while it starts (the log says once how the startup timeout counts)
 
 
 @dataclass(frozen=True)
@@ -147,14 +148,39 @@ class WatchVerdict:
         return self.outcome not in ("queued", "waiting", "running")
 
 
-def startup_clock(job: Mapping[str, Any], state: WatchState) -> float:
-    """When the startup timeout began counting: the job's creation or, for a job that waited in a queue, when it
-    was let go (the Suspended condition's turn to False, or when the watcher first saw it unsuspended)."""
+def startup_clock(job: Mapping[str, Any], state: WatchState, pods: Sequence[Mapping[str, Any]] = (),
+                  events: Sequence[Mapping[str, Any]] = ()) -> float:
+    """When the startup timeout began counting: the last sign of progress. The job's creation or, for a job that
+    waited in a queue, when it was let go (the Suspended condition's turn to False, or when the watcher first saw it
+    unsuspended); then each pod's creation and each change of its conditions (scheduled to a node, initialized,
+    ready: WaitForWorkersReady creates the launcher only once the workers are ready), and each image a kubelet
+    finished pulling (``Pulled`` events). A cold node pulling a large image, or pods made one after the other,
+    therefore never run out the clock while they get on."""
     suspended = _condition(job, SUSPENDED)
     resumed = _timestamp(suspended.get("lastTransitionTime")) if suspended and suspended.get("status") == "False" \
         else None
     created = _timestamp((job.get("metadata") or {}).get("creationTimestamp"))
-    return max(t for t in (created, resumed, state.resumed_at, 0.0) if t is not None)
+    signs = [created, resumed, state.resumed_at, 0.0]
+    for pod in pods:
+        signs.append(_timestamp((pod.get("metadata") or {}).get("creationTimestamp")))
+        signs += [_timestamp(c.get("lastTransitionTime")) for c in (pod.get("status") or {}).get("conditions") or []
+                  if c.get("status") == "True"]
+    signs += [_timestamp(e.get("lastTimestamp") or e.get("eventTime")) for e in events if e.get("reason") == "Pulled"]
+    return max(t for t in signs if t is not None)
+
+
+def pulling(pods: Sequence[Mapping[str, Any]], events: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The pods whose kubelet is pulling an image now: more ``Pulling`` events than ``Pulled`` or ``Failed`` ones
+    while their containers are still being created (a pull in back-off waits in ErrImagePull or ImagePullBackOff
+    instead, and is no progress)."""
+    creating = set(pods_to_explain(pods))
+    counts: dict[str, int] = {}
+    for event in events:
+        name = (event.get("involvedObject") or {}).get("name")
+        step = {"Pulling": 1, "Pulled": -1, "Failed": -1}.get(event.get("reason") or "", 0)
+        if name in creating and step:
+            counts[name] = counts.get(name, 0) + step * int(event.get("count") or 1)
+    return sorted(name for name, pulls in counts.items() if pulls > 0)
 
 
 def watch_step(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], now: float, startup_timeout: float,
@@ -163,7 +189,8 @@ def watch_step(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], now: f
     and its trigger. ``state``: the previous verdict's (a fresh one on the first look).
 
     A suspended job waits in a queue (Kueue): its startup timeout counts from when it is let go, never from its
-    creation; how long it may queue is bounded only by the task's ``execution_timeout``.
+    creation; how long it may queue is bounded only by the task's ``execution_timeout``. Then it counts from the
+    last sign of progress of the job's pods (``startup_clock``), and not at all while an image is being pulled.
     """
     phase = job_state(job)
     if phase.finished:
@@ -176,14 +203,19 @@ def watch_step(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], now: f
         state = replace(state, queued=False, resumed_at=now)
     if state.started or phase.phase == "Running":
         return WatchVerdict("running", phase.message, phase.reason, replace(state, started=True))
+    state = replace(state, looked=True)
     fatal = fatal_start_problem(pods, events)
     if fatal is not None:
         return WatchVerdict("cannot_start", fatal, state=state)
-    if now >= startup_clock(job, state) + startup_timeout:
+    if not pulling(pods, events) and now >= startup_clock(job, state, pods, events) + startup_timeout:
         was_queued = state.resumed_at is not None or suspended.get("status") == "False"
         return WatchVerdict("timeout", "; ".join(startup_problems(pods)), RESUMED_REASON if was_queued else "",
                             state)
     return WatchVerdict("waiting", state=state)
+
+
+STARTUP_CLOCK_NOTE = ("the startup timeout counts from the last sign of progress (the job's creation or admission, a "
+                      "pod created, scheduled or ready, an image pulled) and stands still while an image is pulled")
 
 
 def queue_news(job: Mapping[str, Any], previous: WatchVerdict, verdict: WatchVerdict) -> str | None:
@@ -198,4 +230,6 @@ def queue_news(job: Mapping[str, Any], previous: WatchVerdict, verdict: WatchVer
                 "admitted.")
     if previous.outcome == "queued" and verdict.outcome != "queued":
         return f"{name} left its queue; the startup timeout counts from now."
+    if not previous.state.looked and verdict.state.looked and verdict.outcome == "waiting":
+        return f"{name} is starting; {STARTUP_CLOCK_NOTE}."
     return None
