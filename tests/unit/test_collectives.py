@@ -79,7 +79,8 @@ def test_backend_and_collective_timeout_are_the_author_s_settings(tmp_path):
     path = tmp_path / "pgtrain.yaml"
     path.write_text("backend: torch\ncollective_timeout: 60\n")
     settings = load_settings(path)
-    assert settings.fixed_params() == {"launcher": "local", "backend": "torch", "collective_timeout": 60}
+    assert settings.fixed_params() == {"launcher": "local", "backend": "torch", "collective_timeout": 60,
+                                       "precision": "fp32", "stall_timeout": TrainingConfig().stall_timeout}
     assert AuthorSettings().fixed_params()["backend"] == TrainingConfig().backend == "auto"
     path.write_text("backend: mpi\n")
     with pytest.raises(ConfigError, match="backend: 'mpi' is not one of"):
