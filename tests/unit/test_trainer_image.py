@@ -141,7 +141,7 @@ def test_the_image_supports_the_operators_non_root_mode(dockerfile):
     assert "useradd --create-home --uid 1000 --shell /bin/bash mpiuser" in setup
     assert 'echo "Port $port" >> /etc/ssh/sshd_config' in setup
     for text in (dockerfile, GPU_DOCKERFILE.read_text()):
-        run = next(a for keyword, a in instructions(text) if keyword == "RUN" and "apt-get install" in a)
+        run = [a for keyword, a in instructions(text) if keyword == "RUN" and "apt-get install" in a][-1]
         assert build_args(text)["SSH_PORT"] == "2222"
         assert 'bash /tmp/setup_ssh.sh "$SSH_PORT"' in run
         assert ("EXPOSE", "2222") in instructions(text)
