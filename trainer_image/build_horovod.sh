@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build Horovod 0.28.1 from its sdist into a wheel, patched for C++17 (torch >= 2.1 headers need it).
+# Build Horovod 0.28.1 from its sdist into a wheel, patched for C++17 (torch >= 2.1 headers need it) and gcc 13+.
 # One script for both the local .venv (CPU, Gloo) and the GPU image (NCCL + MPI): the caller sets
 # HOROVOD_* build flags; the defaults below are the CPU/Gloo build.
 #
@@ -41,8 +41,8 @@ grep -rlE --include='*.h' '\bu?int(8|16|32|64)_t\b' "$src/third_party/gloo/gloo"
     | xargs -r sed -i '0,/^#pragma once$/s//#pragma once\n#include <cstdint>/'
 grep -q '<stdexcept>' "$src/horovod/common/common.h" && grep -q '<string>' "$src/horovod/common/group_table.h" \
     || { echo "horovod: gcc 13 header patch did not apply" >&2; exit 1; }
-# The CUDA runtime: Horovod links its static archive by default, which the CUDA wheels (the GPU image's toolkit)
-# do not ship; HOROVOD_CUDA_RUNTIME=Shared links the libcudart.so torch loads instead.
+# The CUDA runtime: Horovod links its static archive by default, a second CUDA runtime beside torch's;
+# HOROVOD_CUDA_RUNTIME=Shared links the libcudart.so torch loads instead (the GPU image).
 if [ -n "${HOROVOD_CUDA_RUNTIME:-}" ]; then
   sed -i "s/set(CMAKE_CUDA_RUNTIME_LIBRARY \"Static\")/set(CMAKE_CUDA_RUNTIME_LIBRARY \"$HOROVOD_CUDA_RUNTIME\")/" \
       "$src/CMakeLists.txt"
