@@ -47,9 +47,14 @@ def test_horovod_has_nccl_and_torch_shares_its_one_nccl_library(container):
     assert found["nccl_loaded"] == found["nccl_files"], found
 
 
-def test_horovod_torch_imports_and_horovodrun_lists_nccl(container):
-    imported = run_in(container, "python", "-c", "import horovod.torch as hvd; print(hvd.nccl_built())")
-    assert imported.returncode == 0 and imported.stdout.split()[-1] not in ("0", "False"), output_of(imported)
+def test_horovod_torch_imports_and_was_compiled_against_the_nccl_torch_loads(container):
+    """horovod.torch imports, and the NCCL headers Horovod was compiled with are the version of torch's NCCL."""
+    probe = ("import horovod.torch as hvd, torch; major, minor, patch = torch.cuda.nccl.version(); "
+             "print(hvd.nccl_built(), major * 10000 + minor * 100 + patch)")
+    imported = run_in(container, "python", "-c", probe)
+    assert imported.returncode == 0, output_of(imported)
+    horovods, torchs = imported.stdout.split()[-2:]
+    assert horovods == torchs and int(torchs) >= 22000, output_of(imported)  # NCCL 2.20 or newer, the same one
     check = run_in(container, "horovodrun", "--check-build")
     assert "[X] NCCL" in check.stdout and "[X] PyTorch" in check.stdout, output_of(check)
 
