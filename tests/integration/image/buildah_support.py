@@ -11,7 +11,8 @@ from pathlib import Path
 
 from tests.conftest import REPO
 
-CACHE = Path.home() / ".cache" / "pgtrain"  # the build scripts' default: a second run reuses the image
+# The build scripts' cache (PGTRAIN_IMAGE_CACHE, default ~/.cache/pgtrain): a second run reuses the image.
+CACHE = Path(os.environ.get("PGTRAIN_IMAGE_CACHE") or Path.home() / ".cache" / "pgtrain")
 # A pod's hostname resolves (the kubelet writes it into /etc/hosts); Horovod's Gloo process sets look it up
 # (a name that does not resolve crashes hvd.init), so the container gets one that does, as a pod has.
 HOSTNAME = "trainer-pod"
