@@ -39,8 +39,12 @@ sed -i 's/^#include <string>$/#include <stdexcept>\n&/' "$src/horovod/common/com
 sed -i 's/^#include <mutex>$/&\n#include <string>/' "$src/horovod/common/group_table.h"
 grep -rlE --include='*.h' '\bu?int(8|16|32|64)_t\b' "$src/third_party/gloo/gloo" | xargs grep -L '<cstdint>' \
     | xargs -r sed -i '0,/^#pragma once$/s//#pragma once\n#include <cstdint>/'
+# gcc 14 checks template bodies never instantiated: the vendored flatbuffers' span assigns its const members in a
+# copy assignment nothing uses (fixed in flatbuffers 24); without it the implicit one is deleted, as it was in effect.
+sed -i '/span &operator=(const span &other)$/,/^  }$/d' "$src/third_party/flatbuffers/include/flatbuffers/stl_emulation.h"
 grep -q '<stdexcept>' "$src/horovod/common/common.h" && grep -q '<string>' "$src/horovod/common/group_table.h" \
-    || { echo "horovod: gcc 13 header patch did not apply" >&2; exit 1; }
+    && ! grep -q 'count_ = other.count_' "$src/third_party/flatbuffers/include/flatbuffers/stl_emulation.h" \
+    || { echo "horovod: gcc 13/14 patch did not apply" >&2; exit 1; }
 # The CUDA runtime: Horovod links its static archive by default, a second CUDA runtime beside torch's;
 # HOROVOD_CUDA_RUNTIME=Shared links the libcudart.so torch loads instead (the GPU image).
 if [ -n "${HOROVOD_CUDA_RUNTIME:-}" ]; then
