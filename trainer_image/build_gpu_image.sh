@@ -35,5 +35,6 @@ if [ -n "$cert" ]; then
   volumes+=(--volume "$cert:/run/pgtrain-pip-cert.pem:ro")
 fi
 build_image "$image" trainer_image/Dockerfile.gpu "$(image_inputs trainer_image/Dockerfile.gpu "${args[@]}")" \
-    "${args[@]}" "${volumes[@]}" --volume "$wheels:/var/cache/pgtrain/wheels" --volume "$image_cache/pip:/root/.cache/pip"
+    "${args[@]}" "${volumes[@]}" --volume "$wheels:/var/cache/pgtrain/wheels" \
+    --volume "$image_cache/pip:/root/.cache/pip"
 echo "$image"
