@@ -60,8 +60,11 @@ def test_horovod_torch_imports_and_was_compiled_against_the_nccl_torch_loads(con
 
 
 def test_the_final_stage_ships_no_compiler_nvcc_or_headers(container):
+    """No nvcc, compiler or -dev package, and none of the CUDA wheels' or torch's headers (triton keeps its own:
+    its run-time compiles launchers with them, for torch.compile)."""
     script = ("command -v gcc cc nvcc || true; "
-              "find /opt/venv -path '*/bin/nvcc' -o -name '*.h' -path '*/nvidia/*' -o -path '*/torch/include' "
+              "find /opt/venv -path '*/bin/nvcc' -o -name '*.h' -path '*/site-packages/nvidia/*' "
+              "-o -path '*/torch/include' "
               "| head -n5; dpkg -l | awk '/^ii/ && $2 ~ /-dev(:|$)/ {print $2}'")
     result = run_in(container, "bash", "-c", script)
     assert result.returncode == 0, output_of(result)
