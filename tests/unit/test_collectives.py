@@ -4,6 +4,7 @@ author's backend, and the local torch launcher stopping every rank once one fail
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 
@@ -85,3 +86,23 @@ def test_backend_and_collective_timeout_are_the_author_s_settings(tmp_path):
     path.write_text("backend: mpi\n")
     with pytest.raises(ConfigError, match="backend: 'mpi' is not one of"):
         load_settings(path)
+
+
+def test_the_mpijob_launcher_hands_the_hostfile_s_first_host_to_the_ranks(tmp_path):
+    """The MPI Operator mounts the hostfile in the launcher pod only: the launcher reads it and sets MASTER_ADDR,
+    which mpirun -x passes to the ranks on the workers (unless the author's environment set one)."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("job-worker-0.job.ns.svc slots=4\njob-worker-1.job.ns.svc slots=4\n")
+    show = [sys.executable, "-c", "import os; print(os.environ['MASTER_ADDR'])"]
+    environ = {k: v for k, v in os.environ.items() if k != "MASTER_ADDR"}
+
+    def launch(env: dict[str, str]) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "pgtrain.launch.mpijob.rendezvous", *show], env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    found = launch({**environ, "OMPI_MCA_orte_default_hostfile": str(hostfile)})
+    assert (found.returncode, found.stdout.strip()) == (0, "job-worker-0.job.ns.svc")
+    chosen = launch({**environ, "OMPI_MCA_orte_default_hostfile": str(hostfile), "MASTER_ADDR": "10.0.0.7"})
+    assert chosen.stdout.strip() == "10.0.0.7"
+    missing = launch({**environ, "OMPI_MCA_orte_default_hostfile": str(tmp_path / "none")})
+    assert missing.returncode == 2 and "found no host in" in missing.stderr and "launcher" in missing.stderr

@@ -259,10 +259,12 @@ def test_the_torch_backend_s_launcher_runs_mpirun_and_the_manifest_validates(non
     manifest = spec.build_mpijob(settings(8, 4, backend="torch", collective_timeout=120, non_root=non_root,
                                           env={"NCCL_DEBUG": "INFO"}))
     command = container(manifest, "Launcher")["command"]
-    assert command[0] == "mpirun" and ("--allow-run-as-root" in command) is not non_root
+    # the launcher reads the hostfile (the workers have none) and hands its first host to every rank
+    assert command[:4] == ["python", "-m", "pgtrain.launch.mpijob.rendezvous", "mpirun"]
+    assert ("--allow-run-as-root" in command) is not non_root
     assert command[command.index("-np") + 1] == "8" and command[command.index("--hostfile") + 1] == api.HOSTFILE
     passed = [command[i + 1] for i, part in enumerate(command) if part == "-x"]
-    assert {DATABASE_URL_FILE_ENV, api.GPUS_PER_WORKER_ENV, "NCCL_DEBUG"} <= set(passed)
+    assert {DATABASE_URL_FILE_ENV, api.GPUS_PER_WORKER_ENV, "NCCL_DEBUG", "MASTER_ADDR"} <= set(passed)
     assert DATABASE_URL_ENV not in passed
     argv = trainer_argv(LONG_RUN_ID, 3, backend="torch", collective_timeout=120)
     assert command[-len(argv):] == argv and "--backend" in argv and "120" in argv

@@ -2,8 +2,10 @@
 
 Where a rank learns its place: ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` (the local launcher, or
 torchrun), else Open MPI's ``OMPI_COMM_WORLD_*`` (the MPIJob's launcher starts the ranks with ``mpirun``); the
-rendezvous at ``MASTER_ADDR``:``MASTER_PORT``, else at the first host of the MPI Operator's hostfile (where
-``mpirun`` puts rank 0) on ``DEFAULT_PORT``. Every collective waits at most the run's ``collective_timeout``: a rank
+rendezvous at ``MASTER_ADDR``:``MASTER_PORT`` (on an MPIJob the launcher sets it from its hostfile:
+pgtrain.launch.mpijob.rendezvous), else at the first host of the hostfile (``$PGTRAIN_HOSTFILE``, else the MPI
+Operator's, where ``mpirun`` puts rank 0) on ``DEFAULT_PORT``. Every collective waits at most the run's
+``collective_timeout``: a rank
 that hangs or is gone fails the job within it instead of holding its GPUs.
 """
 
@@ -13,7 +15,6 @@ import datetime
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,8 +22,9 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from pgtrain.core.errors import ConfigError
+from pgtrain.launch.mpijob.api import HOSTFILE
+from pgtrain.launch.mpijob.rendezvous import first_host
 
-HOSTFILE = "/etc/mpi/hostfile"  # the MPI Operator's (pgtrain.launch.mpijob.api.HOSTFILE)
 HOSTFILE_ENV = "PGTRAIN_HOSTFILE"
 DEFAULT_PORT = 29500  # torch.distributed's usual one; each MPIJob's rank 0 has its pod's address to itself
 
@@ -39,16 +41,6 @@ class Place:
 
 def _first(environ: Mapping[str, str], *names: str) -> str | None:
     return next((environ[name] for name in names if environ.get(name)), None)
-
-
-def first_host(hostfile: str) -> str | None:
-    """The first host of an MPI hostfile (``host slots=N`` lines), None when it cannot be read or is empty."""
-    try:
-        lines = Path(hostfile).read_text().splitlines()
-    except OSError:
-        return None
-    hosts = [line.split()[0] for line in lines if line.strip() and not line.lstrip().startswith("#")]
-    return hosts[0] if hosts else None
 
 
 def place(environ: Mapping[str, str]) -> Place:

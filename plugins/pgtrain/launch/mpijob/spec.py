@@ -51,6 +51,7 @@ from pgtrain.launch.mpijob.api import (
     WORKER_COMMAND,
 )
 from pgtrain.launch.mpijob.pod_templates import env_problems, merge_template, non_root_problems, template_problems
+from pgtrain.launch.mpijob.rendezvous import MASTER_ADDR
 from pgtrain.launch.mpijob.validation import validate_mpijob
 from pgtrain.launch.trainer_command import horovodrun_options, trainer_argv
 
@@ -207,8 +208,8 @@ def launcher_command(run_id: str, world_size: int, attempt: int, backend: str = 
 
     ``torch``: ``mpirun`` itself (torch.distributed needs only the processes): it passes the pod's environment the
     ranks need by name (``-x``: the URL file's path, the author's ``env_names``; their values are the same on every
-    pod), and each rank finds its place in ``OMPI_COMM_WORLD_*`` and its rendezvous at the hostfile's first host
-    (trainer.collectives.torch_distributed).
+    pod), and each rank finds its place in ``OMPI_COMM_WORLD_*`` and its rendezvous in ``MASTER_ADDR``: the
+    hostfile's first host, which the launcher reads (pgtrain.launch.mpijob.rendezvous: the workers have no hostfile).
 
     ``socket_ifname``: the author's NCCL_SOCKET_IFNAME. horovodrun sets NCCL_SOCKET_IFNAME on the ranks itself (the
     interfaces common to all hosts, or its ``--network-interfaces``), over the environment's; exact interface names
@@ -216,8 +217,9 @@ def launcher_command(run_id: str, world_size: int, attempt: int, backend: str = 
     name no interface horovodrun knows, and are left to it).
     """
     if backend == "torch":
-        passed = [DATABASE_URL_FILE_ENV, "PYTHONUNBUFFERED", GPUS_PER_WORKER_ENV, "PATH", *env_names]
-        return ["mpirun", *(["--allow-run-as-root"] if as_root else []), "-np", str(world_size),
+        passed = [DATABASE_URL_FILE_ENV, "PYTHONUNBUFFERED", GPUS_PER_WORKER_ENV, "PATH", MASTER_ADDR, *env_names]
+        return ["python", "-m", "pgtrain.launch.mpijob.rendezvous",
+                "mpirun", *(["--allow-run-as-root"] if as_root else []), "-np", str(world_size),
                 "--hostfile", HOSTFILE, "--bind-to", "none", "--map-by", "slot",
                 "--mca", "plm_rsh_args", f"-p {SSH_PORT}",
                 *(option for name in dict.fromkeys(passed) for option in ("-x", name)),
