@@ -84,7 +84,7 @@ def train_rank(conn: psycopg.Connection, run: record.Run, shards: list[record.Sh
     if not regression and config.class_weight == "balanced":
         weight = balanced_class_weights(torch.from_numpy(y_train), output_dim).numpy()[y_train]
     known = y_val != UNSEEN_CLASS if not regression else np.ones(len(y_val), bool)  # no label XGBoost can score
-    validation_rows = sum(s.row_count - s.train_count for s in shards)
+    validation_rows = sum(s.val_count for s in shards)  # the test rows choose nothing: not even the round
     stop_on = eval_metric(config.early_stopping_metric, config.task, output_dim)
     loss_metric = "rmse" if regression else "logloss" if output_dim == 2 else "mlogloss"
     metrics = [loss_metric] + ([] if regression else ["error" if output_dim == 2 else "merror"])
@@ -110,6 +110,9 @@ def train_rank(conn: psycopg.Connection, run: record.Run, shards: list[record.Sh
         worker_args = collectives.broadcast_object(tracker.worker_args() if tracker else None, "xgboost_tracker")
         worker_args["dmlc_task_id"] = str(rank)  # XGBoost's rank is the run's (sortby="task"): the same row order
     history: dict[str, dict[str, list[float]]] = {}
+    parent_booster = xgboost.Booster(model_file=bytearray(parent_raw)) if parent_raw else None
+    # XGBoost counts a warm start's parent rounds in best_iteration; this run's rounds are numbered from 1
+    parent_rounds = parent_booster.num_boosted_rounds() if parent_booster is not None else 0
     started = time.perf_counter()
     with xgboost.collective.CommunicatorContext(**worker_args) if size > 1 else nullcontext():
         dtrain = model.matrix(x_train, labels, weight)
@@ -118,15 +121,17 @@ def train_rank(conn: psycopg.Connection, run: record.Run, shards: list[record.Sh
             evals.append((model.matrix(x_val[known], y_val[known].astype(np.float32)), "val"))
         callbacks = [xgboost.callback.EarlyStopping(rounds=options["early_stopping_rounds"], metric_name=stop_on,
                                                     data_name="val", save_best=True)] if stopping else []
+        if rank == 0:  # the rounds so far, as they come: what the stall guard watches (progress_callback)
+            callbacks.append(progress_callback(xgboost, conn, run.run_id, regression, started))
         booster = xgboost.train(params, dtrain, num_boost_round=options["n_estimators"], evals=evals,
                                 evals_result=history, verbose_eval=False, callbacks=callbacks,
-                                xgb_model=xgboost.Booster(model_file=bytearray(parent_raw)) if parent_raw else None)
+                                xgb_model=parent_booster)
     seconds = time.perf_counter() - started
     if tracker is not None:
         tracker.wait_for()
     model.set_booster(booster)
     rounds = len(history["train"][loss_metric])
-    best = int(getattr(booster, "best_iteration", rounds - 1)) + 1 if stopping else None
+    best = int(getattr(booster, "best_iteration", rounds - 1)) + 1 - parent_rounds if stopping else None
     kept = final_figures(model, run, (x_train, y_train, x_val, y_val), validation_rows, output_dim)
     test_rows = sum(s.test_count for s in shards)
     tested = kept_on_test_rows(model, run, x_test, y_test, test_rows, output_dim) if test_rows else None
@@ -149,6 +154,33 @@ def train_rank(conn: psycopg.Connection, run: record.Run, shards: list[record.Sh
               + f"; staged {len(model.booster)} bytes for run {run.run_id}", flush=True)
     collectives.shutdown()
     return 0
+
+
+PROGRESS_SECONDS = 10.0  # how often rank 0 records the rounds so far while the trees grow
+
+
+def progress_callback(xgboost: Any, conn: psycopg.Connection, run_id: str, regression: bool,
+                      started: float) -> Any:
+    """Rank 0's record of the rounds grown so far, at most every PROGRESS_SECONDS: a long boosted run shows its
+    progress on the models page and to the stall guard (pgtrain.launch.stall), which would otherwise see no epoch
+    until the last round. The final record (train_rank) rewrites these rows with the kept round's figures."""
+
+    class Progress(xgboost.callback.TrainingCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.recorded = time.perf_counter()
+
+        def after_iteration(self, model: Any, epoch: int, evals_log: Mapping[str, Any]) -> bool:
+            now = time.perf_counter()
+            if now - self.recorded >= PROGRESS_SECONDS:
+                self.recorded = now
+                rounds = len(next(iter(evals_log.get("train", {}).values()), []))
+                if rounds:
+                    figures = round_figures(evals_log, regression, now - started, rounds)[-1]
+                    record.record_epoch(conn, run_id, rounds, figures)
+            return False
+
+    return Progress()
 
 
 def round_figures(history: Mapping[str, Mapping[str, list[float]]], regression: bool, seconds: float,

@@ -28,7 +28,7 @@ def xgboost_module() -> Any:
         import xgboost
     except ImportError as error:
         raise ConfigError(f"model {BOOSTED!r} needs the xgboost package in the trainer's environment (pip install "
-                          "'pgtrain[trainer]' with constraints.txt)") from error
+                          "'pgtrain[boosted]' with constraints.txt; the trainer images have it)") from error
     return xgboost
 
 

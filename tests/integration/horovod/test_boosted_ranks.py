@@ -81,6 +81,15 @@ def test_early_stopping_keeps_the_best_round_and_a_warm_start_adds_trees(autocom
     run_job(second, db_url)
     assert run_record(autocommit, second.run_id)["init_version"] == result.version
     assert len(staged_model(autocommit, second).xgb.get_dump()) == trees + 3 * 3  # 3 rounds, a tree per class
+    # a warm start that stops early: its best round counts this run's rounds, not the parent's too
+    third = planned_run(autocommit, "third", world_size=2, init_from="head", early_stopping_patience=1,
+                        model_options={"n_estimators": 200, "early_stopping_rounds": 5}, **BOOSTED_PARAMS)
+    run_job(third, db_url)
+    epochs = record.epoch_metrics(autocommit, third.run_id)
+    best = epochs[-1]["best_epoch"]
+    assert 1 <= best == len(epochs) - 5
+    kept = record.kept_epoch(epochs)
+    assert kept["epoch"] == best and kept["val_roc_auc"] is not None and kept["confusion_matrix"]
 
 
 def staged_model_of_version(conn: psycopg.Connection, name: str, version: int):
