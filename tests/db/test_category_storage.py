@@ -173,3 +173,22 @@ def test_a_true_key_column_is_refused_with_the_right_counts(ac):
     with pytest.raises(SourceError, match=r"feature column 'code' of public\.t has 5,400 distinct values in the 5,400 "
                                           r"rows that have one: it identifies rows .* exclude_columns: \['code'\]"):
         planned_run(ac, source_table="public.t", feature_columns=["code", "x"])
+
+
+@pytest.mark.parametrize(("params", "settings", "message"), [
+    ({"label_column": "email"}, AuthorSettings(categories={"hashed_columns": ["email"]}),
+     r"label_column 'email' is one of the hashed_columns"),
+    ({"label_column": "ssn"}, AuthorSettings(),
+     r"label_column 'ssn' has \d{3} classes, more than the 100 levels a version may store in clear"),
+    ({"label_column": "email"}, AuthorSettings(categories={"max_clear_levels": 1000, "max_level_length": 16}),
+     r"label_column 'email' has \d+ classes longer than 16 characters"),
+])
+def test_a_label_a_triggerer_picks_is_not_stored_in_clear_beyond_the_authors_rules(ac, params, settings, message):
+    """Classes are stored in clear (predict writes the label in its own type): a triggerer choosing a private or
+    key-like column as the label is refused while planning, before any rank starts, and nothing of it is stored."""
+    make_people(ac)
+    entry = {**PEOPLE, "feature_columns": ["city", "x"], **params}
+    with pytest.raises(SourceError, match=message):
+        admitted_run(ac, settings, **entry)
+    assert "@example.com" not in everything_stored(ac) and not SSN.search(everything_stored(ac))
+    assert admitted_run(ac, settings, "fine", **PEOPLE).encoding["classes"] == ["no", "yes"]  # a real label plans

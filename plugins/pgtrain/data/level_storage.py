@@ -40,6 +40,29 @@ def stored(source: Source, config: TrainingConfig) -> Source:
                                                  for c in source.feature_columns))
 
 
+def class_problem(source: Source, config: TrainingConfig) -> str | None:
+    """Why a classification's classes may not be stored, or None. Classes are stored in clear (``predict`` writes
+    the label in its own type), so the author's rules for clear levels bound them too: a label among the
+    ``hashed_columns``, more classes than ``max_clear_levels`` or a class longer than ``max_level_length`` is
+    refused (a triggerer picks the label: the class names would hold whatever column it picked)."""
+    classes, label = source.classes or (), source.label_column
+    rules = "the DAG author's settings"
+    if label in config.hashed_columns:
+        return (f"label_column {label!r} is one of the hashed_columns, whose values are never stored in clear, but "
+                f"a classification stores its classes in clear (categories.hashed_columns, {rules}): choose another "
+                "label_column")
+    if len(classes) > config.max_clear_levels:
+        return (f"label_column {label!r} has {len(classes):,} classes, more than the {config.max_clear_levels:,} "
+                f"levels a version may store in clear (categories.max_clear_levels, {rules}): is it a key or a "
+                "regression target? choose another label_column, or ask the author to raise it")
+    long = [c for c in classes if len(c) > config.max_level_length]
+    if long:
+        return (f"label_column {label!r} has {len(long):,} classes longer than {config.max_level_length} characters "
+                f"(categories.max_level_length, {rules}), which a version would store in clear: choose another "
+                "label_column, or ask the author to raise it")
+    return None
+
+
 def _stored(column: Column, config: TrainingConfig) -> Column:
     hidden = column.name in config.hashed_columns or len(column.levels) > config.max_clear_levels
     return replace(column, levels=tuple(

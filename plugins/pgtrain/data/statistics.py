@@ -139,6 +139,8 @@ def encode(conn: psycopg.Connection, source: Source, config: TrainingConfig, max
             source, warning = _classes(source, counted[None])
             warnings += [warning] if warning else []
     source = level_storage.stored(source, config)
+    if (problem := level_storage.class_problem(source, config)) is not None:
+        raise SourceError(problem)
     if source.classes is not None:
         num_classes = len(source.classes)
     elif source.task == "classification" and not num_classes:
