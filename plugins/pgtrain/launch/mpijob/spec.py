@@ -197,7 +197,8 @@ def _longest_suffix(workers: int) -> int:
 
 def launcher_command(run_id: str, world_size: int, attempt: int, backend: str = "horovod",
                      collective_timeout: int = DEFAULT_COLLECTIVE_TIMEOUT, env_names: Sequence[str] = (),
-                     as_root: bool = True, socket_ifname: str | None = None) -> list[str]:
+                     as_root: bool = True, socket_ifname: str | None = None,
+                     rendezvous: str | None = None) -> list[str]:
     """``horovodrun`` over the MPI Operator's hostfile: MPI (+NCCL) in the GPU image, Gloo where MPI is absent.
 
     horovodrun passes the launcher's environment to every rank (``mpirun -x NAME``, or ``env K=V`` on
@@ -207,8 +208,10 @@ def launcher_command(run_id: str, world_size: int, attempt: int, backend: str = 
 
     ``torch``: ``mpirun`` itself (torch.distributed needs only the processes): it passes the pod's environment the
     ranks need by name (``-x``: the URL file's path, the author's ``env_names``; their values are the same on every
-    pod), and each rank finds its place in ``OMPI_COMM_WORLD_*`` and its rendezvous at the hostfile's first host
-    (trainer.collectives.torch_distributed).
+    pod), and each rank finds its place in ``OMPI_COMM_WORLD_*`` (trainer.collectives.torch_distributed). The MPI
+    Operator mounts the hostfile on the launcher only: ``rendezvous`` (the hostfile's first host, where mpirun puts
+    rank 0: :func:`first_worker_host`) reaches the ranks on the workers as ``MASTER_ADDR``; None leaves it to the
+    author's ``env``.
 
     ``socket_ifname``: the author's NCCL_SOCKET_IFNAME. horovodrun sets NCCL_SOCKET_IFNAME on the ranks itself (the
     interfaces common to all hosts, or its ``--network-interfaces``), over the environment's; exact interface names
@@ -221,12 +224,20 @@ def launcher_command(run_id: str, world_size: int, attempt: int, backend: str = 
                 "--hostfile", HOSTFILE, "--bind-to", "none", "--map-by", "slot",
                 "--mca", "plm_rsh_args", f"-p {SSH_PORT}",
                 *(option for name in dict.fromkeys(passed) for option in ("-x", name)),
+                *(["-x", f"MASTER_ADDR={rendezvous}"] if rendezvous else []),
                 *trainer_argv(run_id, attempt, backend=backend, collective_timeout=collective_timeout)]
     interfaces = ["--network-interfaces", socket_ifname] if socket_ifname and _EXACT_IFNAMES.match(socket_ifname) \
         else []
     return ["horovodrun", "-np", str(world_size), "--hostfile", HOSTFILE, "--ssh-port", str(SSH_PORT),
             *horovodrun_options(), *interfaces,
             *trainer_argv(run_id, attempt)]
+
+
+def first_worker_host(job: str, namespace: str) -> str:
+    """The first host of the MPI Operator's hostfile for Open MPI (``<job>-worker-0.<job>-worker.<namespace>.svc``,
+    mpi-operator's newConfigMap): the worker pod where ``mpirun --map-by slot`` starts rank 0, resolvable from
+    every pod through the workers' headless Service."""
+    return f"{job}-worker-0.{job}-worker.{namespace}.svc"
 
 
 # NCCL_SOCKET_IFNAME as exact interface names (eth0, or ib0,eth0), not NCCL's prefixes or ^/= forms.
@@ -344,7 +355,9 @@ def build_mpijob(settings: MPIJobSettings, pod: Mapping[str, Any] | None = None)
         pod, settings, labels, annotations,
         command=launcher_command(settings.run_id, settings.world_size, settings.attempt, settings.backend,
                                  settings.collective_timeout, _env_names(pod), as_root=not settings.non_root,
-                                 socket_ifname=_env_value(pod, "NCCL_SOCKET_IFNAME")),
+                                 socket_ifname=_env_value(pod, "NCCL_SOCKET_IFNAME"),
+                                 rendezvous=None if "MASTER_ADDR" in _env_names(pod)
+                                 else first_worker_host(name, settings.namespace)),
         requests={"cpu": settings.launcher_cpu, "memory": settings.launcher_memory},
         limits={"memory": settings.launcher_memory}, gpus=0, shm_size=None, affinity=settings.launcher_affinity,
         node_selector=settings.launcher_node_selector, templates=(settings.pod_template,
