@@ -271,6 +271,20 @@ def test_the_torch_backend_s_launcher_runs_mpirun_and_the_manifest_validates(non
     assert_valid_mpijob(manifest)
 
 
+def test_the_torch_ranks_are_told_rank_0_s_host_which_only_the_launcher_s_hostfile_names():
+    """The MPI Operator mounts /etc/mpi on the launcher only: mpirun passes the hostfile's first host (worker-0,
+    where --map-by slot puts rank 0) as MASTER_ADDR; an author's MASTER_ADDR in env is passed instead."""
+    manifest = spec.build_mpijob(settings(8, 4, backend="torch", name="job-a", namespace="ml"))
+    command = container(manifest, "Launcher")["command"]
+    assert spec.first_worker_host("job-a", "ml") == "job-a-worker-0.job-a-worker.ml.svc"
+    assert command[command.index("MASTER_ADDR=job-a-worker-0.job-a-worker.ml.svc") - 1] == "-x"
+    assert "MASTER_ADDR" not in " ".join(container(spec.build_mpijob(settings(8, 4)), "Launcher")["command"])
+
+    own = container(spec.build_mpijob(settings(8, 4, backend="torch", env={"MASTER_ADDR": "rdzv.ml.svc"})),
+                    "Launcher")["command"]
+    assert [part for part in own if "MASTER_ADDR" in part] == ["MASTER_ADDR"]  # -x MASTER_ADDR: the author's
+
+
 @pytest.mark.parametrize("backend", ["horovod", "torch"])
 def test_every_rank_is_told_how_many_gpus_its_worker_holds(backend):
     """The launcher passes its environment to the ranks: with GPUs held, a rank without CUDA refuses the run

@@ -2,9 +2,10 @@
 
 Where a rank learns its place: ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` (the local launcher, or
 torchrun), else Open MPI's ``OMPI_COMM_WORLD_*`` (the MPIJob's launcher starts the ranks with ``mpirun``); the
-rendezvous at ``MASTER_ADDR``:``MASTER_PORT``, else at the first host of the MPI Operator's hostfile (where
-``mpirun`` puts rank 0) on ``DEFAULT_PORT``. Every collective waits at most the run's ``collective_timeout``: a rank
-that hangs or is gone fails the job within it instead of holding its GPUs.
+rendezvous at ``MASTER_ADDR``:``MASTER_PORT`` (the MPIJob's launcher passes the hostfile's first host, where
+``mpirun`` puts rank 0: the MPI Operator mounts the hostfile on the launcher only), else at the first host of a
+hostfile this rank can read, on ``DEFAULT_PORT``. Every collective waits at most the run's ``collective_timeout``:
+a rank that hangs or is gone fails the job within it instead of holding its GPUs.
 """
 
 from __future__ import annotations
