@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 WHEEL_CACHE ?= $(HOME)/.cache/pgtrain/wheels
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint image-tools image-cpu image-gpu bench bench-quick load-digits load-slid load-computers render-mpijob stop-db clean ui stop-ui browser test-stack
+.PHONY: install demo test lint mpi image-tools image-cpu image-gpu bench bench-quick load-digits load-slid load-computers render-mpijob stop-db clean ui stop-ui browser test-stack
 
 install: $(STAMP)
 
@@ -26,7 +26,7 @@ $(STAMP): requirements.txt requirements-dev.txt trainer_image/requirements.txt t
 demo: install
 	bash scripts/demo.sh
 
-test: install browser image-tools
+test: install browser image-tools mpi
 	bash scripts/test.sh
 
 lint: install
@@ -70,6 +70,11 @@ browser:  # Debian's Chromium and chromedriver, for the browser test only (tests
 	command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
 	  $(if $(filter 0,$(shell id -u)),,sudo) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(if $(filter 0,$(shell id -u)),,sudo) apt-get install -y -qq chromium chromium-driver >/dev/null; }
+
+mpi:  # Debian's Open MPI mpirun (no headers: the local Horovod stays Gloo) and nss_wrapper, for the simulated cluster's torch-backend test; apt-get, as root
+	command -v mpirun >/dev/null && /sbin/ldconfig -p | grep -q libnss_wrapper || { \
+	  $(if $(filter 0,$(shell id -u)),,sudo) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(if $(filter 0,$(shell id -u)),,sudo) apt-get install -y -qq openmpi-bin libnss-wrapper >/dev/null; }
 
 image-tools:  # Debian's buildah and mmdebstrap: build the trainer image without a daemon or a registry; apt-get, as root
 	command -v buildah >/dev/null && command -v mmdebstrap >/dev/null || { \

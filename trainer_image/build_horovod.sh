@@ -56,7 +56,9 @@ fi
 
 export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1
 export HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
-if ! command -v mpicxx >/dev/null 2>&1; then export HOROVOD_WITHOUT_MPI=1; fi
+# An MPI build needs Open MPI's headers (libopenmpi-dev), not only its compiler wrapper: Debian's openmpi-bin alone
+# (mpirun for the simulated cluster's tests, `make mpi`) ships mpicxx without mpi.h.
+if ! echo '#include <mpi.h>' | mpicxx -E -x c++ - >/dev/null 2>&1; then export HOROVOD_WITHOUT_MPI=1; fi
 export MAKEFLAGS="-j$(nproc)"
 echo "horovod: building $version against torch $torch_version (a few minutes, once)" >&2
 "$python" -m pip wheel --no-build-isolation --no-deps -w "$wheel_dir/$tag" "$src" >&2

@@ -133,6 +133,11 @@ class SimulatedCluster:
         path = self.state_dir / "logs" / namespace / f"{pod_name}.log"
         return path.read_text() if path.exists() else ""
 
+    def ssh_logins(self, host: str) -> list[str]:
+        """The commands the worker named ``host`` (its hostfile name) took over ssh (tests/k8s_sim/sshd.py)."""
+        path = self.state_dir / "sshd" / f"{host}.log"
+        return [line.removeprefix("login: ") for line in path.read_text().splitlines()] if path.exists() else []
+
     @staticmethod
     def wait_for(predicate: Callable[[], Any], timeout: float = 60, what: str = "condition") -> Any:
         from tests.support import wait_for

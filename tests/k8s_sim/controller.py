@@ -15,9 +15,12 @@
   ContainerCreating with a ``FailedMount`` event, as the real kubelet does); the launcher's command
   runs as real local processes with the
   "image" mapped to a local bin directory (the project's virtualenv) and ``/etc/mpi`` mapped to a
-  local directory whose hostfile lists ``localhost`` with all the job's slots, so ``horovodrun``
-  starts every rank on this machine (Gloo or MPI, whichever the local Horovod has). Worker pods
-  only report Running: in a real cluster they serve SSH for the launcher's ranks. The node's GPUs are counted,
+  local directory holding the hostfile. A launcher running ``mpirun`` (the torch backend) gets the MPI Operator's
+  hostfile (one ``<job>-worker-<i>.<job>-worker.<ns>.svc slots=N`` line per worker) and reaches the workers as on
+  a cluster: their names resolve and their sshd takes Open MPI's ``orted`` (tests/k8s_sim/sshd.py, the kubelet
+  points ``plm_rsh_agent`` at its client). ``horovodrun`` gets ``localhost`` with all the job's slots and starts
+  every rank on this machine (Gloo or MPI, whichever the local Horovod has): in Gloo mode it would also probe each
+  host over ssh with task services of its own, which this double does not play. The node's GPUs are counted,
   not real: the kubelet leaves pgtrain's GPUS_PER_WORKER_ENV out of the containers' environment, so the ranks train
   on the CPU instead of refusing a run whose GPUs have no CUDA (trainer.device.select_device). With the node's
   ``pull_seconds`` set, an image the node has not pulled yet keeps its pod in ContainerCreating that long, with
@@ -38,6 +41,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from . import sshd
 from .store import ApiError, Store, now
 
 GROUP_VERSION = "kubeflow.org/v2beta1"
@@ -186,6 +190,7 @@ class Cluster:
         self.pulls: dict[tuple[str, str], float] = {}  # (namespace, pod) -> when its image pull began
         self.containers: dict[tuple[str, str], Container] = {}
         self.failures: dict[tuple[str, str], int] = {}
+        self.addresses = 0  # loopback addresses handed to worker pods (sshd.serve)
         self.stopping = threading.Event()
 
     # --- loop ---
@@ -320,12 +325,19 @@ class Cluster:
             self.create_pod(job, "Launcher", None)
 
     def write_config(self, job: dict[str, Any]) -> None:
-        """The <job>-config ConfigMap, mounted at /etc/mpi: every slot is on this machine."""
+        """The <job>-config ConfigMap, mounted at /etc/mpi: the MPI Operator's hostfile for mpirun; for
+        horovodrun, every slot on this machine (see the module's doc)."""
         spec = job["spec"]
+        ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
         workers = spec["mpiReplicaSpecs"].get("Worker", {}).get("replicas", 0)
-        directory = self.config_dir(job["metadata"]["namespace"], job["metadata"]["name"])
+        slots = spec.get("slotsPerWorker", 1)
+        launcher = spec["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+        program = Path([*(launcher.get("command") or []), *(launcher.get("args") or []), ""][0]).name
+        hosts = ("".join(f"{name}-worker-{i}.{name}-worker.{ns}.svc slots={slots}\n" for i in range(workers))
+                 if program == "mpirun" else f"localhost slots={workers * slots}\n")
+        directory = self.config_dir(ns, name)
         directory.mkdir(parents=True, exist_ok=True)
-        (directory / "hostfile").write_text(f"localhost slots={workers * spec.get('slotsPerWorker', 1)}\n")
+        (directory / "hostfile").write_text(hosts)
 
     def config_dir(self, ns: str, name: str) -> Path:
         return self.state_dir / "configmaps" / ns / f"{name}-config"
@@ -340,7 +352,7 @@ class Cluster:
         if index is not None:
             labels[REPLICA_INDEX] = str(index)
         spec = {**template["spec"], "restartPolicy": replica.get("restartPolicy", "Never"),
-                "hostname": pod_name if role == "Worker" else f"{name}-launcher", "subdomain": name}
+                "hostname": pod_name if role == "Worker" else f"{name}-launcher", "subdomain": f"{name}-worker"}
         containers = spec.get("containers") or []
         pod = {
             "apiVersion": "v1", "kind": "Pod",
@@ -472,6 +484,8 @@ class Cluster:
                                   verb="status", phase="Failed", exitCode=128)
                 return
             self.store.record("exec", "pods", ns, pod_name, argv=argv)
+        else:
+            self.serve_ssh(ns, pod, container)
 
         def running(p: dict[str, Any]) -> None:
             p["status"]["phase"] = "Running"
@@ -484,17 +498,34 @@ class Cluster:
 
         self.store.update("pods", ns, pod_name, running, verb="status", phase="Running")
 
-    def container_env(self, ns: str, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
-        env = {"PATH": f"{self.image_bin_dir}:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
-               "HOSTNAME": pod["spec"].get("hostname") or pod["metadata"]["name"]}
-        if os.environ.get("PYTHONPATH"):  # the "image" holds the checkout under test, not what the venv installed
+    def serve_ssh(self, ns: str, pod: dict[str, Any], container: dict[str, Any]) -> None:
+        """A worker on the pod network: its name resolves, its sshd (if its command is one) takes logins."""
+        self.addresses += 1
+        address = f"127.1.{self.addresses // 250}.{self.addresses % 250 + 1}"
+        fqdn = f"{pod['spec'].get('hostname') or pod['metadata']['name']}.{pod['spec'].get('subdomain')}.{ns}.svc"
+        home = self.state_dir / "pods" / ns / pod["metadata"]["name"]
+        home.mkdir(parents=True, exist_ok=True)
+        sshd.serve(self.state_dir, fqdn, address, sshd.worker_port(container.get("command") or []), home,
+                   sshd.session_env(home, self.image_env()))
+
+    def image_env(self) -> dict[str, str]:
+        """What every process of the simulated image has: a UTF-8 locale, the checkout under test (not what the venv
+        installed) and the cluster's DNS."""
+        env = {"LANG": "C.UTF-8", **sshd.dns_env(self.state_dir)}
+        if os.environ.get("PYTHONPATH"):
             env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+        return env
+
+    def container_env(self, ns: str, pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
+        env = {"PATH": f"{self.image_bin_dir}:/usr/local/bin:/usr/bin:/bin", **self.image_env(),
+               "HOSTNAME": pod["spec"].get("hostname") or pod["metadata"]["name"]}
         role = pod["metadata"]["labels"].get(JOB_ROLE, "")
         env["K_MPI_JOB_ROLE"] = role
-        if role == "launcher":  # what mpi-operator adds for OpenMPI
+        if role == "launcher":  # what mpi-operator adds for OpenMPI; the ssh client is the simulated sshd's
             env.update(OMPI_MCA_orte_keep_fqdn_hostnames="true",
                        OMPI_MCA_orte_default_hostfile=f"{CONFIG_MOUNT}/hostfile",
-                       OMPI_MCA_plm_rsh_args="-o ConnectionAttempts=10")
+                       OMPI_MCA_plm_rsh_args="-o ConnectionAttempts=10",
+                       OMPI_MCA_plm_rsh_agent=str(sshd.client(self.state_dir)))
         for source in container.get("envFrom") or []:
             ref = source.get("secretRef")
             if ref:

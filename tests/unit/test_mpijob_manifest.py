@@ -273,6 +273,19 @@ def test_the_torch_backend_s_launcher_runs_mpirun_and_the_manifest_validates(non
     assert_valid_mpijob(manifest)
 
 
+def test_the_torch_ranks_are_told_rank_0_s_host_which_only_the_launcher_s_hostfile_names():
+    """The MPI Operator mounts /etc/mpi on the launcher only: the launcher reads the hostfile's first host (worker-0,
+    where --map-by slot puts rank 0) into MASTER_ADDR (pgtrain.launch.mpijob.rendezvous, tests/unit/test_collectives)
+    and mpirun passes it by name; an author's MASTER_ADDR in env is the one passed."""
+    command = container(spec.build_mpijob(settings(8, 4, backend="torch")), "Launcher")["command"]
+    assert command[:3] == ["python", "-m", "pgtrain.launch.mpijob.rendezvous"]
+    assert command[command.index("MASTER_ADDR") - 1] == "-x"
+    assert "MASTER_ADDR" not in " ".join(container(spec.build_mpijob(settings(8, 4)), "Launcher")["command"])
+    own = container(spec.build_mpijob(settings(8, 4, backend="torch", env={"MASTER_ADDR": "rdzv.ml.svc"})),
+                    "Launcher")["command"]
+    assert [part for part in own if "MASTER_ADDR" in part] == ["MASTER_ADDR"]  # -x MASTER_ADDR, once
+
+
 @pytest.mark.parametrize("backend", ["horovod", "torch"])
 def test_every_rank_is_told_how_many_gpus_its_worker_holds(backend):
     """The launcher passes its environment to the ranks: with GPUs held, a rank without CUDA refuses the run

@@ -2,11 +2,11 @@
 
 Where a rank learns its place: ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` (the local launcher, or
 torchrun), else Open MPI's ``OMPI_COMM_WORLD_*`` (the MPIJob's launcher starts the ranks with ``mpirun``); the
-rendezvous at ``MASTER_ADDR``:``MASTER_PORT`` (on an MPIJob the launcher sets it from its hostfile:
-pgtrain.launch.mpijob.rendezvous), else at the first host of the hostfile (``$PGTRAIN_HOSTFILE``, else the MPI
-Operator's, where ``mpirun`` puts rank 0) on ``DEFAULT_PORT``. Every collective waits at most the run's
-``collective_timeout``: a rank
-that hangs or is gone fails the job within it instead of holding its GPUs.
+rendezvous at ``MASTER_ADDR``:``MASTER_PORT`` (on an MPIJob the launcher sets it from its hostfile, which the MPI
+Operator mounts in the launcher pod only: pgtrain.launch.mpijob.rendezvous), else at the first host of the hostfile
+(``$PGTRAIN_HOSTFILE``, else the MPI Operator's, where ``mpirun`` puts rank 0) on ``DEFAULT_PORT``. Every collective
+waits at most the run's ``collective_timeout``: a rank that hangs or is gone fails the job within it instead of
+holding its GPUs.
 """
 
 from __future__ import annotations
