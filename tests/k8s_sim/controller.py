@@ -332,9 +332,9 @@ class Cluster:
         workers = spec["mpiReplicaSpecs"].get("Worker", {}).get("replicas", 0)
         slots = spec.get("slotsPerWorker", 1)
         launcher = spec["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
-        program = Path([*(launcher.get("command") or []), *(launcher.get("args") or []), ""][0]).name
+        programs = {Path(part).name for part in [*(launcher.get("command") or []), *(launcher.get("args") or [])]}
         hosts = ("".join(f"{name}-worker-{i}.{name}-worker.{ns}.svc slots={slots}\n" for i in range(workers))
-                 if program == "mpirun" else f"localhost slots={workers * slots}\n")
+                 if "mpirun" in programs and "horovodrun" not in programs else f"localhost slots={workers * slots}\n")
         directory = self.config_dir(ns, name)
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "hostfile").write_text(hosts)
