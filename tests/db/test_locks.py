@@ -16,7 +16,8 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from pgtrain.core.errors import LockTimeout, StaleLockToken, TrainingFailed
-from pgtrain.store.locks import Lease, LockManager, LockNotHeld, fenced, list_locks, lock_holder
+from pgtrain.store.catalog import list_locks
+from pgtrain.store.locks import Lease, LockManager, LockNotHeld, fenced, lock_holder
 from pgtrain.store.model_store import get_parameter, parameter_history, read_parameter, update_parameter
 
 CTX = mp.get_context("fork")

@@ -123,7 +123,7 @@ def test_the_note_of_a_committed_run_never_contradicts_itself(db_url, aconn):
 # -- item 10 --------------------------------------------------------------------------------------------------
 def test_a_second_run_of_a_model_is_refused_while_one_holds_its_training_claim(autocommit, db_url):
     from pgtrain.launch.attempt import claim_name, training_claim
-    from pgtrain.store.locks import list_locks
+    from pgtrain.store.catalog import list_locks
 
     seed_samples(autocommit, 40)
     one = planned_run(autocommit, "one", model_name="claimed")

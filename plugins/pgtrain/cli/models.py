@@ -34,7 +34,8 @@ from pgtrain.core.errors import PgtrainError
 from pgtrain.data import encoding, level_storage
 from pgtrain.data.source.resolve import CATEGORY
 from pgtrain.store import catalog, model_store
-from pgtrain.store.locks import describe_owner, list_locks
+from pgtrain.store.catalog import list_locks
+from pgtrain.store.locks import describe_owner
 from pgtrain.store.prediction_table import DEFAULT_MODE, MODES
 
 

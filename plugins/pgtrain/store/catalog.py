@@ -93,3 +93,13 @@ def version_details(conn: psycopg.Connection, model_name: str, versions: list[in
         for row in found.values():
             row["epochs"] = record.epoch_metrics(conn, row["run_id"]) if row["run_id"] else []
     return [found[v] for v in dict.fromkeys(versions) if v in found]
+
+
+def list_locks(conn: psycopg.Connection) -> list[dict[str, Any]]:
+    """Every lock row: who holds what, since when, until when (``held`` is False for free or expired)."""
+    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            """SELECT name, token, owner, acquired_at, heartbeat_at, expires_at,
+                      owner IS NOT NULL AND expires_at > clock_timestamp() AS held
+               FROM pgtrain.locks ORDER BY name"""
+        ).fetchall()

@@ -24,7 +24,6 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from pgtrain.core.errors import LockTimeout, PgtrainError, StaleLockToken
@@ -445,12 +444,3 @@ def fenced(conn: psycopg.Connection, lease: Lease) -> Iterator[psycopg.Connectio
                                  f"at {row[2].isoformat()}; take the lock again (or renew it in time)")
         yield conn
 
-
-def list_locks(conn: psycopg.Connection) -> list[dict[str, Any]]:
-    """Every lock row: who holds what, since when, until when (``held`` is False for free or expired)."""
-    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(
-            """SELECT name, token, owner, acquired_at, heartbeat_at, expires_at,
-                      owner IS NOT NULL AND expires_at > clock_timestamp() AS held
-               FROM pgtrain.locks ORDER BY name"""
-        ).fetchall()

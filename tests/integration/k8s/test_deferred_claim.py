@@ -20,7 +20,8 @@ from pgtrain.core.errors import ClaimLost, TrainingBusy
 from pgtrain.launch.attempt import DEFERRED_TTL, claim_name, release_claim, training_claim
 from pgtrain.launch.mpijob import api
 from pgtrain.runs import record
-from pgtrain.store.locks import LockManager, list_locks
+from pgtrain.store.catalog import list_locks
+from pgtrain.store.locks import LockManager
 from tests.integration.k8s.test_operator import DAG_ID, launcher_running, plan, staged, train_operator
 from tests.k8s_sim.airflow_context import FakeTaskStateStore, task_context
 from tests.support import taken_by_another_run

@@ -35,7 +35,6 @@ from pgtrain.launch.mpijob.api import (
     DNS_LABEL_MAX,
     GPU_RESOURCE,
     GPUS_PER_WORKER_ENV,
-    HOSTFILE,
     JOB_NAME_LABEL,
     JOB_ROLE_LABEL,
     KIND,
@@ -47,13 +46,11 @@ from pgtrain.launch.mpijob.api import (
     SHM_MOUNT_PATH,
     SHM_VOLUME,
     SSH_AUTH_MOUNT_PATH,
-    SSH_PORT,
     WORKER_COMMAND,
 )
+from pgtrain.launch.mpijob.launcher import launcher_command
 from pgtrain.launch.mpijob.pod_templates import env_problems, merge_template, non_root_problems, template_problems
-from pgtrain.launch.mpijob.rendezvous import MASTER_ADDR
 from pgtrain.launch.mpijob.validation import validate_mpijob
-from pgtrain.launch.trainer_command import horovodrun_options, trainer_argv
 
 
 @dataclass(frozen=True)
@@ -194,45 +191,6 @@ def _longest_suffix(workers: int) -> int:
     # are DNS labels. The launcher pod's random suffix is added by the Job controller, which
     # truncates its generateName; the hostname it uses is <job>-launcher.
     return max(len("-launcher"), len(f"-worker-{workers - 1}"))
-
-
-def launcher_command(run_id: str, world_size: int, attempt: int, backend: str = "horovod",
-                     collective_timeout: int = DEFAULT_COLLECTIVE_TIMEOUT, env_names: Sequence[str] = (),
-                     as_root: bool = True, socket_ifname: str | None = None) -> list[str]:
-    """``horovodrun`` over the MPI Operator's hostfile: MPI (+NCCL) in the GPU image, Gloo where MPI is absent.
-
-    horovodrun passes the launcher's environment to every rank (``mpirun -x NAME``, or ``env K=V`` on
-    the ranks' command lines with Gloo); the database URL is not in it, only the path of the file the
-    Secret is mounted as on every pod. horovodrun hands ``--ssh-port`` (the workers' sshd, SSH_PORT) to its SSH
-    check, to mpirun (``plm_rsh_args``) and to Gloo's remote commands.
-
-    ``torch``: ``mpirun`` itself (torch.distributed needs only the processes): it passes the pod's environment the
-    ranks need by name (``-x``: the URL file's path, the author's ``env_names``; their values are the same on every
-    pod), and each rank finds its place in ``OMPI_COMM_WORLD_*`` and its rendezvous in ``MASTER_ADDR``: the
-    hostfile's first host, which the launcher reads (pgtrain.launch.mpijob.rendezvous: the workers have no hostfile).
-
-    ``socket_ifname``: the author's NCCL_SOCKET_IFNAME. horovodrun sets NCCL_SOCKET_IFNAME on the ranks itself (the
-    interfaces common to all hosts, or its ``--network-interfaces``), over the environment's; exact interface names
-    become its ``--network-interfaces``, so that its choice is the author's (NCCL's prefix and ``^``/``=`` forms
-    name no interface horovodrun knows, and are left to it).
-    """
-    if backend == "torch":
-        passed = [DATABASE_URL_FILE_ENV, "PYTHONUNBUFFERED", GPUS_PER_WORKER_ENV, "PATH", MASTER_ADDR, *env_names]
-        return ["python", "-m", "pgtrain.launch.mpijob.rendezvous",
-                "mpirun", *(["--allow-run-as-root"] if as_root else []), "-np", str(world_size),
-                "--hostfile", HOSTFILE, "--bind-to", "none", "--map-by", "slot",
-                "--mca", "plm_rsh_args", f"-p {SSH_PORT}",
-                *(option for name in dict.fromkeys(passed) for option in ("-x", name)),
-                *trainer_argv(run_id, attempt, backend=backend, collective_timeout=collective_timeout)]
-    interfaces = ["--network-interfaces", socket_ifname] if socket_ifname and _EXACT_IFNAMES.match(socket_ifname) \
-        else []
-    return ["horovodrun", "-np", str(world_size), "--hostfile", HOSTFILE, "--ssh-port", str(SSH_PORT),
-            *horovodrun_options(), *interfaces,
-            *trainer_argv(run_id, attempt)]
-
-
-# NCCL_SOCKET_IFNAME as exact interface names (eth0, or ib0,eth0), not NCCL's prefixes or ^/= forms.
-_EXACT_IFNAMES = re.compile(r"^[A-Za-z0-9_.:@-]+[0-9](,[A-Za-z0-9_.:@-]+[0-9])*$")
 
 
 # Settings of the author's ``kubernetes:`` block that only the Airflow operator uses (not part of the manifest).
