@@ -70,6 +70,30 @@ def run_job(run: record.Run, db_url: str, lines: list[str] | None = None) -> lis
     return lines
 
 
+def job_in_background(run: record.Run, db_url: str,
+                      lines: list[str] | None = None) -> tuple[threading.Thread, list[BaseException]]:
+    """run_job in a thread, started (a test kills a rank meanwhile): the thread, and the error it raised once it
+    has ended (empty when the job succeeded)."""
+    failure: list[BaseException] = []
+
+    def attempt() -> None:
+        try:
+            run_job(run, db_url, lines)
+        except BaseException as error:  # noqa: BLE001 - handed to the test thread
+            failure.append(error)
+
+    job = threading.Thread(target=attempt)
+    job.start()
+    return job, failure
+
+
+def wait_for_checkpoint(db_url: str, run_id: str, epoch: int, seconds: float = 240) -> None:
+    """Until the run's checkpoint is of ``epoch``."""
+    with psycopg.connect(db_url, autocommit=True) as watcher:
+        wait_for(lambda: watcher.execute("SELECT epoch FROM pgtrain.checkpoints WHERE run_id = %s",
+                                         (run_id,)).fetchone() == (epoch,), seconds, f"the epoch-{epoch} checkpoint")
+
+
 def wait_for(check: Callable[[], Any], seconds: float, what: str) -> Any:
     """Poll ``check`` until it returns something true; fail the test after ``seconds``."""
     deadline = time.monotonic() + seconds

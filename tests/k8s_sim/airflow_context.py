@@ -6,6 +6,7 @@ with this context; the end-to-end test runs the real DAG through ``airflow dags 
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -47,3 +48,14 @@ def task_context(dag_id: str, run_id: str, *, task_id: str = "train", try_number
     if state_store is not None:
         context["task_state_store"] = state_store
     return context
+
+
+def first_event(trigger: Any, timeout: float) -> dict[str, Any]:
+    """The payload of the first event a deferred task's trigger yields: what the triggerer would hand back."""
+
+    async def first() -> dict[str, Any]:
+        async for event in trigger.run():
+            return event.payload
+        raise AssertionError("the trigger ended without an event")
+
+    return asyncio.run(asyncio.wait_for(first(), timeout))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 
 import numpy as np
 import psycopg
@@ -15,7 +14,7 @@ from pgtrain.core.errors import TrainingFailed, TrainingInputError
 from pgtrain.runs import record
 from pgtrain.store import tensors
 from tests.integration.horovod.test_resume import trainer_rank
-from tests.support import planned_run, run_job, seed_samples, wait_for
+from tests.support import job_in_background, planned_run, run_job, seed_samples, wait_for, wait_for_checkpoint
 
 pytestmark = pytest.mark.horovod
 
@@ -56,22 +55,11 @@ def test_a_sigkilled_torch_rank_fails_the_job(autocommit, db_url):
     seed_samples(autocommit, rows=200, dim=6, classes=3)
     run = planned_run(autocommit, world_size=2, epochs=6, batch_size=8, hidden_sizes=[8], backend="torch",
                       collective_timeout=20)
-    failure: list[BaseException] = []
     with psycopg.connect(db_url) as blocker:
         blocker.execute("INSERT INTO pgtrain.run_metrics (run_id, epoch, train_loss, seconds) VALUES (%s, 2, 0, 0)",
                         (run.run_id,))
-
-        def attempt() -> None:
-            try:
-                run_job(run, db_url)
-            except BaseException as error:  # noqa: BLE001 - handed to the test thread
-                failure.append(error)
-
-        job = threading.Thread(target=attempt)
-        job.start()
-        with psycopg.connect(db_url, autocommit=True) as watcher:
-            wait_for(lambda: watcher.execute("SELECT epoch FROM pgtrain.checkpoints WHERE run_id = %s",
-                                             (run.run_id,)).fetchone() == (1,), 240, "the epoch-1 checkpoint")
+        job, failure = job_in_background(run, db_url)
+        wait_for_checkpoint(db_url, run.run_id, 1)
         rank_1 = wait_for(lambda: trainer_rank(run.run_id, 1), 30, "rank 1")
         os.kill(rank_1.pid, signal.SIGKILL)
         job.join(timeout=240)

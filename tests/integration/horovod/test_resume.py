@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 
 import numpy as np
 import psutil
@@ -16,7 +15,14 @@ from pgtrain.core.errors import TrainingFailed, TrainingInputError
 from pgtrain.runs import record
 from pgtrain.store import tensors
 from pgtrain.store.model_store import commit_run, load_tensors
-from tests.support import planned_run, run_job, seed_noise, seed_samples, wait_for
+from tests.support import (
+    job_in_background,
+    planned_run,
+    run_job,
+    seed_noise,
+    seed_samples,
+    wait_for_checkpoint,
+)
 
 pytestmark = pytest.mark.horovod
 
@@ -68,20 +74,9 @@ def test_a_retried_run_resumes_from_its_checkpoint_and_ends_where_an_uninterrupt
     with psycopg.connect(db_url) as blocker:
         blocker.execute("INSERT INTO pgtrain.run_metrics (run_id, epoch, train_loss, seconds) VALUES (%s, 3, 0, 0)",
                         (resumed.run_id,))
-        failure: list[BaseException] = []
         first_lines: list[str] = []
-
-        def first_attempt() -> None:
-            try:
-                run_job(resumed, db_url, first_lines)
-            except BaseException as error:  # noqa: BLE001 - handed to the test thread
-                failure.append(error)
-
-        attempt = threading.Thread(target=first_attempt)
-        attempt.start()
-        with psycopg.connect(db_url, autocommit=True) as watcher:
-            wait_for(lambda: watcher.execute("SELECT epoch FROM pgtrain.checkpoints WHERE run_id = %s",
-                                             (resumed.run_id,)).fetchone() == (2,), 240, "the epoch-2 checkpoint")
+        attempt, failure = job_in_background(resumed, db_url, first_lines)
+        wait_for_checkpoint(db_url, resumed.run_id, 2)
         rank_1 = trainer_rank(resumed.run_id, 1)
         assert rank_1 is not None
         os.kill(rank_1.pid, signal.SIGKILL)

@@ -9,7 +9,6 @@ simulated pods many times the second they take to start.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import datetime as dt
 import importlib
@@ -29,7 +28,7 @@ from pgtrain.launch.mpijob import api
 from pgtrain.runs import record
 from tests.integration.k8s.test_operator import DAG_ID, IMAGE, plan, staged
 from tests.k8s_sim import SimulatedCluster
-from tests.k8s_sim.airflow_context import FakeTaskStateStore, task_context
+from tests.k8s_sim.airflow_context import FakeTaskStateStore, first_event, task_context
 from tests.k8s_sim.validation import assert_cluster_accepted_every_manifest
 from tests.support import planned_run, seed_samples
 
@@ -144,12 +143,7 @@ def test_a_queued_job_outwaits_its_startup_timeout_in_the_trigger_too(k8s, names
 
     admitter = threading.Thread(target=admit, daemon=True)
     admitter.start()
-
-    async def first_event():
-        async for event in trigger.run():
-            return event.payload
-
-    event = asyncio.run(asyncio.wait_for(first_event(), 180))
+    event = first_event(trigger, 180)
     admitter.join(10)
     assert not admitted, admitted
     assert event["status"] == "succeeded", event
@@ -229,12 +223,7 @@ def test_a_cold_node_pulling_the_image_outlasts_the_startup_timeout_and_the_job_
         if deferrable:
             with pytest.raises(TaskDeferred) as deferred:
                 operator.execute(context)
-
-            async def first_event():
-                async for event in deferred.value.trigger.run():
-                    return event.payload
-
-            event = asyncio.run(asyncio.wait_for(first_event(), 180))
+            event = first_event(deferred.value.trigger, 180)
             assert event["status"] == "succeeded", event
             operator.execute_complete(context, event)
         else:
@@ -294,12 +283,7 @@ def test_a_job_whose_epochs_stop_is_deleted_and_the_task_fails_naming_the_stall(
             else:
                 with pytest.raises(TaskDeferred) as deferred:
                     operator.execute(context)
-
-                async def first_event():
-                    async for event in deferred.value.trigger.run():
-                        return event.payload
-
-                event = asyncio.run(asyncio.wait_for(first_event(), 180))
+                event = first_event(deferred.value.trigger, 180)
                 assert event["status"] == "error" and event["reason"] == "stalled", event
                 operator.execute_complete(context, event)
     finally:
