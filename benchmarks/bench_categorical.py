@@ -170,9 +170,9 @@ def coder_seconds(conn: psycopg.Connection, run: record.Run, rows: int) -> float
 def commit_version(conn: psycopg.Connection, run: record.Run) -> None:
     """Make the planned ``run`` a version of its model, with the state dict the trainer would stage (random
     initial weights; the normalizer's statistics left at mean 0, std 1)."""
+    from pgtrain.models.network import build_model, state_layout
     from pgtrain.store.model_store import commit_run
     from pgtrain.store.tensors import write_staged
-    from trainer.model import build_model, state_layout
 
     cfg = run.config
     model = build_model(cfg.model, run.input_dim, run.output_dim, cfg.model_options_for_build, cfg.seed,

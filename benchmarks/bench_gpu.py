@@ -115,9 +115,9 @@ def variant_speed(name: str, run: record.Run, shards: list[record.Shard], x_host
     import torch
     import torch.nn.functional as F
 
+    from pgtrain.models.network import build_model
     from trainer.device import forward_precision
     from trainer.evaluate import Task
-    from trainer.model import build_model
     from trainer.optim import Schedule, make_optimizer
     from trainer.train import Batches, batch_and_rate, batch_bounds, epoch_order, steps_per_epoch, train_epoch
 

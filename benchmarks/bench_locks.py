@@ -20,9 +20,9 @@ from common import bench_database, report, stopwatch
 
 from pgtrain.config.params import TrainingConfig
 from pgtrain.core.errors import LockTimeout
+from pgtrain.models.spec import ModelSpec
 from pgtrain.runs.record import plan_run, record_epoch
 from pgtrain.store.locks import Lease, LockManager
-from pgtrain.store.model_spec import ModelSpec
 from pgtrain.store.model_store import commit_run
 from pgtrain.store.tensors import write_staged
 

@@ -176,7 +176,7 @@ def plain_torch_main(train_rows: int, batch: int, learning_rate: float, threads:
     import torch
     import torch.nn.functional as F
 
-    from trainer.model import build_model
+    from pgtrain.models.network import build_model
 
     if threads:
         torch.set_num_threads(threads)

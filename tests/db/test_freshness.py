@@ -18,8 +18,8 @@ from pgtrain.airflow.triggers.new_rows import NewRowsTrigger
 from pgtrain.config.params import TrainingConfig
 from pgtrain.core.migrations import apply_migrations
 from pgtrain.data import freshness
+from pgtrain.models.spec import ModelSpec
 from pgtrain.runs.record import record_epoch
-from pgtrain.store.model_spec import ModelSpec
 from pgtrain.store.model_store import commit_run
 from pgtrain.store.tensors import write_staged
 from tests.support import planned_run, seed_samples

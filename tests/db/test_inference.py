@@ -14,11 +14,11 @@ import pgtrain  # noqa: E402
 from pgtrain.config.params import TrainingConfig  # noqa: E402
 from pgtrain.core.database_url import DATABASE_URL_ENV  # noqa: E402
 from pgtrain.core.errors import ConfigError, PgtrainError, SourceError  # noqa: E402
+from pgtrain.models.network import build_model, state_layout  # noqa: E402
 from pgtrain.runs.record import plan_run, record_epoch, set_model_layout  # noqa: E402
 from pgtrain.store.inference import predict  # noqa: E402
 from pgtrain.store.model_store import commit_run  # noqa: E402
 from pgtrain.store.tensors import write_staged  # noqa: E402
-from trainer.model import build_model, state_layout  # noqa: E402
 
 
 def commit_random_model(conn: psycopg.Connection, name: str, input_dim: int, output_dim: int,

@@ -16,8 +16,8 @@ from pgtrain.config.params import TrainingConfig
 from pgtrain.config.settings import AuthorSettings
 from pgtrain.core.errors import ConfigError
 from pgtrain.data import manifest
+from pgtrain.models.spec import ModelSpec
 from pgtrain.runs.record import get_run, plan_run, record_epoch
-from pgtrain.store.model_spec import ModelSpec
 from pgtrain.store.model_store import commit_run, head_version
 from pgtrain.store.tensors import write_staged
 

@@ -13,9 +13,9 @@ import pytest
 from pgtrain.config.params import TrainingConfig
 from pgtrain.core.database_url import DATABASE_URL_ENV
 from pgtrain.core.errors import CommitRejected, PgtrainError
+from pgtrain.models.spec import ModelSpec
 from pgtrain.runs.record import plan_run, record_epoch, set_model_layout
 from pgtrain.store.catalog import head_history, list_versions
-from pgtrain.store.model_spec import ModelSpec
 from pgtrain.store.model_store import commit_run, export_state_dict, get_version, head_version, load_tensors, promote
 from pgtrain.store.tensors import write_staged
 
@@ -241,7 +241,7 @@ def test_promote_rolls_back_and_forward_under_the_lock(db_url, aconn):
 
 def test_export_loads_into_the_trainer_model(db_url, aconn, tmp_path):
     torch = pytest.importorskip("torch")
-    from trainer.model import build_model
+    from pgtrain.models.network import build_model
 
     rng = np.random.default_rng(0)
     arrays = {n: rng.standard_normal(s).astype(np.float32) for n, s in SPEC.parameter_shapes().items()}

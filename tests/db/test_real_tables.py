@@ -16,12 +16,12 @@ import numpy as np  # noqa: E402
 
 from pgtrain.core.errors import PgtrainError, SourceError  # noqa: E402
 from pgtrain.data import encoding, loader, manifest  # noqa: E402
+from pgtrain.models.network import build_model, state_layout  # noqa: E402
 from pgtrain.runs import record  # noqa: E402
 from pgtrain.store.inference import load_predictor, predict  # noqa: E402
 from pgtrain.store.model_store import commit_run  # noqa: E402
 from pgtrain.store.tensors import write_staged  # noqa: E402
 from tests.support import insert_mixed_rows, make_mixed_table, mixed_params, mixed_rows, planned_run  # noqa: E402
-from trainer.model import build_model, state_layout  # noqa: E402
 
 
 def loaded(conn: psycopg.Connection, run: record.Run) -> tuple[np.ndarray, np.ndarray]:

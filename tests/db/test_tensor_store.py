@@ -183,7 +183,7 @@ def test_migration_moves_001_rows_into_chunks_and_old_versions_keep_loading(make
         assert conn.execute("SELECT count(*) FROM public.samples").fetchone() == (1,), "user rows are kept"
 
     torch = pytest.importorskip("torch")
-    from trainer.model import build_model
+    from pgtrain.models.network import build_model
 
     model = build_model(spec["model"], spec["input_dim"], spec["output_dim"], spec["model_options"], seed=0)
     model.load_state_dict({n: torch.from_numpy(a) for n, a in arrays.items()}, strict=True)

@@ -11,11 +11,11 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("horovod.torch")
 
 from pgtrain.core.errors import SourceError  # noqa: E402
+from pgtrain.models.network import build_model, layout_problems, state_layout  # noqa: E402
 from pgtrain.runs import record  # noqa: E402
 from pgtrain.store import model_store  # noqa: E402
 from pgtrain.store.tensors import write_staged  # noqa: E402
 from tests.support import planned_run  # noqa: E402
-from trainer.model import build_model, layout_problems, state_layout  # noqa: E402
 from trainer.start import check_encoding_parent  # noqa: E402
 
 PARAMS = {"source_table": "public.t", "key_column": "id", "feature_columns": ["a", "b"], "label_column": "label",

@@ -11,6 +11,7 @@ from torch import nn
 
 from pgtrain.core.errors import ConfigError, PgtrainError
 from pgtrain.launch.mpijob.api import GPUS_PER_WORKER_ENV
+from pgtrain.models.network import mlp
 from trainer.device import (
     DEVICE_RESERVE_BYTES,
     device_line,
@@ -24,7 +25,6 @@ from trainer.device import (
     training_state_bytes,
     use_tf32,
 )
-from trainer.model import mlp
 
 GIB = 1 << 30
 OOM_TEXT = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139.72 GiB of which "

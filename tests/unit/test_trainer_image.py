@@ -206,7 +206,8 @@ def test_build_context_holds_what_the_image_copies_and_no_airflow(dockerfile):
 def test_every_module_the_trainer_loads_comes_from_the_images_requirements():
     """What a rank imports to read its run (config validation included) and train must be installed in the
     image by trainer_image/requirements.txt (directly or as a dependency), or by the Horovod build."""
-    probe = ("import json, sys, trainer.train, trainer.model; from pgtrain.config.params import TrainingConfig; "
+    probe = ("import json, sys, trainer.train, pgtrain.models.network; "
+             "from pgtrain.config.params import TrainingConfig; "
              "TrainingConfig.from_mapping({}); print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))")
     loaded = json.loads(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                                        check=True).stdout.splitlines()[-1])
@@ -226,7 +227,7 @@ def test_the_image_installs_the_package_for_a_rank_only(dockerfile):
     assert [(r.name, r.extras) for r in requirement_lines(IMAGE_REQUIREMENTS)] == [(PROJECT["name"], {"trainer"})]
     install = next(args for keyword, args in instructions(dockerfile)
                    if keyword == "RUN" and "trainer_image/requirements.txt" in args)
-    assert "pip install" in install and "import pgtrain.launch.mpijob.spec, trainer.model" in install
+    assert "pip install" in install and "import pgtrain.launch.mpijob.spec, pgtrain.models.network" in install
     assert "PYTHONPATH" not in dockerfile  # imported from the installed package, not from the copied sources
     image = pulled_in([*requirement_lines(IMAGE_REQUIREMENTS), Requirement("horovod")])
     assert {"torch", "psycopg", "jsonschema", "numpy", "cloudpickle", "psutil"} <= image

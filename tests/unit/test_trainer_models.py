@@ -14,8 +14,8 @@ from torch import nn
 
 from pgtrain.core.errors import ConfigError
 from pgtrain.core.memory import available_bytes
+from pgtrain.models.network import PgtrainModel, build_model, planned_size, resolve_factory, state_layout
 from pgtrain.runs import record
-from trainer.model import PgtrainModel, build_model, planned_size, resolve_factory, state_layout
 from trainer.train import steps_per_epoch
 
 RESMLP = "trainer.examples.resmlp:residual_mlp"
@@ -155,7 +155,7 @@ def test_the_sparse_first_layer_equals_one_hot_then_linear_in_output_and_gradien
     a one-hot block: the same function of the same parameters."""
     import torch
 
-    from trainer.model import build_model
+    from pgtrain.models.network import build_model
 
     encoding = {"columns": [
         {"name": "x", "type": "real", "kind": "number", "mean": 0.0, "missing": True},

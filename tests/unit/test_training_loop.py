@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from pgtrain.config.params import TrainingConfig
+from pgtrain.models.network import PgtrainModel
 from trainer.evaluate import Task
-from trainer.model import PgtrainModel
 from trainer.optim import MOMENTUM, Schedule, make_optimizer
 from trainer.train import (
     Batches,

@@ -27,10 +27,10 @@ from pgtrain.config.boosted import BOOSTED, eval_metric
 from pgtrain.config.metrics import REGRESSION
 from pgtrain.core.errors import ConfigError, PgtrainError
 from pgtrain.data.encoding import UNSEEN_CLASS
+from pgtrain.models.booster import BOOSTER, BoostedModel, build, xgboost_module
 from pgtrain.runs import record
 from pgtrain.store import model_store, tensors
 from trainer import collectives
-from trainer.booster import BOOSTER, BoostedModel, build, xgboost_module
 from trainer.evaluate import Task, balanced_class_weights, epoch_figures, test_figures
 from trainer.start import check_encoding_parent, init_version
 from trainer.stopping import BEST_EPOCH

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from pgtrain.config.metrics import CONFUSION_MATRIX, VALIDATION_PREFIX, test_name
 from pgtrain.data.encoding import UNSEEN_CLASS
 from pgtrain.data.metrics import classification_metrics
+from pgtrain.models.network import PgtrainModel
 from trainer import collectives
-from trainer.model import PgtrainModel
 
 # Classification metrics gather every validation row's class probabilities (an allgather: on every rank, for rank 0
 # to compute them); above this many values (rows x classes, float32: 64 MiB a rank) only accuracy and log loss are

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from pgtrain.config.params import TrainingConfig
-from trainer.model import writable_tensor
+from pgtrain.models.network import writable_tensor
 
 MOMENTUM = 0.9  # sgd
 ONE_CYCLE_RISE, ONE_CYCLE_START, ONE_CYCLE_END = 0.3, 25.0, 1e4  # torch's OneCycleLR defaults

@@ -15,10 +15,10 @@ import psycopg
 import torch
 
 from pgtrain.core.errors import ConfigError, PgtrainError
+from pgtrain.models.network import PgtrainModel, layout_problems, writable_tensor
 from pgtrain.runs import record
 from pgtrain.store import model_store, tensors
 from trainer import collectives
-from trainer.model import PgtrainModel, layout_problems, writable_tensor
 from trainer.optim import OPTIMIZER_PREFIX, optimizer_arrays
 
 # Checkpoint tensor names: the model's state dict, the optimizer's state (trainer.optim.OPTIMIZER_PREFIX) and the

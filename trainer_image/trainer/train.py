@@ -28,6 +28,7 @@ from pgtrain.core.db import connect, connect_retrying
 from pgtrain.core.errors import PgtrainError
 from pgtrain.data import loader, manifest
 from pgtrain.launch.lifetime import die_with_parent
+from pgtrain.models.network import PgtrainModel, build_model, state_layout, writable_tensor
 from pgtrain.runs import record
 from pgtrain.store import tensors
 from trainer import boosted, collectives
@@ -45,7 +46,6 @@ from trainer.device import (
     use_tf32,
 )
 from trainer.evaluate import Task, balanced_class_weights, epoch_figures, test_figures
-from trainer.model import PgtrainModel, build_model, state_layout, writable_tensor
 from trainer.optim import Schedule, load_optimizer_arrays, make_optimizer
 from trainer.start import Start, agree_on_start, check_encoding_parent, plan_fingerprint, write_checkpoint
 from trainer.stopping import BEST_EPOCH, EarlyStopping

@@ -12,8 +12,8 @@ import psycopg
 from pgtrain.config.metrics import METRICS, REGRESSION, TEST_PREFIX, VALIDATION_PREFIX, Metric, figures_from, reported
 from pgtrain.config.params import TrainingConfig
 from pgtrain.core.errors import CommitRejected
+from pgtrain.models.spec import ModelSpec
 from pgtrain.runs.record import Run
-from pgtrain.store.model_spec import ModelSpec
 from pgtrain.store.tensors import FLOAT_DTYPES, TensorInfo
 
 # What a head and a new version must share for the new one to replace the head without an explicit promote.

@@ -245,7 +245,7 @@ def load_predictor(conn_or_url: psycopg.Connection | str, name: str, version: in
 def _build(name: str, version: int, spec: dict[str, Any], arrays: dict[str, np.ndarray]) -> torch.nn.Module:
     import torch
 
-    from trainer.model import build_model
+    from pgtrain.models.network import build_model
 
     if not spec.get("model") or not spec.get("input_dim") or not spec.get("output_dim"):
         raise PgtrainError(f"model {name!r} version {version} records no model spec to rebuild it from; "

@@ -10,12 +10,12 @@ import pytest
 
 from pgtrain.core.errors import ConfigError
 from pgtrain.data import loader, manifest
+from pgtrain.models.booster import BOOSTER, build
 from pgtrain.runs import record
 from pgtrain.store import model_store, tensors
 from pgtrain.store.commit_checks import run_record
 from pgtrain.store.inference import load_predictor
 from tests.support import make_mixed_table, mixed_params, planned_run, run_job
-from trainer.booster import BOOSTER, build
 
 pytestmark = pytest.mark.horovod
 

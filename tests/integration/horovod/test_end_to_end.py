@@ -13,8 +13,8 @@ import pytest
 from psycopg import sql
 
 from dev import examples
+from pgtrain.models.spec import ModelSpec
 from pgtrain.runs import record
-from pgtrain.store.model_spec import ModelSpec
 from pgtrain.store.model_store import commit_run, load_tensors
 from tests.conftest import REPO
 

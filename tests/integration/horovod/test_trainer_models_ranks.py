@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from pgtrain.core.errors import TrainingFailed
+from pgtrain.models.network import build_model, state_layout
 from pgtrain.runs import record
 from pgtrain.store import tensors
 from tests.conftest import REPO
 from tests.support import planned_run, run_job, seed_samples
 from tests.unit.test_trainer_models import RESMLP
-from trainer.model import build_model, state_layout
 
 
 def job_output(run: record.Run, db_url: str) -> tuple[list[str], Exception | None]:

@@ -20,9 +20,10 @@ from pgtrain.core.errors import ClaimLost, TrainingFailed, TrainingInputError
 from pgtrain.data import loader, manifest
 from pgtrain.data.source.rows import TRAIN
 from pgtrain.launch import local as launch_local
+from pgtrain.models.network import build_model
+from pgtrain.models.spec import ModelSpec
 from pgtrain.runs import record
 from pgtrain.store import tensors
-from pgtrain.store.model_spec import ModelSpec
 from tests.k8s_sim.airflow_context import task_context
 from tests.support import (
     make_mixed_table,
@@ -33,7 +34,6 @@ from tests.support import (
     seed_samples,
     taken_by_another_run,
 )
-from trainer.model import build_model
 from trainer.optim import Schedule, make_optimizer
 from trainer.train import batch_and_rate, epoch_batches, parse_args, steps_per_epoch
 

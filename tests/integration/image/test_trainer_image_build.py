@@ -21,8 +21,8 @@ from pgtrain.core.database_url import DATABASE_URL_FILE_ENV
 from pgtrain.launch.attempt import start_attempt
 from pgtrain.launch.mpijob.api import DATABASE_MOUNT_PATH, DATABASE_URL_FILE, NON_ROOT_WORKER_COMMAND, SSH_PORT
 from pgtrain.launch.trainer_command import horovodrun_options, trainer_argv
+from pgtrain.models.spec import ModelSpec
 from pgtrain.runs import record
-from pgtrain.store.model_spec import ModelSpec
 from pgtrain.store.model_store import commit_run, load_tensors
 from tests.integration.image.buildah_support import build, output_of, run_in, working_container
 from tests.support import planned_run, seed_samples

@@ -30,7 +30,7 @@ from pgtrain.config.params import NORMALIZATIONS
 from pgtrain.core.errors import ConfigError
 from pgtrain.core.memory import available_bytes
 from pgtrain.data.encoding import Layout, layout_of
-from pgtrain.store.model_spec import BUILTIN_MLP
+from pgtrain.models.spec import BUILTIN_MLP
 
 
 class _Scale(nn.Module):
@@ -180,7 +180,7 @@ def build_model(model_ref: str, input_dim: int, output_dim: int, options: Mappin
     container over its limit is killed, not told): a refusal, which no retry would cure.
     """
     if model_ref == BOOSTED:  # trees, not a network: no factory, no probe (trainer.booster)
-        from trainer import booster
+        from pgtrain.models import booster
 
         return booster.build(input_dim, output_dim, options, encoding, task)
     factory = resolve_factory(model_ref)
