@@ -18,7 +18,7 @@ Both are trained on with feature_columns "*", label_column "label", world_size 2
 two tables in an order that alternates between rounds: ``plan_shards`` of a new run (``plan_run`` +
 ``manifest.plan_shards``), then ``loader.load_shard`` of both ranks' shards of one planned run (one connection,
 as each rank of a 2-rank run loads), then ``predict`` of a committed version (built as the trainer builds it,
-random weights: ``trainer.model.build_model`` with the run's encoding) over the whole table into a new table.
+random weights: ``pgtrain.models.network.build_model`` with the run's encoding) over the whole table into a new table.
 Ratios are per round (text table / integer-code table of the same round), reported as the median over rounds
 (and the min):
 

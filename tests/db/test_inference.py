@@ -23,7 +23,7 @@ from pgtrain.store.tensors import write_staged  # noqa: E402
 
 def commit_random_model(conn: psycopg.Connection, name: str, input_dim: int, output_dim: int,
                         **config) -> torch.nn.Module:
-    """A version of a model built by trainer.model.build_model with random weights and statistics."""
+    """A version of a model built by pgtrain.models.network.build_model with random weights and statistics."""
     config = TrainingConfig(model_name=name, **config)
     model = build_model("mlp", input_dim, output_dim, {"hidden_sizes": list(config.hidden_sizes)}, seed=3)
     generator = torch.Generator().manual_seed(4)

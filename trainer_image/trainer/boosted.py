@@ -6,9 +6,10 @@ Horovod or torch.distributed, local or on Kubernetes); every rank then joins XGB
 merges the ranks' quantile sketches and gradient histograms each round, so every rank grows the same trees.
 Category codes of the encoding are XGBoost categories (``categorical: native``), a numeric NULL is missing
 (the encoding's "was missing" input says where: the imputed mean is put back to NaN), and early stopping follows
-the validation rows. The version holds one tensor: ``booster``, the booster's UBJSON bytes as uint8; trainer.booster
-scores with it behind the same ``forward`` as the MLP's model, so ``load_model``, ``load_predictor`` and
-``predict`` use it unchanged. A warm start (``init_from``) adds rounds to the parent version's trees.
+the validation rows. The version holds one tensor: ``booster``, the booster's UBJSON bytes as uint8;
+pgtrain.models.booster scores with it behind the same ``forward`` as the MLP's model, so ``load_model``,
+``load_predictor`` and ``predict`` use it unchanged. A warm start (``init_from``) adds rounds to the parent
+version's trees.
 """
 
 from __future__ import annotations

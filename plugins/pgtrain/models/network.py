@@ -172,14 +172,14 @@ def build_model(model_ref: str, input_dim: int, output_dim: int, options: Mappin
 
     ``encoding`` (``pgtrain.data.encoding``): input rows with categorical codes are one-hot encoded before the
     network, which is built for (and the factory called with) the encoded width. ``model_ref="xgboost"``: the
-    boosted built-in (``trainer.booster``), for ``task``.
+    boosted built-in (``pgtrain.models.booster``), for ``task``.
 
     The factory's module is probed with a forward pass on a batch of 2 zero rows: it must return
     ``(2, output_dim)``.
     A model larger than the memory this process can still use is refused before it is allocated (a
     container over its limit is killed, not told): a refusal, which no retry would cure.
     """
-    if model_ref == BOOSTED:  # trees, not a network: no factory, no probe (trainer.booster)
+    if model_ref == BOOSTED:  # trees, not a network: no factory, no probe (pgtrain.models.booster)
         from pgtrain.models import booster
 
         return booster.build(input_dim, output_dim, options, encoding, task)

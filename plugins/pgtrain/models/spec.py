@@ -1,6 +1,6 @@
 """What the built-in model's tensors look like, without torch (the name of the built-in model, too).
 
-The trainer's ``trainer.model.build_model("mlp", ...)`` (a ``PgtrainModel`` around the built-in MLP)
+The trainer's ``pgtrain.models.network.build_model("mlp", ...)`` (a ``PgtrainModel`` around the built-in MLP)
 builds exactly these names and shapes (a test holds them together). Any model's full layout is recorded per run in
 ``training_runs.model_layout`` by the trainer.
 """

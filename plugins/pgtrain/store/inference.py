@@ -57,8 +57,8 @@ class Prediction:
 
 
 def load_model(conn_or_url: psycopg.Connection | str, name: str, version: int | str = "head") -> torch.nn.Module:
-    """The version (``"head"`` or a number) as a torch module in eval mode, built by ``trainer.model.build_model``
-    from what the version records and loaded strictly with its state dict.
+    """The version (``"head"`` or a number) as a torch module in eval mode, built by
+    ``pgtrain.models.network.build_model`` from what the version records and loaded strictly with its state dict.
 
     A URL is opened with ``pgtrain.core.db.connect``: a malformed one is a ConfigError that does not quote its
     password."""

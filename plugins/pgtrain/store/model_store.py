@@ -221,7 +221,7 @@ def load_tensors(conn: psycopg.Connection, model_name: str, version: int | None 
 
 
 def export_state_dict(conn: psycopg.Connection, model_name: str, version: int | None, path: Path | str) -> int:
-    """``torch.save`` the version's state dict (loads into ``trainer.model.build_model(...)`` of its spec);
+    """``torch.save`` the version's state dict (loads into ``pgtrain.models.network.build_model(...)`` of its spec);
     returns the version. The tensors share the arrays' memory: one copy of the model in memory."""
     import torch  # only exporting needs torch
 
