@@ -17,11 +17,11 @@ from dev import examples
 from pgtrain.config.params import TrainingConfig
 from pgtrain.core.errors import PgtrainError, SourceError
 from pgtrain.data import key_order, loader, manifest
+from pgtrain.data.source.planned import PlannedRows
 from pgtrain.data.source.resolve import Source, resolve_source
 from pgtrain.data.source.rows import TRAIN, bad_row
 from pgtrain.data.source.snapshot import (
     XID_HORIZON,
-    PlannedRows,
     XidClock,
     planned_rows,
     seen_xmins,

@@ -28,6 +28,7 @@ from pgtrain.data.encoding import ClassCoder
 from pgtrain.data.load_streams import BackStream, BatchSpan, Claims, Stopped
 from pgtrain.data.prefault import prefault_in_background
 from pgtrain.data.row_check import load_refusal
+from pgtrain.data.source.planned import PlannedRows
 from pgtrain.data.source.resolve import Source
 from pgtrain.data.source.rows import (
     TEST,
@@ -40,7 +41,6 @@ from pgtrain.data.source.rows import (
     target_payload,
 )
 from pgtrain.data.source.snapshot import (
-    PlannedRows,
     planned_rows,
     prefer_index_order,
     read_xid_clock,

@@ -30,6 +30,7 @@ from pgtrain.core.errors import SourceError
 from pgtrain.data import encoding, statistics
 from pgtrain.data.key_order import heap_of, key_pass_beside, keys_at, shard_grid
 from pgtrain.data.row_check import BadRows, RowCheck, bad_rows_message, bad_rows_report, check_rows, empty_source
+from pgtrain.data.source.planned import PlannedRows
 from pgtrain.data.source.resolve import COLUMNS, Source, source_from_config
 from pgtrain.data.source.rows import (
     TEST,
@@ -43,7 +44,6 @@ from pgtrain.data.source.rows import (
     target_length,
 )
 from pgtrain.data.source.snapshot import (
-    PlannedRows,
     XidClock,
     read_xid_clock,
     seen_xmins,

@@ -11,16 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import psycopg
 from psycopg import sql
 
 from pgtrain.config.params import ALL_COLUMNS, TASKS, TrainingConfig
 from pgtrain.core.errors import PgtrainError, SourceError
-
-if TYPE_CHECKING:
-    from pgtrain.data.source.snapshot import PlannedRows
+from pgtrain.data.source.planned import PlannedRows
 
 FEATURE_FORMATS = {"real[]": "float4_array", "double precision[]": "float8_array", "bytea": "bytea"}
 ARRAY_ELEMENTS = {"float4_array": "real", "float8_array": "double precision", "int8_array": "bigint"}

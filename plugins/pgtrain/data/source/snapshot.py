@@ -1,6 +1,6 @@
 """Rows as of the planning snapshot: the REPEATABLE READ transaction planning and loading run in, the xid
 clock of a snapshot, and ``planned_rows``: the row was visible to the snapshot the manifest was cut in. Rows
-inserted (or updated) after planning have a newer ``xmin`` and are left out; see ``PlannedRows``.
+inserted (or updated) after planning have a newer ``xmin`` and are left out; see ``planned.PlannedRows``.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -19,39 +18,6 @@ from psycopg.pq import TransactionStatus
 from pgtrain.core.db import connect_like
 from pgtrain.core.errors import PgtrainError, SourceError
 from pgtrain.data.source.resolve import Source
-
-
-@dataclass(frozen=True)
-class PlannedRows:
-    """What compute_shards planned for a run, as the loader needs it to read exactly those rows.
-
-    Rows are selected "as of" the planning snapshot by their ``xmin``, with the snapshot's own rule: a row the
-    loader sees was planned iff its inserting transaction had committed when the snapshot was taken, that is,
-    its xid is below the snapshot's ``xmin``, or below its ``xmax`` and not one of its ``in_progress`` xids
-    (``planned_rows``). That needs no list of the transactions that touched the table, however many there were.
-
-    ``xmin`` is a 32-bit xid that wraps, and VACUUM freezes old rows but keeps their raw (possibly very old)
-    ``xmin``, so such a row's xmin can wrap into the window that is judged by it. Wrapped rows that land on an
-    in-progress xid or at/after ``xmax`` would look new: ``seen_xmins`` lists their raw xmins (planning can tell
-    them apart, since the planning snapshot cannot see a row of such a transaction), complete for xids below
-    ``xid_horizon``; a load that starts later refuses.
-    """
-
-    run_id: str
-    snapshot: str
-    xmin: int  # 64-bit xmin of the planning snapshot
-    xmax: int  # 64-bit xmax of the planning snapshot
-    in_progress: tuple[int, ...]  # raw 32-bit xids the planning snapshot saw as in progress (pg_snapshot_xip)
-    seen_xmins: tuple[int, ...]  # raw 32-bit xmins of wrapped frozen planned rows that look new
-    xid_horizon: int  # 64-bit
-    input_dim: int
-    num_classes: int | None  # classification only
-    exclude_bad_rows: bool
-    batch_rows: int
-    output_dim: int | None = None  # classes, or the regression target's width
-    encoding: dict[str, Any] | None = None  # how the rows become input (pgtrain.data.encoding); None: as they are
-    # The scalar feature columns NULL in some planned row (statistics.nullable_columns); None: any may be.
-    nullable_columns: tuple[str, ...] | None = None
 
 
 @contextmanager
