@@ -1,4 +1,5 @@
-"""Leased locks and fenced parameter writes on a real PostgreSQL, with real processes."""
+"""Leased locks and fenced head moves (``model_store.move_head``, what a commit and a promote write) on a real
+PostgreSQL, with real processes."""
 
 from __future__ import annotations
 
@@ -18,9 +19,23 @@ from psycopg.conninfo import conninfo_to_dict
 from pgtrain.core.errors import LockTimeout, StaleLockToken, TrainingFailed
 from pgtrain.store.catalog import list_locks
 from pgtrain.store.locks import Lease, LockManager, LockNotHeld, fenced, lock_holder
-from pgtrain.store.model_store import get_parameter, parameter_history, read_parameter, update_parameter
+from pgtrain.store.model_store import head_version, model_lock_name, move_head
 
 CTX = mp.get_context("fork")
+
+
+def _versions(conn, model: str, count: int) -> None:
+    """Versions 1..count of ``model`` for its head to point at (their rows only: the head's fencing is tested)."""
+    with conn.transaction():
+        conn.execute("INSERT INTO pgtrain.model_versions (model_name, version, fencing_token) "
+                     "SELECT %s, v, 0 FROM generate_series(1, %s) AS v", (model, count))
+
+
+def _moves(conn, model: str) -> list[tuple[int, int | None, int]]:
+    """(version, previous version, fencing token) of every move of the model's head, oldest first."""
+    with conn.transaction():
+        return conn.execute("SELECT version, previous_version, fencing_token FROM pgtrain.model_head_history "
+                            "WHERE model_name = %s ORDER BY id", (model,)).fetchall()
 
 
 def _report_errors(fn):
@@ -62,12 +77,13 @@ def _incrementer(url, results, worker, increments):
     with psycopg.connect(url, autocommit=True) as conn, \
             LockManager(conn, ttl=5, owner={"task_id": f"worker-{worker}"}) as locks:
         for _ in range(increments):
-            with locks.lock("counter", timeout=60) as lease:
-                update_parameter(conn, "counter", get_parameter(conn, "counter", 0) + 1, lease)
+            with locks.lock(model_lock_name("counter"), timeout=60) as lease:
+                move_head(conn, "counter", (head_version(conn, "counter") or 0) + 1, lease)
     results.put(("done", worker))
 
 
-def test_sixteen_processes_incrementing_one_parameter_lose_no_update(db_url, conn):
+def test_sixteen_processes_moving_one_head_forward_lose_no_move(db_url, conn):
+    _versions(conn, "counter", 400)
     results = CTX.Queue()
     workers = [CTX.Process(target=_incrementer, args=(db_url, results, w, 25)) for w in range(16)]
     for w in workers:
@@ -76,10 +92,10 @@ def test_sixteen_processes_incrementing_one_parameter_lose_no_update(db_url, con
     _join_all(workers)
 
     assert [o for o in outcomes if o[0] == "error"] == []
-    assert read_parameter(conn, "counter") == (400, 400)
-    history = parameter_history(conn, "counter")
-    assert [v for v, _, _ in history] == list(range(1, 401)), "versions are contiguous"
-    assert [value for _, value, _ in history] == list(range(1, 401)), "each write saw the previous one"
+    assert head_version(conn, "counter") == 400
+    history = _moves(conn, "counter")
+    assert [v for v, _, _ in history] == list(range(1, 401)), "each move went one version further"
+    assert [previous for _, previous, _ in history] == [None, *range(1, 400)], "each move saw the previous one"
     tokens = [t for _, _, t in history]
     assert all(a < b for a, b in zip(tokens, tokens[1:], strict=False)), "fencing tokens strictly increase"
     assert list_locks(conn)[0]["owner"] is None
@@ -92,10 +108,11 @@ def _holder_killed_mid_write(url, results, ttl):
     locks = LockManager(conn, ttl=ttl, owner={"task_id": "doomed"})
     lease = locks.acquire_lock("model:m", timeout=5)
     time.sleep(ttl * 1.5)  # the heartbeat keeps the lease alive past one ttl
-    with fenced(conn, lease):
-        conn.execute("UPDATE pgtrain.parameters SET value = '999', version = version + 1 WHERE name = 'p'")
-        conn.execute("INSERT INTO pgtrain.parameter_history (name, version, value, fencing_token) "
-                     "VALUES ('p', 2, '999', %s)", (lease.token,))
+    with fenced(conn, lease):  # move_head's writes, stopped before its transaction commits
+        conn.execute("UPDATE pgtrain.model_heads SET version = 2, fencing_token = %s WHERE model_name = 'm'",
+                     (lease.token,))
+        conn.execute("INSERT INTO pgtrain.model_head_history (model_name, version, previous_version, fencing_token, "
+                     "action) VALUES ('m', 2, 1, %s, 'promote')", (lease.token,))
         results.put(("in critical section", lease.token))
         time.sleep(600)
 
@@ -116,8 +133,9 @@ def _start(target, db_url: str, ttl: float, expect: str):
 
 def test_holder_killed_with_sigkill_frees_the_lock_within_its_ttl_and_leaves_nothing_half_written(db_url, conn):
     ttl = 1.0
+    _versions(conn, "m", 3)
     with LockManager(db_url, ttl=ttl) as setup, setup.lock("model:m") as lease:
-        update_parameter(conn, "p", 1, lease)
+        move_head(conn, "m", 1, lease)
     holder, results, token = _start(_holder_killed_mid_write, db_url, ttl, expect="in critical section")
     try:
 
@@ -131,9 +149,9 @@ def test_holder_killed_with_sigkill_frees_the_lock_within_its_ttl_and_leaves_not
 
             assert waited < ttl + 1.0, f"lock free again {waited:.2f}s after SIGKILL (ttl {ttl}s)"
             assert lease.token > token
-            assert read_parameter(conn, "p") == (1, 1), "the killed holder's writes were rolled back"
-            assert [v for v, _, _ in parameter_history(conn, "p")] == [1]
-            assert update_parameter(conn, "p", 2, lease) == 2
+            assert head_version(conn, "m") == 1, "the killed holder's writes were rolled back"
+            assert [v for v, _, _ in _moves(conn, "m")] == [1]
+            assert move_head(conn, "m", 3, lease).previous_version == 1
     finally:
         holder.kill()
         holder.join()
@@ -145,11 +163,11 @@ def _paused_holder(url, results, ttl):
     with psycopg.connect(url, autocommit=True) as conn, \
             LockManager(conn, ttl=ttl, owner={"task_id": "sleepy"}) as locks:
         lease = locks.acquire_lock("params", timeout=5)
-        update_parameter(conn, "lr", 0.1, lease)
+        move_head(conn, "lr", 1, lease)
         results.put(("holding", lease.token))
         os.kill(os.getpid(), signal.SIGSTOP)  # the parent lets it sleep past its lease, then SIGCONTs it
         try:
-            update_parameter(conn, "lr", 0.3, lease)
+            move_head(conn, "lr", 3, lease)
             results.put(("written", None))
         except StaleLockToken as refused:
             results.put(("refused", str(refused)))
@@ -158,6 +176,7 @@ def _paused_holder(url, results, ttl):
 
 def test_stale_holder_writing_with_its_old_token_is_refused_and_changes_nothing(db_url, conn):
     ttl = 0.6
+    _versions(conn, "lr", 3)
     stale, results, old_token = _start(_paused_holder, db_url, ttl, expect="holding")
     try:
         deadline = time.monotonic() + 10
@@ -168,7 +187,7 @@ def test_stale_holder_writing_with_its_old_token_is_refused_and_changes_nothing(
         with LockManager(db_url, ttl=5) as locks:
             lease = locks.acquire_lock("params", timeout=5)  # taken over once the paused holder's lease expires
             assert lease.token > old_token
-            assert update_parameter(conn, "lr", 0.2, lease) == 2
+            assert move_head(conn, "lr", 2, lease).previous_version == 1
             os.kill(stale.pid, signal.SIGCONT)
             outcome = results.get(timeout=20)
             released = results.get(timeout=20)
@@ -177,8 +196,8 @@ def test_stale_holder_writing_with_its_old_token_is_refused_and_changes_nothing(
             assert outcome[0] == "refused", outcome
             assert f"token {old_token} is no longer current" in outcome[1]
             assert released == ("released", False), "its release did not free the new holder's lock"
-            assert read_parameter(conn, "lr") == (0.2, 2)
-            assert [(v, value) for v, value, _ in parameter_history(conn, "lr")] == [(1, 0.1), (2, 0.2)]
+            assert head_version(conn, "lr") == 2
+            assert [v for v, _, _ in _moves(conn, "lr")] == [1, 2]
             assert locks.holder("params")["token"] == lease.token
     finally:
         if stale.is_alive():
@@ -187,22 +206,25 @@ def test_stale_holder_writing_with_its_old_token_is_refused_and_changes_nothing(
 
 
 def test_a_write_older_than_the_newest_token_seen_is_refused_even_under_a_live_lease(db_url, conn):
+    _versions(conn, "shared", 2)
     with LockManager(db_url, ttl=5) as locks:
         older = locks.acquire_lock("lock-a")
         newer = locks.acquire_lock("lock-b")
-        update_parameter(conn, "shared", "from b", newer)
-        with pytest.raises(StaleLockToken, match=f"written with token {newer.token}, newer than yours"):
-            update_parameter(conn, "shared", "from a", older)
-    assert read_parameter(conn, "shared") == ("from b", 1)
+        move_head(conn, "shared", 1, newer)
+        with pytest.raises(StaleLockToken, match=rf"moved with a newer token than yours \({older.token}\)"):
+            move_head(conn, "shared", 2, older)
+    assert head_version(conn, "shared") == 1
+    assert [(v, token) for v, _, token in _moves(conn, "shared")] == [(1, newer.token)]
 
 
 def test_an_expired_lease_cannot_write_even_before_anyone_takes_it_over(db_url, conn):
+    _versions(conn, "lr", 1)
     with LockManager(db_url, ttl=0.3, heartbeat=False) as locks:
         lease = locks.acquire_lock("params")
         time.sleep(0.4)
         with pytest.raises(StaleLockToken, match="expired at"):
-            update_parameter(conn, "lr", 1.0, lease)
-    assert read_parameter(conn, "lr") is None
+            move_head(conn, "lr", 1, lease)
+    assert head_version(conn, "lr") is None
 
 
 # -- timeouts, non-holders, wake-up, heartbeat ------------------------------------------------------------
@@ -267,7 +289,8 @@ def test_heartbeat_keeps_a_long_holder_s_lease_and_tokens_only_grow(db_url, conn
             with pytest.raises(LockTimeout):
                 other.acquire_lock("long", timeout=0)
         assert lease.expires_at > first_expiry and lease.lost is None
-        assert update_parameter(conn, "x", 1, lease) == 1
+        _versions(conn, "x", 1)
+        assert move_head(conn, "x", 1, lease).fencing_token == lease.token
         assert holder.release_lock("long") is True
         with pytest.raises(LockNotHeld):
             holder.release_lock("long")
@@ -368,6 +391,7 @@ def test_a_waiter_whose_connection_is_terminated_still_takes_the_lock_when_it_is
 
 
 def test_a_token_older_than_the_newest_is_still_refused_after_a_reconnect(db_url, pg_admin_url, conn):
+    _versions(conn, "lr", 2)
     with LockManager(db_url, ttl=30, heartbeat=False, owner={"task_id": "stale"}) as stale:
         old = stale.acquire_lock("params", timeout=0)
         _terminate(pg_admin_url, db_url)
@@ -378,11 +402,11 @@ def test_a_token_older_than_the_newest_is_still_refused_after_a_reconnect(db_url
                 stale.renew(old)
             assert old.lost is not None and old.lost_event.is_set()
             with pytest.raises(StaleLockToken, match=f"token {old.token} is no longer current"):
-                update_parameter(conn, "lr", 0.1, old)
+                move_head(conn, "lr", 1, old)
             assert stale.release(old) is False, "the stale holder's release frees nothing"
             assert newer.holder("params")["token"] == lease.token
-            assert update_parameter(conn, "lr", 0.2, lease) == 1
-    assert read_parameter(conn, "lr") == (0.2, 1)
+            assert move_head(conn, "lr", 2, lease).previous_version is None
+    assert head_version(conn, "lr") == 2
 
 
 def test_a_commit_whose_lock_connection_is_terminated_while_it_holds_the_lock_commits_and_frees_it(

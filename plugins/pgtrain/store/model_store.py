@@ -1,4 +1,4 @@
-"""Versioned model store and small-parameter store, every write fenced by a lock lease.
+"""Versioned model store, every write fenced by a lock lease.
 
 A model version is immutable: its tensors, metrics, the run that produced it and the fencing token
 that committed it. ``pgtrain.model_heads`` points at the version in use. Committing a run and moving
@@ -238,7 +238,14 @@ def promote(conn: psycopg.Connection, model_name: str, version: int, owner: Mapp
     """Point the head at an existing version (promote a newer one or roll back to an older one), under the lock."""
     _require_no_transaction(conn, "promote")
     with LockManager(conn, ttl=ttl, owner=owner) as locks, \
-            locks.lock(model_lock_name(model_name), timeout=lock_timeout) as lease, fenced(conn, lease):
+            locks.lock(model_lock_name(model_name), timeout=lock_timeout) as lease:
+        return move_head(conn, model_name, version, lease)
+
+
+def move_head(conn: psycopg.Connection, model_name: str, version: int, lease: Lease) -> HeadMove:
+    """Point the head at an existing version under ``lease`` (the model's lock, taken by the caller), in one fenced
+    transaction: StaleLockToken when the lease is no longer current or the head was moved with a newer token."""
+    with fenced(conn, lease):
         exists = conn.execute("SELECT 1 FROM pgtrain.model_versions WHERE model_name = %s AND version = %s",
                               (model_name, version)).fetchone()
         if not exists:
@@ -276,58 +283,6 @@ def collect_garbage(conn: psycopg.Connection, model_name: str, keep: int, force:
             conn.execute("DELETE FROM pgtrain.model_versions WHERE model_name = %s AND version = ANY(%s)",
                          (model_name, doomed))
     return doomed
-
-
-# -- small named parameters -----------------------------------------------------------------------------
-def get_parameter(conn: psycopg.Connection, name: str, default: Any = None) -> Any:
-    """The current value of parameter ``name`` (any JSON value), or ``default`` when it was never written."""
-    found = read_parameter(conn, name)
-    return default if found is None else found[0]
-
-
-def read_parameter(conn: psycopg.Connection, name: str) -> tuple[Any, int] | None:
-    """(value, version) of parameter ``name``, or None."""
-    with conn.transaction():
-        row = conn.execute("SELECT value, version FROM pgtrain.parameters WHERE name = %s", (name,)).fetchone()
-    return None if row is None else (row[0], row[1])
-
-
-def update_parameter(conn: psycopg.Connection, name: str, value: Any, lease: Lease) -> int:
-    """Write a new version of parameter ``name`` under ``lease``; returns the version written.
-
-    Refused with StaleLockToken when the lease is no longer current, or when the parameter was
-    already written with a newer token. Guard one parameter with one lock.
-    """
-    with fenced(conn, lease):
-        row = conn.execute(
-            """INSERT INTO pgtrain.parameters AS p (name, value, version, fencing_token, lock_name)
-               VALUES (%(name)s, %(value)s, 1, %(token)s, %(lock)s)
-               ON CONFLICT (name) DO UPDATE
-                  SET value = EXCLUDED.value, version = p.version + 1, fencing_token = EXCLUDED.fencing_token,
-                      lock_name = EXCLUDED.lock_name, updated_at = now()
-                  WHERE p.fencing_token <= EXCLUDED.fencing_token
-               RETURNING version""",
-            {"name": name, "value": Jsonb(value), "token": lease.token, "lock": lease.name},
-        ).fetchone()
-        if row is None:
-            newest = conn.execute("SELECT fencing_token FROM pgtrain.parameters WHERE name = %s", (name,)).fetchone()
-            raise StaleLockToken(f"write to parameter {name!r} refused: it was written with token {newest[0]}, "
-                                 f"newer than yours ({lease.token})")
-        conn.execute(
-            """INSERT INTO pgtrain.parameter_history (name, version, value, fencing_token)
-               VALUES (%s, %s, %s, %s)""",
-            (name, row[0], Jsonb(value), lease.token),
-        )
-    return row[0]
-
-
-def parameter_history(conn: psycopg.Connection, name: str) -> list[tuple[int, Any, int]]:
-    """(version, value, fencing_token) of every write of ``name``, oldest first."""
-    with conn.transaction():
-        return conn.execute(
-            "SELECT version, value, fencing_token FROM pgtrain.parameter_history WHERE name = %s ORDER BY version",
-            (name,),
-        ).fetchall()
 
 
 # -- internals ------------------------------------------------------------------------------------------
