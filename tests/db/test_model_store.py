@@ -604,3 +604,19 @@ def test_a_commit_refuses_staged_tensors_rewritten_after_it_checked_them(db_url,
     assert all(loaded[n].tobytes() == a.tobytes() for n, a in custom(1).items())
     assert aconn.execute("SELECT count(*) FROM pgtrain.tensor_chunks WHERE blob_id NOT IN "
                          "(SELECT blob_id FROM pgtrain.model_tensors)").fetchone() == (0,), "no chunk left behind"
+
+
+def test_a_version_recorded_by_an_earlier_pgtrain_is_read_in_the_current_shape(conn):
+    """Every read of a version's spec goes through the one converter (pgtrain.data.upgrade), not a branch."""
+    from psycopg.types.json import Jsonb
+
+    from pgtrain.store.model_store import version_layout
+    from tests.unit.test_version_upgrade import FROM_MIGRATION_004
+
+    with conn.transaction():
+        conn.execute("INSERT INTO pgtrain.model_versions (model_name, version, fencing_token, spec) "
+                     "VALUES ('old', 1, 1, %s)", (Jsonb(FROM_MIGRATION_004),))
+    _, spec, _ = version_layout(conn, "old", 1)
+    assert spec["backend"] == "horovod" and spec["encoding"] is None
+    assert spec["model_options"] == {"hidden_sizes": [32, 16], "dropout": 0.0, "normalization": "none"}
+    assert get_version(conn, "old", 1)["spec"] == spec

@@ -49,6 +49,7 @@ from pgtrain.data.source.snapshot import (
     seen_xmins,
     snapshot_transaction,
 )
+from pgtrain.data.upgrade import current_record
 from pgtrain.data.wire import record_dtype
 from pgtrain.runs import record
 from pgtrain.runs.record import Shard
@@ -170,7 +171,7 @@ def parent_encoding(conn: psycopg.Connection, run: record.Run, source: Source) -
                        (run.model_name, version)).fetchone()
     if row is None:
         return None
-    return {**encoding.of_version(row[0] or {}, source), "version": version}
+    return {**encoding.of_version(current_record(row[0]), source), "version": version}
 
 
 # Key types whose keys the check scan can hand over as int8s (their order is the integers' order).

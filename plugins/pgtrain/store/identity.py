@@ -19,6 +19,7 @@ import psycopg
 from pgtrain.config.params import TrainingConfig
 from pgtrain.core.errors import ConfigError, SourceError
 from pgtrain.data.source.resolve import COLUMNS, source_from_config
+from pgtrain.data.upgrade import current_record
 from pgtrain.runs.record import Run, set_status
 
 # The facts of a data identity: (the version spec's key, how a message names it).
@@ -74,12 +75,13 @@ def check_run(conn: psycopg.Connection, run: Run) -> None:
         return
     row = conn.execute("SELECT spec FROM pgtrain.model_versions WHERE model_name = %s AND version = %s",
                        (run.model_name, run.base_version)).fetchone()
-    identity = of_run(conn, run.config) if row and row[0] else None
-    found = differences(conn, row[0], identity) if identity is not None else []
+    head = current_record(row[0] if row else None)
+    identity = of_run(conn, run.config) if head else None
+    found = differences(conn, head, identity) if identity is not None else []
     if not found:
         return
     reason = (f"model {run.model_name!r} is bound to the data its head version {run.base_version} learned from: "
-              f"{describe(row[0])}; this run has {'; '.join(found)}. Choose another model_name for a model of this "
+              f"{describe(head)}; this run has {'; '.join(found)}. Choose another model_name for a model of this "
               f"data, or ask the DAG's author to allow re-targeting the model ({RETARGET_HINT})")
     set_status(conn, run.run_id, "refused", reason)
     raise ConfigError(reason)

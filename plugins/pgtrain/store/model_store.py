@@ -21,6 +21,7 @@ from psycopg.types.json import Jsonb
 
 from pgtrain.config.metrics import FIGURES_FROM
 from pgtrain.core.errors import CommitRejected, PgtrainError, StaleLockToken
+from pgtrain.data.upgrade import current_record
 from pgtrain.runs.record import epoch_metrics, get_run, kept_epoch, set_status
 from pgtrain.store import identity, tensors
 from pgtrain.store.commit_checks import (
@@ -189,7 +190,7 @@ def get_version(conn: psycopg.Connection, model_name: str, version: int | None =
                WHERE model_name = %s AND version = %s ORDER BY name""",
             (model_name, row["version"]),
         ).fetchall()
-    return row
+    return {**row, "spec": current_record(row["spec"])}
 
 
 def version_layout(conn: psycopg.Connection, model_name: str, version: int | None = None
@@ -205,7 +206,7 @@ def version_layout(conn: psycopg.Connection, model_name: str, version: int | Non
         infos = [tensors.TensorInfo(n, tuple(s), d, b, blob_id=i) for n, s, d, b, i in conn.execute(
             """SELECT name, shape, dtype, nbytes, blob_id FROM pgtrain.model_tensors
                WHERE model_name = %s AND version = %s ORDER BY name""", (model_name, version))]
-    return version, row[0] or {}, infos
+    return version, current_record(row[0]), infos
 
 
 def load_tensors(conn: psycopg.Connection, model_name: str, version: int | None = None
@@ -306,12 +307,13 @@ def _version_of_run(conn: psycopg.Connection, run_id: str) -> CommitResult | Non
 
 def _head_for_update(conn: psycopg.Connection, model_name: str) -> dict[str, Any] | None:
     with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(
+        head = cur.execute(
             """SELECT h.version, h.fencing_token, v.metrics, v.spec FROM pgtrain.model_heads h
                JOIN pgtrain.model_versions v USING (model_name, version)
                WHERE h.model_name = %s FOR UPDATE OF h""",
             (model_name,),
         ).fetchone()
+    return None if head is None else {**head, "spec": current_record(head["spec"])}
 
 
 def _write_version(conn: psycopg.Connection, model_name: str, run_id: str, lease: Lease,
