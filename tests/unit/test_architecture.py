@@ -21,6 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
     # store.inference rebuilds a version with the trainer's model builders (the networks', the booster's)
     ("pgtrain.store", "trainer.model", "trainer.booster"),
     ("pgtrain.launch",),
+    ("pgtrain.planning",),  # planning a run: admission, capacity, freshness, the shards
     ("trainer",),  # a rank's code: python -m trainer
     ("pgtrain.airflow.dag", "pgtrain.cli"),
     ("pgtrain.airflow.local", "pgtrain.airflow.kubernetes", "pgtrain.airflow.triggers", "pgtrain.airflow.ui"),
