@@ -82,9 +82,11 @@ def plan_shards_checked(conn: psycopg.Connection, run_id: str, author: AuthorSet
     return plan
 
 
-def plan_training(conn: psycopg.Connection, config: TrainingConfig, author: AuthorSettings, dag_id: str,
-                  dag_run_id: str) -> record.Run:
-    """A run triggered by hand, planned as the DAG's plan_run and compute_shards do: the run with its dimensions."""
+def plan_training(conn: psycopg.Connection, config: TrainingConfig, dag_id: str, dag_run_id: str,
+                  author: AuthorSettings | None = None) -> record.Run:
+    """A run triggered by hand, planned as the DAG's plan_run and compute_shards do: the run with its dimensions.
+    ``author``: the DAG's settings; None: ``author_admitting`` the config (tests, benchmarks)."""
+    author = author or author_admitting(conn, config)
     run = admit_run(conn, config, author, dag_id, dag_run_id)
     assert isinstance(run, record.Run)  # only a scheduled run skips
     plan_shards_checked(conn, run.run_id, author)
