@@ -54,6 +54,7 @@ from pgtrain.data import encoding, loader, manifest
 from pgtrain.data.source.resolve import CATEGORY, source_from_config
 from pgtrain.data.source.snapshot import snapshot_transaction
 from pgtrain.data.statistics import vocabularies
+from pgtrain.planning.plan import admit_run, author_admitting, plan_shards_checked
 from pgtrain.runs import record
 
 TEXT, CODES = "bench_cat_text", "bench_cat_codes"
@@ -109,10 +110,13 @@ def generate(conn: psycopg.Connection, rows: int) -> None:
 
 
 def plan(conn: psycopg.Connection, table: str, name: str) -> tuple[record.Run, float]:
-    """A new run of ``table`` planned with plan_shards: (the planned run, plan_shards seconds)."""
-    run = record.plan_run(conn, DAG_ID, name, config_for(table))
+    """A new run of ``table`` planned as compute_shards does (plan_shards_checked): (the planned run, its
+    seconds)."""
+    config = config_for(table)
+    author = author_admitting(conn, config)
+    run = admit_run(conn, config, author, DAG_ID, name)
     with stopwatch() as planning:
-        manifest.plan_shards(conn, run)
+        plan_shards_checked(conn, run.run_id, author)
     return record.get_run(conn, run.run_id), planning()
 
 

@@ -54,6 +54,7 @@ from common import bench_database, interleaved, report, write_synthetic
 
 from pgtrain.config.params import TrainingConfig
 from pgtrain.data import loader, manifest
+from pgtrain.planning.plan import plan_training
 from pgtrain.runs import record
 
 QUICK = "--quick" in sys.argv
@@ -74,9 +75,7 @@ CPU_VARIANTS = ["device", "device_bf16", "plain", "plain_bf16"]  # page-locked m
 def plan(conn: psycopg.Connection, world_size: int, **params: object) -> record.Run:
     config = TrainingConfig.from_mapping({"source_table": f"public.{TABLE}", "epochs": EPOCHS, "checkpoint_every": 0,
                                           "world_size": world_size, "early_stopping_patience": 0, **params})
-    run = record.plan_run(conn, "bench_gpu", f"{world_size}-{time.time_ns()}", config)
-    manifest.plan_shards(conn, run)
-    return record.get_run(conn, run.run_id)
+    return plan_training(conn, config, "bench_gpu", f"{world_size}-{time.time_ns()}")
 
 
 def size_round(run_id: str, url: str, order: list[str]) -> dict[str, dict[str, float]]:

@@ -296,7 +296,7 @@ def prepare(url: str, rows: int, dim: int, layouts: list[str]) -> dict[str, dict
 
     from dev import examples
     from pgtrain.config.params import TrainingConfig
-    from pgtrain.data import manifest
+    from pgtrain.planning.plan import plan_training
     from pgtrain.runs import record
 
     features, labels = examples.synthetic(rows, dim, classes=10, seed=0)
@@ -318,8 +318,8 @@ def prepare(url: str, rows: int, dim: int, layouts: list[str]) -> dict[str, dict
             conn.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(*table)))
             print(f"  wrote {rows} x {dim} as {layout} in {time.perf_counter() - start:.1f} s", flush=True)
             config = TrainingConfig(world_size=1, source_table=".".join(table), num_classes=10, **params)
-            run = record.plan_run(conn, "bench_loader", layout, config)
-            shard = manifest.plan_shards(conn, run).shards[0]
+            run = plan_training(conn, config, "bench_loader", layout)
+            shard = record.get_manifest(conn, run.run_id)[0]
             (mid,) = conn.execute(sql.SQL("SELECT percentile_disc(0.5) WITHIN GROUP (ORDER BY id) FROM {} "
                                           "WHERE id BETWEEN %s AND %s").format(sql.Identifier(*table)),
                                   (int(shard.key_lo), int(shard.key_hi))).fetchone()

@@ -46,6 +46,7 @@ from pgtrain.data import key_order, loader, manifest, row_check
 from pgtrain.data.source.resolve import resolve_source
 from pgtrain.data.source.rows import bad_row
 from pgtrain.data.source.snapshot import read_xid_clock, snapshot_transaction
+from pgtrain.planning.plan import admit_run, author_admitting, plan_shards_checked
 from pgtrain.runs import record
 
 TABLE = "bench_manifest"
@@ -109,9 +110,11 @@ def measure(contender: str, url: str, world_size: int) -> dict[str, object]:
             return {"seconds": time.perf_counter() - start, "checksum": list(found)}
         if contender == "plan_one_connection":
             manifest.key_pass_beside = lambda *args: None  # as when a second connection is refused
-        run = record.plan_run(conn, "bench_manifest", f"{contender}-{uuid.uuid4().hex[:8]}", config_for(world_size))
+        config = config_for(world_size)
+        author = author_admitting(conn, config)
+        run = admit_run(conn, config, author, "bench_manifest", f"{contender}-{uuid.uuid4().hex[:8]}")
         start = time.perf_counter()
-        manifest.plan_shards(conn, run)
+        plan_shards_checked(conn, run.run_id, author)
         seconds = time.perf_counter() - start
         return {"seconds": seconds, "checksum": written_plan(conn, run.run_id), "run_id": run.run_id}
 

@@ -160,8 +160,7 @@ def prepare(url: str, rows: int, dim: int) -> None:
 
     from dev import examples
     from pgtrain.config.params import TrainingConfig
-    from pgtrain.data import manifest
-    from pgtrain.runs import record
+    from pgtrain.planning.plan import plan_training
 
     features, labels = examples.synthetic(rows, dim, classes=10, seed=0)
     keys = examples.synthetic_keys(rows)
@@ -174,9 +173,7 @@ def prepare(url: str, rows: int, dim: int) -> None:
             conn.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(table)))
         print(f"  wrote {rows} x {dim} real[] (and {small}) in {time.perf_counter() - start:.1f} s", flush=True)
         config = TrainingConfig(model_name=MODEL, world_size=1, source_table=f"public.{TABLE}", num_classes=10)
-        run = record.plan_run(conn, "bench_predict", MODEL, config)
-        manifest.plan_shards(conn, run)
-        commit_version(conn, record.get_run(conn, run.run_id))
+        commit_version(conn, plan_training(conn, config, "bench_predict", MODEL))
 
 
 def summarize(measured: dict[str, list[dict]]) -> dict[str, float | int | str]:

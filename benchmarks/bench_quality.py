@@ -73,6 +73,7 @@ from pgtrain.config.params import TrainingConfig
 from pgtrain.data import manifest
 from pgtrain.data.source.rows import is_held_out, is_test, is_validation
 from pgtrain.launch import local as launch_local
+from pgtrain.planning.plan import admit_run, author_admitting, plan_shards_checked
 from pgtrain.runs import record
 from pgtrain.store.model_store import commit_run, get_version
 
@@ -153,7 +154,8 @@ def config_for(table: Table) -> TrainingConfig:
 def train(conn: psycopg.Connection, url: str, table: Table) -> tuple[record.Run, dict, float]:
     """Plan, train (local horovodrun) and commit a run of ``table``: (the run, the version's metrics, seconds)."""
     config = config_for(table)
-    run = record.plan_run(conn, DAG_ID, f"{table.name}-{time.time_ns()}", config)
+    author = author_admitting(conn, config)
+    run = admit_run(conn, config, author, DAG_ID, f"{table.name}-{time.time_ns()}")
     log = logging.getLogger(f"bench.quality.{table.name}")
     lines: list[str] = []
     handler = logging.Handler()
@@ -162,7 +164,7 @@ def train(conn: psycopg.Connection, url: str, table: Table) -> tuple[record.Run,
     log.propagate = False
     log.setLevel(logging.INFO)
     with stopwatch() as training:
-        manifest.plan_shards(conn, run)
+        plan_shards_checked(conn, run.run_id, author)
         try:
             launch_local.run_local(run.run_id, config.world_size, url, log, timeout_seconds=1800)
         except Exception:

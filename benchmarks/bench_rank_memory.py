@@ -34,8 +34,7 @@ import psycopg
 from common import bench_database, report, write_synthetic
 
 from pgtrain.config.params import TrainingConfig
-from pgtrain.data import manifest
-from pgtrain.runs import record
+from pgtrain.planning.plan import plan_training
 
 SIZES = [int(n) for n in os.environ.get("PGTRAIN_BENCH_MEMORY_ROWS", "1000000,4000000").split(",")]
 DIM, CLASSES, EPOCHS = 64, 4, 2
@@ -46,8 +45,7 @@ def rank_peak(conn: psycopg.Connection, url: str, table: str) -> int:
     """Plan one run on ``table`` and train it in a fresh process; the rank's peak RSS in bytes."""
     config = TrainingConfig.from_mapping({"source_table": f"public.{table}", "epochs": EPOCHS,
                                           "checkpoint_every": 0, "world_size": 1})
-    run = record.plan_run(conn, "bench_rank_memory", f"{table}-{time.time_ns()}", config)
-    manifest.plan_shards(conn, run)
+    run = plan_training(conn, config, "bench_rank_memory", f"{table}-{time.time_ns()}")
     out = subprocess.run([sys.executable, __file__, "--job", run.run_id, url], check=True, stdout=subprocess.PIPE,
                          text=True).stdout
     return json.loads(out.splitlines()[-1])["children_maxrss_kb"] * 1024

@@ -51,8 +51,8 @@ from common import bench_database, report
 
 from dev import examples
 from pgtrain.config.params import TrainingConfig
-from pgtrain.data import manifest
 from pgtrain.launch import local as launch_local
+from pgtrain.planning.plan import plan_training
 from pgtrain.runs import record
 from trainer.train import batch_and_rate
 
@@ -69,9 +69,7 @@ PLAIN_SETTINGS = {"default_threads": (None, False), "1_thread": (1, False), "pas
 def horovod_run(conn: psycopg.Connection, url: str, name: str, **params: object) -> dict[str, float]:
     """Plan and train one run through the local launcher; its resolved batch, rate and median samples/s."""
     config = TrainingConfig.from_mapping({"epochs": EPOCHS, "checkpoint_every": 0, **params})
-    run = record.plan_run(conn, "bench_training", f"{name}-{time.time_ns()}", config)
-    manifest.plan_shards(conn, run)
-    run = record.get_run(conn, run.run_id)
+    run = plan_training(conn, config, "bench_training", f"{name}-{time.time_ns()}")
     lines: list[str] = []
     log = logging.getLogger(f"bench.{name}")
     log.propagate = False

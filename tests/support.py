@@ -14,8 +14,9 @@ import psycopg
 
 from dev import examples
 from pgtrain.config.params import TrainingConfig
-from pgtrain.data import manifest
+from pgtrain.config.settings import AuthorSettings
 from pgtrain.launch import local as launch_local
+from pgtrain.planning.plan import plan_training
 from pgtrain.runs import record
 
 
@@ -34,11 +35,12 @@ def seed_noise(conn: psycopg.Connection, rows: int, dim: int = 8, seed: int = 3)
                         [(i + 1, rng.normal(size=dim).tolist(), int(rng.integers(0, 2))) for i in range(rows)])
 
 
-def planned_run(conn: psycopg.Connection, dag_run_id: str = "test-run", **params) -> record.Run:
-    """plan_run + compute_shards, as the DAG's first tasks do; returns the run with its dimensions."""
-    run = record.plan_run(conn, "pgtrain_test", dag_run_id, TrainingConfig.from_mapping(params))
-    manifest.plan_shards(conn, run)
-    return record.get_run(conn, run.run_id)
+def planned_run(conn: psycopg.Connection, dag_run_id: str = "test-run", *, author: AuthorSettings | None = None,
+                **params) -> record.Run:
+    """A run triggered by hand, planned by the functions the DAG's plan_run and compute_shards call (admission,
+    capacity, shards); returns the run with its dimensions. ``author``: the DAG's settings; by default ones that
+    admit the params as they are."""
+    return plan_training(conn, TrainingConfig.from_mapping(params), "pgtrain_test", dag_run_id, author)
 
 
 # Params of the example tables of dev.examples (load them with examples.load_breast_cancer / load_diabetes).

@@ -49,10 +49,7 @@ def make_people(conn: psycopg.Connection, rows: int = 800) -> None:
 
 def admitted_run(conn: psycopg.Connection, settings: AuthorSettings, dag_run_id: str = "r", **params) -> record.Run:
     """plan_run as the DAG's task does it (the author's settings admit the config), then compute_shards."""
-    config = policy.admit(conn, TrainingConfig.from_mapping(params), settings)
-    run = record.plan_run(conn, "pgtrain_test", dag_run_id, config)
-    manifest.plan_shards(conn, run)
-    return record.get_run(conn, run.run_id)
+    return planned_run(conn, dag_run_id, author=settings, **params)
 
 
 def everything_stored(conn: psycopg.Connection) -> str:

@@ -12,7 +12,6 @@ import pytest
 from pgtrain.airflow.ui import charts
 from pgtrain.airflow.ui import html as ui_html
 from pgtrain.airflow.ui import render as ui_render
-from pgtrain.airflow.ui.app import version_configs
 from pgtrain.config.metrics import CONFUSION_MATRIX, METRICS
 from pgtrain.data.encoding import UNSEEN_CLASS
 from pgtrain.data.metrics import classification_metrics
@@ -37,7 +36,7 @@ def test_catalog_lists_models_versions_head_moves_and_runs(db_url, autocommit):
     assert [(v["version"], v["is_head"], v["dag_run_id"]) for v in versions] == [
         (1, True, "manual__1"), (2, False, "manual__2")]
     assert all(v["dag_id"] == "pgtrain_training" and "parent_version" in v for v in versions)
-    configs = version_configs(autocommit, MODEL)  # the versions table's "changed" column
+    configs = catalog.version_configs(autocommit, MODEL)  # the versions table's "changed" column
     assert sorted(configs) == [1, 2] and all(c["model_name"] == MODEL for c in configs.values())
     assert [(h["previous_version"], h["version"], h["action"]) for h in catalog.head_history(autocommit, MODEL)] == [
         (None, 1, "commit"), (1, 2, "commit"), (2, 1, "promote")]

@@ -72,7 +72,7 @@ def test_every_column_of_a_real_table_is_planned_by_its_catalog_type(ac):
 
 def test_the_loader_encodes_each_row_as_the_python_encoder_does(ac, small_batches):
     make_mixed_table(ac, 400)
-    run = planned_run(ac, world_size=3, **mixed_params())
+    run = planned_run(ac, world_size=3, launcher="kubernetes", **mixed_params())  # 3 ranks on a 2-CPU machine
     features, labels = loaded(ac, run)
     raw = rows_of(ac, "SELECT * FROM public.penguins ORDER BY id")
     expected = encoding.input_rows(encoding.columns_of(run.encoding), raw)

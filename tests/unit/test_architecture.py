@@ -5,6 +5,7 @@ module imports another in a circle, counting imports made inside functions; for 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("pgtrain.models",),  # the model builders: the trainer trains what they build, store.inference rebuilds versions
     ("pgtrain.store",),
     ("pgtrain.launch",),
+    ("pgtrain.planning",),  # planning a run: admission, capacity, freshness, the shards
     ("trainer",),  # a rank's code: python -m trainer
     ("pgtrain.airflow.dag", "pgtrain.cli"),
     ("pgtrain.airflow.local", "pgtrain.airflow.kubernetes", "pgtrain.airflow.triggers", "pgtrain.airflow.ui"),
@@ -155,3 +157,15 @@ def test_every_import_of_a_pgtrain_name_resolves():
                 if not hasattr(target, alias.name) and not is_module(f"{node.module}.{alias.name}"):
                     missing.append(f"{module}: from {node.module} import {alias.name}")
     assert not missing, missing
+
+
+# Each table's SQL lives in its owner (docs/architecture.md, "Who owns which table"); other modules call its functions.
+TABLE_OWNERS = {"training_runs": ("pgtrain.runs",)}
+
+
+@pytest.mark.parametrize("table", sorted(TABLE_OWNERS))
+def test_a_tables_sql_lives_in_its_owner(table):
+    statement = re.compile(rf"\b(?:FROM|JOIN|UPDATE|INTO|TABLE)\s+pgtrain\.{table}\b", re.IGNORECASE)
+    outside = sorted(module for module, path in MODULES.items() if statement.search(path.read_text())
+                     and not any(module == owner or module.startswith(owner + ".") for owner in TABLE_OWNERS[table]))
+    assert not outside, f"SQL on pgtrain.{table} outside its owner {TABLE_OWNERS[table]}: {outside}"

@@ -10,7 +10,8 @@ import sys
 
 from pgtrain.core.db import connect
 from pgtrain.core.errors import PgtrainError
-from pgtrain.runs.report import build_summary, format_summary, latest_run_id
+from pgtrain.runs.record import latest_run_id
+from pgtrain.runs.report import build_summary, format_summary
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -282,18 +282,17 @@ def read_plan(conn: psycopg.Connection, run_id: str) -> PlannedRows | None:
         """SELECT p.snapshot::text, pg_snapshot_xmin(p.snapshot)::text::bigint,
                   pg_snapshot_xmax(p.snapshot)::text::bigint,
                   array(SELECT x::text::bigint FROM pg_snapshot_xip(p.snapshot) AS x ORDER BY 1),
-                  p.seen_xmins::text[], p.xid_horizon, r.input_dim, r.num_classes, p.excluded_rows > 0, p.batch_rows,
-                  r.output_dim, r.encoding, p.nullable_columns
-           FROM pgtrain.shard_plans p JOIN pgtrain.training_runs r USING (run_id) WHERE p.run_id = %s""",
+                  p.seen_xmins::text[], p.xid_horizon, p.excluded_rows > 0, p.batch_rows, p.nullable_columns
+           FROM pgtrain.shard_plans p WHERE p.run_id = %s""",
         (run_id,),
     ).fetchone()
     if row is None:
         return None
-    (snapshot, xmin, xmax, in_progress, seen, horizon, dim, classes, exclude, batch_rows, outputs, planned,
-     nullable) = row
+    snapshot, xmin, xmax, in_progress, seen, horizon, exclude, batch_rows, nullable = row
+    run = record.get_run(conn, run_id)  # what the plan recorded with the run: its widths and encoding
     return PlannedRows(run_id, snapshot, xmin, xmax, tuple(x % (1 << 32) for x in in_progress),
-                       tuple(int(x) for x in seen), horizon, dim, classes, exclude, batch_rows, outputs, planned,
-                       None if nullable is None else tuple(nullable))
+                       tuple(int(x) for x in seen), horizon, run.input_dim, run.num_classes, exclude, batch_rows,
+                       run.output_dim, run.encoding, None if nullable is None else tuple(nullable))
 
 
 def _write_plan(conn: psycopg.Connection, run: record.Run, clock: XidClock, seen: tuple[int, ...], horizon: int,

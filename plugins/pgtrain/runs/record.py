@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,12 @@ class Run:
     status_reason: str | None = None
     attempt: int = 0  # the latest train attempt (begin_attempt); the trainer's writes are fenced by it
     encoding: dict[str, Any] | None = None  # how raw columns become input (pgtrain.data.encoding); None: as they are
+    # What the trainer records (rank 0): the state dict's layout, the version its weights started from, the
+    # collectives backend, the kept parameters' figures on the test rows.
+    model_layout: dict[str, Any] | None = None
+    init_version: int | None = None
+    backend: str | None = None
+    test_metrics: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -90,7 +97,7 @@ def get_run(conn: psycopg.Connection, run_id: str) -> Run:
     with conn.cursor(row_factory=dict_row) as cur:
         row = cur.execute(
             """SELECT run_id, dag_id, dag_run_id, model_name, config, base_version, input_dim, num_classes, output_dim,
-                      status, status_reason, attempt, encoding
+                      status, status_reason, attempt, encoding, model_layout, init_version, backend, test_metrics
                FROM pgtrain.training_runs WHERE run_id = %s""",
             (run_id,),
         ).fetchone()
@@ -98,6 +105,24 @@ def get_run(conn: psycopg.Connection, run_id: str) -> Run:
         raise PgtrainError(f"training run {run_id!r} does not exist; plan_run creates it")
     row["config"] = TrainingConfig.from_mapping(row["config"])
     return Run(**row)
+
+
+def recorded_runs(conn: psycopg.Connection, run_ids: Iterable[str | None]) -> dict[str, dict[str, Any]]:
+    """Runs as recorded, for display (the config snapshot as it was written, no default filled in): run_id ->
+    {run_id, dag_id, dag_run_id, config, input_dim, num_classes}. Ids of no run (None, or deleted) are left out."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(
+            """SELECT run_id, dag_id, dag_run_id, config, input_dim, num_classes
+               FROM pgtrain.training_runs WHERE run_id = ANY(%s)""",
+            ([run_id for run_id in run_ids if run_id is not None],),
+        ).fetchall()
+    return {row["run_id"]: row for row in rows}
+
+
+def latest_run_id(conn: psycopg.Connection) -> str | None:
+    """The most recently planned run."""
+    row = conn.execute("SELECT run_id FROM pgtrain.training_runs ORDER BY created_at DESC LIMIT 1").fetchone()
+    return row[0] if row else None
 
 
 def set_status(conn: psycopg.Connection, run_id: str, status: str, reason: str | None = None) -> None:

@@ -85,8 +85,3 @@ def _curve(losses: list[float], shown: int = 6) -> str:
     text = [f"{loss:.4f}" for loss in losses]
     return " ".join(text if len(text) <= 2 * shown else [*text[:shown], "...", *text[-shown:]])
 
-
-def latest_run_id(conn: psycopg.Connection) -> str | None:
-    """The most recently planned run."""
-    row = conn.execute("SELECT run_id FROM pgtrain.training_runs ORDER BY created_at DESC LIMIT 1").fetchone()
-    return row[0] if row else None

@@ -32,17 +32,34 @@ def list_models(conn: psycopg.Connection) -> list[dict[str, Any]]:
 def list_versions(conn: psycopg.Connection, model_name: str | None = None) -> list[dict[str, Any]]:
     """Versions (of one model, or all), oldest first: metrics, run and DAG run, parent version, head mark."""
     with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(
+        rows = cur.execute(
             """SELECT v.model_name, v.version, v.run_id, v.fencing_token, v.metrics, v.created_at,
-                      h.version IS NOT NULL AS is_head, (v.spec ->> 'parent_version')::integer AS parent_version,
-                      r.dag_id, r.dag_run_id
+                      h.version IS NOT NULL AS is_head, (v.spec ->> 'parent_version')::integer AS parent_version
                FROM pgtrain.model_versions v
                LEFT JOIN pgtrain.model_heads h ON h.model_name = v.model_name AND h.version = v.version
-               LEFT JOIN pgtrain.training_runs r ON r.run_id = v.run_id
                WHERE %(model)s::text IS NULL OR v.model_name = %(model)s
                ORDER BY v.model_name, v.version""",
             {"model": model_name},
         ).fetchall()
+        return with_runs(conn, rows, ("dag_id", "dag_run_id"))
+
+
+def version_configs(conn: psycopg.Connection, model_name: str) -> dict[int, dict[str, Any]]:
+    """{version: its run's config snapshot} of the model's versions that have a run (the models page's "changed"
+    column)."""
+    versions = list_versions(conn, model_name)
+    with conn.transaction():
+        runs = record.recorded_runs(conn, (v["run_id"] for v in versions))
+    return {v["version"]: runs[v["run_id"]]["config"] for v in versions if v["run_id"] in runs}
+
+
+def with_runs(conn: psycopg.Connection, rows: list[dict[str, Any]], fields: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Each version row with ``fields`` of its run's record (``runs.record.recorded_runs``; None without a run)."""
+    runs = record.recorded_runs(conn, (row["run_id"] for row in rows))
+    for row in rows:
+        run = runs.get(row["run_id"], {})
+        row.update({name: run.get(name) for name in fields})
+    return rows
 
 
 def head_history(conn: psycopg.Connection, model_name: str) -> list[dict[str, Any]]:
@@ -75,11 +92,10 @@ def version_details(conn: psycopg.Connection, model_name: str, versions: list[in
     with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(
             """SELECT v.version, v.run_id, v.metrics, v.spec, v.created_at, h.version IS NOT NULL AS is_head,
-                      r.config, r.dag_id, r.dag_run_id, p.excluded_rows, p.planned_at,
+                      p.excluded_rows, p.planned_at,
                       m.rows, m.train_rows, m.val_rows, m.test_rows, m.world_size
                FROM pgtrain.model_versions v
                LEFT JOIN pgtrain.model_heads h ON h.model_name = v.model_name AND h.version = v.version
-               LEFT JOIN pgtrain.training_runs r ON r.run_id = v.run_id
                LEFT JOIN pgtrain.shard_plans p ON p.run_id = v.run_id
                LEFT JOIN LATERAL (
                    SELECT sum(row_count)::bigint AS rows, sum(train_count)::bigint AS train_rows,
@@ -89,7 +105,7 @@ def version_details(conn: psycopg.Connection, model_name: str, versions: list[in
                WHERE v.model_name = %s AND v.version = ANY(%s)""",
             (model_name, versions),
         ).fetchall()
-        found = {row["version"]: row for row in rows}
+        found = {row["version"]: row for row in with_runs(conn, rows, ("config", "dag_id", "dag_run_id"))}
         for row in found.values():
             row["epochs"] = record.epoch_metrics(conn, row["run_id"]) if row["run_id"] else []
     return [found[v] for v in dict.fromkeys(versions) if v in found]

@@ -20,19 +20,13 @@ from pgtrain.store.tensors import FLOAT_DTYPES, TensorInfo
 ARCHITECTURE_KEYS = ("model", "task", "input_dim", "output_dim")
 
 
-def run_record(conn: psycopg.Connection, run_id: str) -> dict[str, Any]:
-    """Every column of the run's row, including those later migrations add (model_layout, init_version, ...)."""
-    row = conn.execute("SELECT to_jsonb(r) FROM pgtrain.training_runs r WHERE run_id = %s", (run_id,)).fetchone()
-    return row[0] if row else {}
-
-
-def expected_layout(run: Run, record: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...], str]]:
+def expected_layout(run: Run) -> dict[str, tuple[tuple[int, ...], str]]:
     """name -> (shape, dtype) the staged tensors must have: the trainer's model_layout, else (runs from before
     it was recorded) the built-in MLP of the run's dimensions."""
-    layout = record.get("model_layout")
+    layout = run.model_layout
     if layout:
         return {name: (tuple(t["shape"]), t["dtype"]) for name, t in layout.items()}
-    output_dim = record.get("output_dim") or run.num_classes
+    output_dim = run.output_dim or run.num_classes
     if run.input_dim is None or output_dim is None:
         raise CommitRejected(f"run {run.run_id!r} has no model_layout and no input_dim/output_dim: the trainer "
                              "did not record its model; re-run the train task")
@@ -68,7 +62,7 @@ def nonfinite_problems(infos: list[TensorInfo], counted: Mapping[str, int]) -> l
     return problems
 
 
-def version_spec(conn: psycopg.Connection, run: Run, record: Mapping[str, Any]) -> dict[str, Any]:
+def version_spec(conn: psycopg.Connection, run: Run) -> dict[str, Any]:
     """What rebuilding and using the version takes, and where it came from (stored as model_versions.spec)."""
     config = run.config
     plan = conn.execute("SELECT snapshot::text FROM pgtrain.shard_plans WHERE run_id = %s", (run.run_id,)).fetchone()
@@ -78,14 +72,14 @@ def version_spec(conn: psycopg.Connection, run: Run, record: Mapping[str, Any]) 
         "model": config.model,
         "model_options": config.model_options_for_build,
         "input_dim": run.input_dim,
-        "output_dim": record.get("output_dim") or run.num_classes,
-        "feature_columns": _feature_columns(config, record.get("encoding")),
-        "encoding": record.get("encoding"),
+        "output_dim": run.output_dim or run.num_classes,
+        "feature_columns": _feature_columns(config, run.encoding),
+        "encoding": run.encoding,
         "target_column": config.label_column,
         "task": config.task,
         "standardize_target": config.standardize_target,
-        "parent_version": record.get("init_version"),
-        "backend": record.get("backend"),
+        "parent_version": run.init_version,
+        "backend": run.backend,
         "source_table": config.source_table,
         "key_column": config.key_column,
         "watermark": {"snapshot": plan[0] if plan else None, "max_key": last[0] if last else None},

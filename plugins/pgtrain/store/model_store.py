@@ -22,7 +22,7 @@ from psycopg.types.json import Jsonb
 from pgtrain.config.metrics import FIGURES_FROM
 from pgtrain.core.errors import CommitRejected, PgtrainError, StaleLockToken
 from pgtrain.data.upgrade import current_record
-from pgtrain.runs.record import epoch_metrics, get_run, kept_epoch, set_status
+from pgtrain.runs.record import epoch_metrics, get_run, kept_epoch, recorded_runs, set_status
 from pgtrain.store import identity, tensors
 from pgtrain.store.commit_checks import (
     architecture_change,
@@ -30,7 +30,6 @@ from pgtrain.store.commit_checks import (
     layout_problems,
     nonfinite_problems,
     quality_gate,
-    run_record,
     version_spec,
 )
 from pgtrain.store.locks import DEFAULT_TTL, Lease, LockManager, fenced
@@ -76,7 +75,6 @@ def commit_run(conn: psycopg.Connection, run_id: str, owner: Mapping[str, Any] |
     _require_no_transaction(conn, "commit_run")
     with conn.transaction():
         run = get_run(conn, run_id)
-        record = run_record(conn, run_id)
         existing = _version_of_run(conn, run_id)
     if existing is not None:
         if run.status != "committed":
@@ -88,10 +86,10 @@ def commit_run(conn: psycopg.Connection, run_id: str, owner: Mapping[str, Any] |
             infos = tensors.staged_layout(conn, run_id)
             epochs = epoch_metrics(conn, run_id)
         if not infos:
-            if run.status == "rejected" and record.get("status_reason"):
-                raise CommitRejected(record["status_reason"])  # rejected before; its tensors are gone
+            if run.status == "rejected" and run.status_reason:
+                raise CommitRejected(run.status_reason)  # rejected before; its tensors are gone
             raise CommitRejected(f"run {run_id!r} has no staged parameters: the train task did not write them")
-        problems = layout_problems(infos, expected_layout(run, record))
+        problems = layout_problems(infos, expected_layout(run))
         if not problems:
             uncounted = [i for i in infos if i.nonfinite is None]  # staged before writers counted them
             problems = nonfinite_problems(infos, tensors.count_staged_nonfinite(conn, run_id, uncounted))
@@ -99,13 +97,13 @@ def commit_run(conn: psycopg.Connection, run_id: str, owner: Mapping[str, Any] |
             raise CommitRejected(f"staged parameters of run {run_id!r} do not fit the run's model: "
                                  + "; ".join(problems))
         with conn.transaction():
-            spec = version_spec(conn, run, record)
+            spec = version_spec(conn, run)
     except CommitRejected as rejected:
         with conn.transaction():
             set_status(conn, run_id, "rejected", str(rejected))
             _discard_run_tensors(conn, run_id)
         raise
-    metrics = version_metrics(epochs, infos, record.get("test_metrics"))
+    metrics = version_metrics(epochs, infos, run.test_metrics)
 
     rejection: str | None = None
     # heartbeat=True: the lease is renewed every ttl/3 while the commit works, however long it waits.
@@ -175,16 +173,17 @@ def get_version(conn: psycopg.Connection, model_name: str, version: int | None =
             version = head_version(conn, model_name)
         row = cur.execute(
             """SELECT v.model_name, v.version, v.run_id, v.fencing_token, v.metrics, v.spec, v.created_at,
-                      h.version IS NOT NULL AS is_head, r.dag_id, r.dag_run_id, r.input_dim, r.num_classes,
-                      r.config -> 'hidden_sizes' AS hidden_sizes
+                      h.version IS NOT NULL AS is_head
                FROM pgtrain.model_versions v
                LEFT JOIN pgtrain.model_heads h ON h.model_name = v.model_name AND h.version = v.version
-               LEFT JOIN pgtrain.training_runs r ON r.run_id = v.run_id
                WHERE v.model_name = %s AND v.version = %s""",
             (model_name, version),
         ).fetchone()
         if row is None:
             raise PgtrainError(_no_version(conn, model_name, version))
+        run = recorded_runs(conn, [row["run_id"]]).get(row["run_id"], {})
+        row.update({name: run.get(name) for name in ("dag_id", "dag_run_id", "input_dim", "num_classes")})
+        row["hidden_sizes"] = (run.get("config") or {}).get("hidden_sizes")
         row["tensors"] = cur.execute(
             """SELECT name, shape, dtype, nbytes FROM pgtrain.model_tensors
                WHERE model_name = %s AND version = %s ORDER BY name""",

@@ -13,7 +13,6 @@ from pgtrain.data import loader, manifest
 from pgtrain.models.booster import BOOSTER, build
 from pgtrain.runs import record
 from pgtrain.store import model_store, tensors
-from pgtrain.store.commit_checks import run_record
 from pgtrain.store.inference import load_predictor
 from tests.support import make_mixed_table, mixed_params, planned_run, run_job
 
@@ -79,7 +78,7 @@ def test_early_stopping_keeps_the_best_round_and_a_warm_start_adds_trees(autocom
     second = planned_run(autocommit, "second", world_size=2, init_from="head", early_stopping_patience=0,
                          model_options={"n_estimators": 3}, **BOOSTED_PARAMS)
     run_job(second, db_url)
-    assert run_record(autocommit, second.run_id)["init_version"] == result.version
+    assert record.get_run(autocommit, second.run_id).init_version == result.version
     assert len(staged_model(autocommit, second).xgb.get_dump()) == trees + 3 * 3  # 3 rounds, a tree per class
     # a warm start that stops early: its best round counts this run's rounds, not the parent's too
     third = planned_run(autocommit, "third", world_size=2, init_from="head", early_stopping_patience=1,

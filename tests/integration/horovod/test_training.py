@@ -252,7 +252,8 @@ def test_two_rank_sgd_on_scalar_feature_columns_equals_single_process(autocommit
 
 def test_a_failing_rank_fails_the_job_with_its_output(autocommit, db_url):
     seed_samples(autocommit, rows=60)
-    run = planned_run(autocommit, world_size=3, epochs=1)
+    # launcher=kubernetes: 3 local ranks would be refused in planning on a 2-CPU worker; the job is started by hand
+    run = planned_run(autocommit, world_size=3, epochs=1, launcher="kubernetes")
     with pytest.raises(TrainingInputError) as failure:
         launch_local.run_local(run.run_id, 2, db_url, logging.getLogger("test.fail"), timeout_seconds=120)
     message = str(failure.value)

@@ -45,35 +45,24 @@ def plan_run(settings: dict[str, Any], fixed: dict[str, Any], models_file: str |
     run that reuses an old run id (a reset metadata database) plans a run of its own."""
     from airflow.sdk.exceptions import AirflowSkipException
 
-    from pgtrain.config.params import TrainingConfig
     from pgtrain.config.settings import AuthorSettings
     from pgtrain.core.db import connect
     from pgtrain.core.errors import PgtrainError
-    from pgtrain.data import freshness, policy
-    from pgtrain.launch import capacity
-    from pgtrain.store import identity
+    from pgtrain.planning.plan import Skip, admit_run, requested_config
 
     author = AuthorSettings.from_dict(settings)
     try:
-        _check_conf(dict(dag_run.conf or {}), fixed)
-        config = TrainingConfig.from_mapping({**dict(params), **fixed})
-        if models_file is not None:
-            from pgtrain.config.model_entries import model_owners
-
-            policy.check_unowned(config.model_name, model_owners(default=models_file))
-        capacity.check_launch(config, author)
+        config = requested_config(dag_run.conf or {}, params, fixed)
         with connect(database_url(conn_id)) as conn:
-            config = policy.admit(conn, config, author)
-            skip = freshness.skip_reason(conn, config, _run_type(dag_run))
-            if skip:
-                log.info("not training, no new version: %s", skip)
-                ti.xcom_push(key=OUTCOME_KEY, value=f"{config.model_name}: skipped: {skip}")
-                raise AirflowSkipException(skip)
-            run = _bound_run(conn, dag_run, config, task_state_store)
-            identity.check_run(conn, run)
+            run = admit_run(conn, config, author, dag_run.dag_id, dag_run.run_id, run_type=_run_type(dag_run),
+                            models_file=models_file, run_id=_run_binding(dag_run, task_state_store))
     except PgtrainError as refused:
         ti.xcom_push(key=OUTCOME_KEY, value=f"refused before planning: {refused}")
         raise
+    if isinstance(run, Skip):
+        log.info("not training, no new version: %s", run.reason)
+        ti.xcom_push(key=OUTCOME_KEY, value=f"{run.model_name}: skipped: {run.reason}")
+        raise AirflowSkipException(run.reason)
     log.info("training run %s (model %s, base version %s) with %s", run.run_id, run.model_name, run.base_version,
              run.config.to_dict())
     return run.run_id
@@ -85,18 +74,12 @@ def compute_shards(training_run: str, settings: dict[str, Any], conn_id: str = D
     from pgtrain.config.settings import AuthorSettings
     from pgtrain.core.db import connect
     from pgtrain.core.errors import PgtrainError
-    from pgtrain.data import manifest, policy
-    from pgtrain.launch import capacity
-    from pgtrain.runs import record
+    from pgtrain.planning.plan import plan_shards_checked
 
     with connect(database_url(conn_id)) as conn:
-        run = record.get_run(conn, training_run)
         try:
-            policy.check_run(conn, run.config, AuthorSettings.from_dict(settings))
-            plan = manifest.plan_shards(conn, run)
-            capacity.check_model_size(run.config, plan.input_dim, plan.output_dim)
-        except PgtrainError as refused:
-            record.set_status(conn, training_run, "refused", str(refused))  # not left 'planned'
+            plan = plan_shards_checked(conn, training_run, AuthorSettings.from_dict(settings))
+        except PgtrainError:
             leave_outcome(ti, conn, training_run)
             raise
     for shard in plan.shards:
@@ -154,33 +137,25 @@ def report(training_run: str, conn_id: str = DEFAULT_CONN_ID) -> dict[str, Any]:
     return summary
 
 
-def _check_conf(conf: dict[str, Any], fixed: dict[str, Any]) -> None:
-    """A conf key that is not a param of this DAG fails the run, with the closest param's name."""
-    from pgtrain.config.params import unknown_keys
-    from pgtrain.core.errors import ConfigError
-
-    problems = unknown_keys(conf)
-    problems += [f"{key!r} is fixed by the DAG's author (the models file's entry, or the settings file), not a "
-                 "param of this DAG" for key in sorted(set(conf) & set(fixed))]
-    if problems:
-        raise ConfigError("the run's conf has keys this DAG does not define: " + "; ".join(problems))
-
-
-def _bound_run(conn: Any, dag_run: Any, config: Any, state_store: Any) -> Any:
-    """The training run this DAG run planned in an earlier try (its task state store says which), else a new one,
-    bound to it before its record exists. Without a state store (a task called outside Airflow) the run of the DAG
-    run's id."""
-    from airflow.sdk import NEVER_EXPIRE
-
-    from pgtrain.runs import record
-
+def _run_binding(dag_run: Any, state_store: Any) -> Any:
+    """How the training run is bound to this DAG run: the id its task state store holds from an earlier try, else a
+    new one, bound before the run's record exists. Without a state store (a task called outside Airflow): None, the
+    run of the DAG run's id."""
     if state_store is None:
-        return record.plan_run(conn, dag_run.dag_id, dag_run.run_id, config)
-    run_id = state_store.get(RUN_BINDING)
-    if not run_id:
-        run_id = record.unused_run_id(conn, dag_run.dag_id, dag_run.run_id)
-        state_store.set(RUN_BINDING, run_id, retention=NEVER_EXPIRE)
-    return record.plan_run(conn, dag_run.dag_id, dag_run.run_id, config, run_id=run_id)
+        return None
+
+    def bound(conn: Any) -> str:
+        from airflow.sdk import NEVER_EXPIRE
+
+        from pgtrain.runs import record
+
+        run_id = state_store.get(RUN_BINDING)
+        if not run_id:
+            run_id = record.unused_run_id(conn, dag_run.dag_id, dag_run.run_id)
+            state_store.set(RUN_BINDING, run_id, retention=NEVER_EXPIRE)
+        return run_id
+
+    return bound
 
 
 def _run_type(dag_run: Any) -> str:

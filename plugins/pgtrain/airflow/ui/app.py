@@ -39,16 +39,6 @@ def _connect() -> "psycopg.Connection":
     return db.connect(url, autocommit=True, application_name=APPLICATION_NAME)
 
 
-def version_configs(conn: "psycopg.Connection", model_name: str) -> dict[int, dict[str, Any]]:
-    """{version: its run's config snapshot} of the model's versions that have a run (the versions table's
-    "changed" column). Read-only, like pgtrain.store.catalog's queries."""
-    with conn.transaction(), conn.cursor() as cur:
-        return dict(cur.execute(
-            """SELECT v.version, r.config FROM pgtrain.model_versions v
-               JOIN pgtrain.training_runs r ON r.run_id = v.run_id WHERE v.model_name = %s""",
-            (model_name,)).fetchall())
-
-
 def _roots(request: "Request") -> tuple[str, str]:
     """(this app's root path, the Airflow UI's root path) as the browser sees them."""
     root = request.scope.get("root_path", "").rstrip("/")
@@ -123,7 +113,7 @@ def create_app() -> "FastAPI":
             if not versions:
                 raise HTTPException(404, f"no model {model_name!r} in the training database")
             history = catalog.head_history(conn, model_name)
-            configs = version_configs(conn, model_name)
+            configs = catalog.version_configs(conn, model_name)
             if version is None:
                 version = next((v for v in versions if v["is_head"]), versions[-1])["version"]
             shown = catalog.version_details(conn, model_name, [version])

@@ -1,0 +1,107 @@
+"""Planning a training run, as plain functions: what the DAG's ``plan_run`` and ``compute_shards`` tasks do, and
+what the tests' helper and the benchmarks call to plan a run the same way (no Airflow here).
+
+``admit_run``: the run checked against the author's settings (ownership, the launcher's capacity, the allow-lists),
+a scheduled run of an unchanged source skipped, the run recorded, its data identity checked. ``plan_shards_checked``:
+the source's rows checked and cut into shards, refusals recorded with the run. ``plan_training``: both, for a run
+triggered by hand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from pgtrain.config.params import CATEGORY_STORAGE, QUALITY_GATE, TrainingConfig, unknown_keys
+from pgtrain.config.settings import AuthorSettings
+from pgtrain.core.errors import ConfigError, PgtrainError
+from pgtrain.data import freshness, manifest, policy
+from pgtrain.launch import capacity
+from pgtrain.runs import record
+from pgtrain.store import identity
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A scheduled run that does not train: its source is as the head version saw it (``reason`` says how)."""
+
+    model_name: str
+    reason: str
+
+
+def requested_config(conf: Mapping[str, Any], params: Mapping[str, Any], fixed: Mapping[str, Any]) -> TrainingConfig:
+    """The run's config from its params, with the author's ``fixed`` ones over them. A conf key that is not a param
+    of the DAG (or one the author fixed) is a ConfigError naming the closest param."""
+    problems = unknown_keys(dict(conf))
+    problems += [f"{key!r} is fixed by the DAG's author (the models file's entry, or the settings file), not a "
+                 "param of this DAG" for key in sorted(set(conf) & set(fixed))]
+    if problems:
+        raise ConfigError("the run's conf has keys this DAG does not define: " + "; ".join(problems))
+    return TrainingConfig.from_mapping({**dict(params), **dict(fixed)})
+
+
+def admit_run(conn: psycopg.Connection, config: TrainingConfig, author: AuthorSettings, dag_id: str,
+              dag_run_id: str, *, run_type: str = "manual", models_file: str | None = None,
+              run_id: Callable[[psycopg.Connection], str] | None = None) -> record.Run | Skip:
+    """Admit the run and record it, or say why a scheduled run skips. ``models_file``: the generic DAG's, whose
+    models it may not train (they belong to their own DAGs). ``run_id``: the id of the run's record, chosen on
+    ``conn`` (the DAG task binds it to its DAG run); by default ``<dag_id>/<dag_run_id>``.
+
+    Raises a PgtrainError (nothing recorded) for a run the author's settings or the launcher refuse; a run whose
+    data identity differs from its base version's is recorded 'refused' (``store.identity.check_run``)."""
+    if models_file is not None:
+        from pgtrain.config.model_entries import model_owners
+
+        policy.check_unowned(config.model_name, model_owners(default=models_file))
+    capacity.check_launch(config, author)
+    config = policy.admit(conn, config, author)
+    skip = freshness.skip_reason(conn, config, run_type)
+    if skip:
+        return Skip(config.model_name, skip)
+    run = record.plan_run(conn, dag_id, dag_run_id, config, run_id=None if run_id is None else run_id(conn))
+    identity.check_run(conn, run)
+    return run
+
+
+def plan_shards_checked(conn: psycopg.Connection, run_id: str, author: AuthorSettings) -> manifest.Plan:
+    """Plan the run's shards (``data.manifest.plan_shards``) after checking it against the author's settings again
+    (they may have changed since the run was recorded), and the mlp it makes against this worker's memory. A
+    refusal is recorded with the run ('refused', with the reason; not left 'planned') and raised."""
+    run = record.get_run(conn, run_id)
+    try:
+        policy.check_run(conn, run.config, author)
+        plan = manifest.plan_shards(conn, run)
+        capacity.check_model_size(run.config, plan.input_dim, plan.output_dim)
+    except PgtrainError as refused:
+        record.set_status(conn, run_id, "refused", str(refused))
+        raise
+    return plan
+
+
+def plan_training(conn: psycopg.Connection, config: TrainingConfig, dag_id: str, dag_run_id: str,
+                  author: AuthorSettings | None = None) -> record.Run:
+    """A run triggered by hand, planned as the DAG's plan_run and compute_shards do: the run with its dimensions.
+    ``author``: the DAG's settings; None: ``author_admitting`` the config (tests, benchmarks)."""
+    author = author or author_admitting(conn, config)
+    run = admit_run(conn, config, author, dag_id, dag_run_id)
+    assert isinstance(run, record.Run)  # only a scheduled run skips
+    plan_shards_checked(conn, run.run_id, author)
+    return record.get_run(conn, run.run_id)
+
+
+def author_admitting(conn: psycopg.Connection, config: TrainingConfig) -> AuthorSettings:
+    """The author's settings that admit ``config`` as it is: its source (as the catalog resolves it now), its model,
+    its quality gate, category rules and threads. For planning a run outside a DAG (tests, benchmarks), where whoever
+    wrote the config is its author; capacity still applies."""
+    relation = policy.resolve_relation(conn, config.source_table)
+    source = config.source_table if relation is None else sql.Identifier(*relation).as_string(conn)
+    return AuthorSettings(
+        allowed_sources=(source,), allowed_models=(config.model,),
+        quality_gate={name: getattr(config, name) for name in QUALITY_GATE},
+        categories={name: getattr(config, name)
+                    for name in ("max_categories", "min_category_count", *CATEGORY_STORAGE)},
+        intra_op_threads=config.intra_op_threads)
