@@ -37,9 +37,10 @@ class MPIJobTrainOperator(BaseOperator):
 
     :param training_run_id: the run plan_run created (pass its XComArg); templated
     :param conn_id: Airflow connection of the training database; templated
-    :param job_arguments: every other keyword: MPIJobOperator's and KubernetesPodOperator's (namespace, image,
-        gpus_per_worker, database_secret, node_selector, tolerations, deferrable, ...), chosen by the DAG's
-        author (``pgtrain.config.settings``), never by a trigger's conf
+    :param job_arguments: every other keyword: the Kubernetes settings (``pgtrain.config.kubernetes``: namespace,
+        image, gpus_per_worker, database_secret, node_selector, tolerations, deferrable, ...), checked now, and
+        KubernetesPodOperator's other arguments, chosen by the DAG's author (``pgtrain.config.settings``), never by a
+        trigger's conf
     """
 
     template_fields: Sequence[str] = ("training_run_id", "conn_id")
