@@ -140,7 +140,7 @@ def test_the_kubernetes_launcher_trains_with_the_authors_cluster_settings(monkey
     train = parsed.dags[DAG_ID].get_task("train")
     assert isinstance(train, MPIJobTrainOperator)
     job = train.job_operator()
-    assert (job.image, job.namespace, job.gpus_per_worker) == ("registry.example/trainer:7", "ml", 4)
+    assert (job.image, job.namespace, job.job_settings["gpus_per_worker"]) == ("registry.example/trainer:7", "ml", 4)
 
 
 def test_an_edited_settings_file_applies_at_the_next_parse_without_a_restart(monkeypatch, tmp_path):

@@ -133,7 +133,8 @@ def test_train_operator_takes_kubernetes_settings_from_the_authors_settings_file
     path.write_text("kubernetes:\n  namespace: gpu-team\n  image: from-settings:1\n  gpus_per_worker: 8\n"
                     "  node_selector: {pool: a100}\n  tolerations: [{key: gpu, operator: Exists}]\n")
     operator = MPIJobTrainOperator(task_id="train", **load_settings(path).operator_arguments()).job_operator()
-    assert (operator.namespace, operator.image, operator.gpus_per_worker) == ("gpu-team", "from-settings:1", 8)
+    assert (operator.namespace, operator.image, operator.job_settings["gpus_per_worker"]) == (
+        "gpu-team", "from-settings:1", 8)
     assert operator.node_selector == {"pool": "a100"}
     assert operator.tolerations[0].key == "gpu"
 

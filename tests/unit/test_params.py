@@ -11,7 +11,7 @@ import typing
 import jsonschema
 import pytest
 
-from pgtrain.config import params
+from pgtrain.config import kubernetes, params
 from pgtrain.config.params import (
     CATEGORY_STORAGE,
     MAX_WORLD_SIZE,
@@ -22,7 +22,6 @@ from pgtrain.config.params import (
 )
 from pgtrain.config.settings import AUTHOR_PROPERTIES, AuthorSettings, load_settings
 from pgtrain.core.errors import ConfigError
-from pgtrain.launch.mpijob import cli, spec
 from tests.conftest import REPO
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainingConfig)}
@@ -66,25 +65,6 @@ def test_the_rank_limit_is_one_number():
     assert AUTHOR_PROPERTIES["max_world_size"]["maximum"] == MAX_WORLD_SIZE
 
 
-def test_the_mpijob_defaults_have_one_home():
-    """The operator's arguments and the render command's flags default to MPIJobSettings' fields."""
-    import inspect
-
-    from pgtrain.airflow.kubernetes.operator import MPIJobOperator
-
-    signature = inspect.signature(MPIJobOperator.__init__).parameters
-    for name in ("gpus_per_worker", "database_secret", "worker_cpu", "worker_memory", "launcher_cpu",
-                 "launcher_memory", "backoff_limit", "active_deadline_seconds", "ttl_seconds_after_finished",
-                 "worker_memory_limit", "worker_guaranteed", "shm_size", "queue_name", "one_worker_per_node",
-                 "non_root"):
-        assert signature[name].default == spec.default(name), name
-    # a flag not given leaves the settings file's value, else MPIJobSettings' default, which its help states
-    actions = {action.dest: action for sub in cli.build_parser()._subparsers._group_actions
-               for parser in sub.choices.values() for action in parser._actions}
-    for name in ("worker_cpu", "image"):
-        assert actions[name].default is None and actions[name].help == f"(default: {spec.default(name)})"
-
-
 def test_the_shipped_settings_file_is_valid():
     settings = load_settings(REPO / "dags" / "pgtrain.yaml")
     assert settings.launcher == "local"
@@ -122,7 +102,7 @@ def _documented(text: str) -> object:
 
 @pytest.mark.parametrize(("doc", "header", "defaults"), [
     ("configuration.md", "| section | param | default |", lambda name: PARAMETERS[name]["default"]),
-    ("kubernetes.md", "| setting | default |", lambda name: spec.default(name)),
+    ("kubernetes.md", "| setting | default |", lambda name: kubernetes.default(name)),
 ])
 def test_the_docs_tables_state_the_defaults_the_code_has(doc, header, defaults):
     checked = 0

@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pgtrain.config.kubernetes import schema_message
 from pgtrain.config.params import _MODEL_NAME, PARAMETERS, RANK_SETTINGS, param_problems, quality_gate_problems
-from pgtrain.config.settings import AUTHOR_PROPERTIES, AuthorSettings, author_file, rule, schema_message
+from pgtrain.config.settings import AUTHOR_PROPERTIES, AuthorSettings, author_file, rule
 from pgtrain.core.errors import ConfigError
 
 MODELS_ENV = "PGTRAIN_MODELS"

@@ -9,7 +9,7 @@ They live in a YAML file next to the DAGs (``dags/pgtrain.yaml``, whose path the
 - ``allowed_sources``: schemas (``public``) or tables (``"Clinic"."Biopsies"``) a run may train on;
 - ``allowed_models``: model references a run may build (``mlp``, ``package.module:factory``);
 - ``kubernetes``: the MPIJob's image, namespace, Secret, scheduling (queue, priority, affinity), sizes, pod
-  security, extra environment and pod templates (``KUBERNETES_SETTINGS``);
+  security, extra environment and pod templates (``KUBERNETES_SETTINGS``, declared in ``pgtrain.config.kubernetes``);
 - ``quality_gate``: how much worse than the head a run may be, and absolute floors (``QUALITY_GATE``);
 - ``max_world_size``: the most ranks a run may ask for;
 - ``categories``: the most levels a run may keep per categorical column and the fewest rows a kept level needs
@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pgtrain.config.kubernetes import KUBERNETES_SETTINGS, schema_message
 from pgtrain.config.params import (
     CATEGORY_STORAGE,
     MAX_WORLD_SIZE,
@@ -41,69 +42,6 @@ from pgtrain.core.errors import ConfigError
 
 SETTINGS_ENV = "PGTRAIN_SETTINGS"
 SETTINGS_FILE_NAME = "pgtrain.yaml"  # next to the DAG files, which pass its path
-
-# A Kubernetes resource quantity ("500m", "16Gi"), as the API server's own pattern.
-_NUMBER = r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
-_QUANTITY = {"type": "string", "pattern": rf"^(\+|-)?{_NUMBER}(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?{_NUMBER}))?$"}
-_OPTIONAL_QUANTITY = {**_QUANTITY, "type": ["string", "null"]}  # the pattern applies to a string only
-_STRINGS = {"type": "object", "additionalProperties": {"type": "string"}}
-# Raw Kubernetes objects (affinity, tolerations, pod templates) are checked against the Kubernetes schemas when
-# the manifest is rendered and by the API server; here only their shape.
-_AFFINITY = {"type": "object", "additionalProperties": False,
-             "properties": {part: {"type": "object"} for part in ("nodeAffinity", "podAffinity", "podAntiAffinity")}}
-_POD_TEMPLATE = {"type": "object", "additionalProperties": False, "properties": {
-    "metadata": {"type": "object", "additionalProperties": False,
-                 "properties": {"labels": _STRINGS, "annotations": _STRINGS}},
-    "spec": {"type": "object"},
-}}
-
-# The MPIJob operator's arguments an author may set, with their JSON schema (docs/kubernetes.md has what each
-# renders to); their defaults are MPIJobSettings' (pgtrain.launch.mpijob.spec), which also checks what a schema
-# cannot say clearly (env names, what a pod template may not set).
-KUBERNETES_SETTINGS: dict[str, dict[str, Any]] = {
-    "namespace": {"type": "string", "minLength": 1},
-    "image": {"type": "string", "minLength": 1},
-    "image_pull_secrets": {"type": "array", "items": {"type": "string", "minLength": 1}},
-    "gpus_per_worker": {"type": "integer", "minimum": 1, "maximum": 64},
-    "database_secret": {"type": "string", "minLength": 1},
-    "database_secret_key": {"type": "string", "minLength": 1},
-    "service_account_name": {"type": "string", "minLength": 1},
-    "priority_class_name": {"type": "string", "minLength": 1},
-    "queue_name": {"type": "string", "pattern": r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"},
-    "scheduling_policy": {"type": "object", "additionalProperties": False, "properties": {
-        "minAvailable": {"type": "integer", "minimum": 1},
-        "queue": {"type": "string", "minLength": 1},
-        "priorityClass": {"type": "string", "minLength": 1},
-        "scheduleTimeoutSeconds": {"type": "integer", "minimum": 1},
-        "minResources": {"type": "object", "additionalProperties": {"anyOf": [_QUANTITY, {"type": "integer"}]}},
-    }},
-    "node_selector": _STRINGS,
-    "tolerations": {"type": "array", "items": {"type": "object"}},
-    "worker_affinity": _AFFINITY,
-    "launcher_affinity": _AFFINITY,
-    "one_worker_per_node": {"type": "boolean"},
-    "launcher_node_selector": _STRINGS,
-    "worker_cpu": _QUANTITY,
-    "worker_memory": _QUANTITY,
-    "cpu_per_gpu": _QUANTITY,
-    "memory_per_gpu": _QUANTITY,
-    "worker_memory_limit": _OPTIONAL_QUANTITY,
-    "worker_guaranteed": {"type": "boolean"},
-    "launcher_cpu": _QUANTITY,
-    "launcher_memory": _QUANTITY,
-    "shm_size": _OPTIONAL_QUANTITY,
-    "env": {"type": "object", "propertyNames": {"pattern": r"^[A-Za-z_][A-Za-z0-9_]*$"},
-            "additionalProperties": {"type": "string"}},
-    "non_root": {"type": "boolean"},
-    "pod_template": _POD_TEMPLATE,
-    "worker_pod_template": _POD_TEMPLATE,
-    "launcher_pod_template": _POD_TEMPLATE,
-    "startup_timeout_seconds": {"type": "integer", "minimum": 1},
-    "active_deadline_seconds": {"type": ["integer", "null"], "minimum": 1},
-    "deferrable": {"type": "boolean"},
-    "poll_interval": {"type": "number", "minimum": 1, "maximum": 300},
-}
-
 
 def rule(schema: dict[str, Any]) -> dict[str, Any]:
     """A param's JSON schema as a rule for a file the author writes: no default, title, description or section."""
@@ -187,13 +125,6 @@ class AuthorSettings:
     def from_dict(cls, data: dict[str, Any]) -> AuthorSettings:
         return cls(**{**data, "allowed_sources": tuple(data["allowed_sources"]),
                       "allowed_models": tuple(data["allowed_models"])})
-
-
-def schema_message(error: Any) -> str:
-    """A jsonschema error's message, with a quantity's pattern said in words."""
-    if error.validator == "pattern" and error.validator_value == _QUANTITY["pattern"]:
-        return f"{error.instance!r} is not a Kubernetes quantity (e.g. 500m, 4, 16Gi)"
-    return error.message
 
 
 def author_file(path: Path | str | None, env: str, default: Path | str | None, what: str) -> tuple[Path, Any] | None:

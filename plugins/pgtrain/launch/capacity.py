@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import math
 
+from pgtrain.config.kubernetes import default
 from pgtrain.config.params import TrainingConfig
 from pgtrain.config.settings import AuthorSettings
 from pgtrain.core.cpus import usable_cpus
 from pgtrain.core.errors import ConfigError
 from pgtrain.core.memory import TRAINING_BYTES_PER_PARAMETER, available_bytes
-from pgtrain.launch.mpijob.spec import default, layout
+from pgtrain.launch.mpijob.spec import layout
 
 
 def local_slots() -> int:

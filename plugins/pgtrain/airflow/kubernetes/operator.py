@@ -46,6 +46,7 @@ from pgtrain.airflow.kubernetes import errors
 from pgtrain.airflow.kubernetes.client import MPIJobClient, container_started
 from pgtrain.airflow.kubernetes.trigger import MISSING_OPERATOR, MPIJobTrigger
 from pgtrain.airflow.kubernetes.watching import MPIJobWatch
+from pgtrain.config import kubernetes
 from pgtrain.core.errors import ConfigError, TrainingFailed
 from pgtrain.launch.mpijob import api, cli, spec, watch
 
@@ -74,110 +75,48 @@ class MPIJobOperator(MPIJobWatch, KubernetesPodOperator):
 
     :param training_run_id: the training run (default: ``<dag_id>/<dag run id>``, as plan_run names it)
     :param world_size: Horovod ranks = GPUs in total (templated)
-    :param gpus_per_worker: GPUs and MPI slots per worker pod (templated)
-    :param database_secret: Secret in the job's namespace whose ``database_secret_key`` is the
-        database URL; it is mounted into the pods as a file (``PGTRAIN_DATABASE_URL_FILE``), never an env var
-    :param worker_cpu, worker_memory: requests of each worker (GPUs are set from the layout); None: cpu_per_gpu and
-        memory_per_gpu for each of its GPUs
-    :param worker_memory_limit, worker_guaranteed: a memory limit of each worker, or limits = requests
-        (Guaranteed QoS)
-    :param launcher_cpu, launcher_memory: the launcher's small requests (it gets no GPU)
-    :param shm_size: size of the memory-backed /dev/shm of each worker (None: the container runtime's)
-    :param queue_name, scheduling_policy: Kueue's LocalQueue; the MPI Operator's gang scheduling
-    :param worker_affinity, launcher_affinity, one_worker_per_node, launcher_node_selector: placement per role
-    :param non_root: the MPI Operator's non-root mode under the restricted Pod Security Standard
-    :param pod_template, worker_pod_template, launcher_pod_template: partial pod templates merged into both
-        replica templates / one of them (docs/kubernetes.md)
-    :param env: extra environment of the trainer containers (KubernetesPodOperator's env_vars, checked: no
-        pgtrain variable, nothing that looks like a secret)
-    :param backoff_limit, active_deadline_seconds, ttl_seconds_after_finished: the MPIJob's runPolicy
-    :param startup_timeout_seconds: fail, deleting the job, when it is not running after this long (counted from
-        its creation, or from when it left its queue if it was created suspended)
-    :param poll_interval: seconds between status reads (also the trigger's)
     :param log_tail_lines: launcher log lines carried in a failure's error message
 
-    Every other keyword is KubernetesPodOperator's (namespace, image, env_vars, secrets, volumes,
-    container_resources, node_selector, tolerations, affinity, image_pull_secrets,
-    service_account_name, kubernetes_conn_id, config_file, on_finish_action, on_kill_action,
-    deferrable, get_logs, ...); they apply to both replica templates.
+    Every Kubernetes setting of ``pgtrain.config.kubernetes.KubernetesSettings`` is an argument of its name (its
+    field says its default and what it does): the ``job`` ones become ``job_settings`` (templated, like
+    KubernetesPodOperator's own arguments), the ``pod`` and ``operator`` ones are KubernetesPodOperator's own
+    arguments (``env`` is its ``env_vars``, checked: no pgtrain variable, nothing that looks like a secret), with
+    pgtrain's defaults for ``startup_timeout_seconds`` (counted from the job's creation, or from when it left its
+    queue if it was created suspended) and ``poll_interval`` (also the trigger's). A DAG's ``default_args`` for a
+    job setting apply as to any argument.
+
+    Every other keyword is KubernetesPodOperator's (env_vars, secrets, volumes, container_resources, affinity,
+    kubernetes_conn_id, config_file, on_finish_action, on_kill_action, get_logs, ...); they apply to both replica
+    templates.
     """
 
     BASE_CONTAINER_NAME = api.CONTAINER_NAME
     template_fields: Sequence[str] = (
-        *KubernetesPodOperator.template_fields,
-        "training_run_id", "world_size", "gpus_per_worker", "database_secret", "database_secret_key",
+        *KubernetesPodOperator.template_fields, "training_run_id", "world_size", "job_settings",
     )
     ui_color = "#c6dbef"
 
-    def __init__(
-        self,
-        *,
-        training_run_id: str | None = None,
-        world_size: int | str | None = None,
-        gpus_per_worker: int | str = spec.default("gpus_per_worker"),
-        database_secret: str = spec.default("database_secret"),
-        database_secret_key: str = spec.default("database_secret_key"),
-        worker_cpu: str | None = spec.default("worker_cpu"),
-        worker_memory: str | None = spec.default("worker_memory"),
-        cpu_per_gpu: str = spec.default("cpu_per_gpu"),
-        memory_per_gpu: str = spec.default("memory_per_gpu"),
-        launcher_cpu: str = spec.default("launcher_cpu"),
-        launcher_memory: str = spec.default("launcher_memory"),
-        worker_memory_limit: str | None = spec.default("worker_memory_limit"),
-        worker_guaranteed: bool = spec.default("worker_guaranteed"),
-        shm_size: str | None = spec.default("shm_size"),
-        queue_name: str | None = spec.default("queue_name"),
-        scheduling_policy: dict[str, Any] | None = None,
-        worker_affinity: dict[str, Any] | None = None,
-        launcher_affinity: dict[str, Any] | None = None,
-        one_worker_per_node: bool | None = spec.default("one_worker_per_node"),
-        launcher_node_selector: dict[str, str] | None = None,
-        non_root: bool = spec.default("non_root"),
-        pod_template: dict[str, Any] | None = None,
-        worker_pod_template: dict[str, Any] | None = None,
-        launcher_pod_template: dict[str, Any] | None = None,
-        env: dict[str, str] | None = None,
-        backoff_limit: int = spec.default("backoff_limit"),
-        active_deadline_seconds: int | None = spec.default("active_deadline_seconds"),
-        ttl_seconds_after_finished: int = spec.default("ttl_seconds_after_finished"),
-        startup_timeout_seconds: int = 600,
-        poll_interval: float = 10,
-        log_tail_lines: int = 40,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *, training_run_id: str | None = None, world_size: int | str | None = None,
+                 log_tail_lines: int = 40, **kwargs: Any) -> None:
         if kwargs.pop("do_xcom_push", False):
             raise ConfigError("MPIJobOperator has no XCom sidecar: the trainer writes its results to PostgreSQL")
-        job_settings: dict[str, Any] = {
-            "worker_memory_limit": worker_memory_limit, "worker_guaranteed": worker_guaranteed, "shm_size": shm_size,
-            "cpu_per_gpu": cpu_per_gpu, "memory_per_gpu": memory_per_gpu,
-            "queue_name": queue_name, "scheduling_policy": scheduling_policy or {},
-            "worker_affinity": worker_affinity or {}, "launcher_affinity": launcher_affinity or {},
-            "one_worker_per_node": one_worker_per_node, "launcher_node_selector": launcher_node_selector or {},
-            "non_root": non_root, "pod_template": pod_template or {},
-            "worker_pod_template": worker_pod_template or {}, "launcher_pod_template": launcher_pod_template or {},
-        }
-        # refused now, not once KubernetesPodOperator has built a pod at run time
-        problems = spec.author_problems({**job_settings, "env": env or {}, "worker_memory": worker_memory})
+        # the settings given, as arguments or the DAG's default_args (which Airflow hands only to named arguments)
+        defaults = kwargs.get("default_args") or {}
+        given = {name: value for name, value in defaults.items() if name in kubernetes.SETTINGS}
+        given.update((name, kwargs.pop(name)) for name in list(kwargs) if name in kubernetes.SETTINGS)
+        problems = spec.author_problems(given)  # refused now, not once KubernetesPodOperator has built a pod
         if problems:
             raise ConfigError("invalid MPIJob settings: " + "; ".join(problems))
-        _to_pod_operator_arguments(kwargs, env or {})
-        super().__init__(startup_timeout_seconds=startup_timeout_seconds, poll_interval=poll_interval,
-                         do_xcom_push=False, **kwargs)
+        # KubernetesPodOperator's own arguments: the pod's as given, the watch's with pgtrain's defaults
+        kwargs.update((name, given[name]) for name in kubernetes.named("pod") if name in given)
+        kwargs.update((name, value) for name, value in kubernetes.with_defaults(given, "operator").items()
+                      if value is not None)
+        _to_pod_operator_arguments(kwargs, kwargs.pop("env", None) or {})
+        super().__init__(do_xcom_push=False, **kwargs)
         self.training_run_id = training_run_id
         self.world_size = world_size
-        self.gpus_per_worker = gpus_per_worker
-        self.database_secret = database_secret
-        self.database_secret_key = database_secret_key
-        self.worker_cpu = worker_cpu
-        self.worker_memory = worker_memory
-        self.launcher_cpu = launcher_cpu
-        self.launcher_memory = launcher_memory
         # The MPIJob's own settings beyond KubernetesPodOperator's pod (pgtrain.launch.mpijob.spec.MPIJobSettings).
-        self.job_settings = job_settings
-        self.backoff_limit = backoff_limit
-        # KPO's own active_deadline_seconds is the pod's; this one is the MPIJob's runPolicy field.
-        self.job_active_deadline_seconds = active_deadline_seconds
-        self.ttl_seconds_after_finished = ttl_seconds_after_finished
+        self.job_settings = kubernetes.with_defaults(given, "job")
         self.log_tail_lines = log_tail_lines
         self.job_name: str | None = None
         self.attempt: int | None = None  # the train attempt the trainer is told (set by before_submit)
@@ -197,12 +136,13 @@ class MPIJobOperator(MPIJobWatch, KubernetesPodOperator):
     def build_mpijob(self, context: Context | None = None, *, dry_run: bool = False) -> dict[str, Any]:
         """KPO's pod for this task, turned into the MPIJob (validated) that runs the trainer."""
         if self.image is None:
-            self.image = spec.default("image")
+            self.image = kubernetes.default("image")
         pod = PodGenerator.serialize_pod(self.build_pod_request_obj(context, dry_run=dry_run))
         if self.world_size in (None, ""):
             raise ConfigError("world_size is required: the number of Horovod ranks (GPUs)")
-        world_size, gpus = int(self.world_size), int(self.gpus_per_worker)
-        workers, _ = spec.layout(world_size, gpus)
+        job = {**self.job_settings, "gpus_per_worker": int(self.job_settings["gpus_per_worker"])}
+        world_size = int(self.world_size)
+        workers, _ = spec.layout(world_size, job["gpus_per_worker"])
         run_id = self._training_run_id(context)
         if context is not None:
             ti = context["ti"]
@@ -212,13 +152,8 @@ class MPIJobOperator(MPIJobWatch, KubernetesPodOperator):
             name = spec.job_name(self.dag_id, self.task_id, run_id,
                                    workers=workers)
         settings = spec.MPIJobSettings(
-            run_id=run_id, world_size=world_size, gpus_per_worker=gpus, image=self.image, name=name,
-            namespace=pod["metadata"]["namespace"], database_secret=self.database_secret,
-            database_secret_key=self.database_secret_key, worker_cpu=self.worker_cpu,
-            worker_memory=self.worker_memory, launcher_cpu=self.launcher_cpu,
-            launcher_memory=self.launcher_memory, backoff_limit=self.backoff_limit,
-            active_deadline_seconds=self.job_active_deadline_seconds,
-            ttl_seconds_after_finished=self.ttl_seconds_after_finished, **self.job_settings,
+            run_id=run_id, world_size=world_size, image=self.image, name=name,
+            namespace=pod["metadata"]["namespace"], **job,
             # TrainingRunMPIJobOperator.before_submit sets the run's attempt; a plain MPIJobOperator has no database
             # to begin one in (and dry_run never submits), so its trainer is told attempt 1.
             attempt=self.attempt if self.attempt is not None else 1,

@@ -21,7 +21,7 @@ from pgtrain.airflow.dag.connection import DEFAULT_CONN_ID
 from pgtrain.airflow.dag.failures import RETRY_POLICY
 from pgtrain.core.errors import ConfigError
 from pgtrain.launch.backends import kubernetes_backend
-from pgtrain.launch.mpijob import spec
+from pgtrain.launch.mpijob.spec import author_problems
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -37,9 +37,10 @@ class MPIJobTrainOperator(BaseOperator):
 
     :param training_run_id: the run plan_run created (pass its XComArg); templated
     :param conn_id: Airflow connection of the training database; templated
-    :param job_arguments: every other keyword: MPIJobOperator's and KubernetesPodOperator's (namespace, image,
-        gpus_per_worker, database_secret, node_selector, tolerations, deferrable, ...), chosen by the DAG's
-        author (``pgtrain.config.settings``), never by a trigger's conf
+    :param job_arguments: every other keyword: the Kubernetes settings (``pgtrain.config.kubernetes``: namespace,
+        image, gpus_per_worker, database_secret, node_selector, tolerations, deferrable, ...), checked now, and
+        KubernetesPodOperator's other arguments, chosen by the DAG's author (``pgtrain.config.settings``), never by a
+        trigger's conf
     """
 
     template_fields: Sequence[str] = ("training_run_id", "conn_id")
@@ -47,7 +48,7 @@ class MPIJobTrainOperator(BaseOperator):
 
     def __init__(self, *, training_run_id: str | None = None, conn_id: str = DEFAULT_CONN_ID, **kwargs: Any) -> None:
         task = {key: kwargs.pop(key) for key in list(kwargs) if key in _TASK_ARGUMENTS}
-        problems = spec.author_problems(kwargs)  # when the DAG is parsed, as the settings file's schema is checked
+        problems = author_problems(kwargs)  # when the DAG is parsed, as the settings file's schema is checked
         if problems:
             raise ConfigError(f"the train task's Kubernetes arguments are invalid: {'; '.join(problems)}; fix "
                               "`kubernetes:` in the DAG author's settings file (docs/kubernetes.md lists the keys)")
@@ -65,17 +66,13 @@ class MPIJobTrainOperator(BaseOperator):
 
     def job_operator(self, context: Context | None = None) -> TrainingRunMPIJobOperator:
         """The operator that submits and watches this task's MPIJob (its templates rendered with ``context``)."""
-        from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
-
         from pgtrain.airflow.kubernetes.training_job import TrainingRunMPIJobOperator
 
         # training_run_id is plan_run's XComArg until the task's templates are rendered: unresolved, it is no id
         run_id = self.training_run_id if isinstance(self.training_run_id, str) else None
-        accepted = {name for cls in TrainingRunMPIJobOperator.__mro__ if issubclass(cls, KubernetesPodOperator)
-                    for name in inspect.signature(cls.__init__).parameters}
-        defaults = {key: value for key, value in self.job_defaults.items() if key in accepted}
+        # Airflow hands each argument of the job's operators its default_args, as a KubernetesPodOperator task's
         job = TrainingRunMPIJobOperator(task_id=self.task_id, training_run_id=run_id, conn_id=self.conn_id,
-                                        **{**defaults, **self.job_arguments})
+                                        default_args=self.job_defaults, **self.job_arguments)
         if context is not None:
             job.render_template_fields(context, jinja_env=self.get_template_env())  # the DAG's macros and filters
         self._job = job

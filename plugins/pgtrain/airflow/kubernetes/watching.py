@@ -73,7 +73,8 @@ class MPIJobWatch:
             self.delete_mpijob("it did not start")
             if verdict.outcome == "cannot_start":
                 raise errors.cannot_start(self.job_namespace, self.job_name, verdict.message,
-                                            self.database_secret, self.database_secret_key)
+                                            self.job_settings["database_secret"],
+                                            self.job_settings["database_secret_key"])
             raise errors.not_started(self.job_namespace, self.job_name, self.startup_timeout_seconds, verdict)
         self._raise_if_failed(verdict, context)
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import re
 
-from pgtrain import __version__
-
 API_GROUP = "kubeflow.org"
 API_VERSION = "v2beta1"
 KIND = "MPIJob"
@@ -57,10 +55,6 @@ RUN_ID_ANNOTATION = "pgtrain.io/training-run-id"
 GPUS_PER_WORKER_ENV = "PGTRAIN_GPUS_PER_WORKER"
 # The MPI Operator only accepts these (pkg/apis/kubeflow/validation); the launcher is a batch Job.
 RESTART_POLICIES = ("Never", "OnFailure")
-
-DEFAULT_IMAGE = f"pgtrain-trainer:{__version__}"
-DEFAULT_SECRET_NAME = "pgtrain-db"
-DEFAULT_SECRET_KEY = "url"
 
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 DNS_LABEL_MAX = 63

@@ -14,9 +14,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pgtrain.config.kubernetes import SETTINGS, Flag, default
 from pgtrain.config.settings import load_settings
 from pgtrain.core.errors import ConfigError
-from pgtrain.launch.mpijob.spec import build_mpijob, default, settings_from
+from pgtrain.launch.mpijob.spec import author_problems, build_mpijob, settings_from
 
 
 def render_yaml(manifest: Mapping[str, Any]) -> str:
@@ -25,26 +26,29 @@ def render_yaml(manifest: Mapping[str, Any]) -> str:
     return yaml.safe_dump(dict(manifest), sort_keys=False, default_flow_style=False)
 
 
-def _key_values(items: Sequence[str], what: str) -> dict[str, str]:
-    result = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"--{what} expects KEY=VALUE, got {item!r}")
-        result[key] = value
-    return result
+_SCALARS = {"string": str, "integer": int, "number": float}
 
 
-def _toleration(text: str) -> dict[str, str]:
-    """KEY[=VALUE][:EFFECT], as kubectl taint writes taints."""
-    spec, _, effect = text.partition(":")
-    key, sep, value = spec.partition("=")
-    toleration = {"key": key, "operator": "Equal" if sep else "Exists"}
-    if sep:
-        toleration["value"] = value
-    if effect:
-        toleration["effect"] = effect
-    return toleration
+def _flags() -> dict[str, tuple[str, dict[str, Any]]]:
+    """setting -> (its flag, argparse's arguments): every scalar author setting has one (--name-with-dashes unless
+    it declares another), a mapping or sequence setting one where it declares how an item is written."""
+    flags = {}
+    for name, declared in SETTINGS.items():
+        if not declared.author or declared.role == "operator":
+            continue
+        kinds = declared.schema.get("type")
+        kind = next((k for k in ([kinds] if isinstance(kinds, str) else kinds or []) if k != "null"), None)
+        flag = declared.flag or Flag("--" + name.replace("_", "-"))
+        if declared.flag is not None and declared.flag.item is not None:
+            arguments: dict[str, Any] = {"action": "append", "type": declared.flag.item, "metavar": flag.metavar}
+        elif kind == "boolean":
+            arguments = {"action": argparse.BooleanOptionalAction}
+        elif kind in _SCALARS:
+            arguments = {"type": _SCALARS[kind], "metavar": flag.metavar}
+        else:
+            continue
+        flags[name] = (flag.name, arguments)
+    return flags
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,26 +59,19 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--world-size", type=int, required=True, help="Horovod ranks = GPUs")
     render.add_argument("--settings", metavar="FILE",
                         help="an author's settings file (dags/pgtrain.yaml): its kubernetes block")
-    # Without --settings a flag's default is MPIJobSettings'; beside it, only the flags given go over the file's.
-    def option(flag: str, setting: str, what: str = "", **kwargs: Any) -> None:
-        render.add_argument(flag, dest=setting, help=f"{what}{' ' if what else ''}(default: {default(setting)})",
-                            **kwargs)
-
-    option("--gpus-per-worker", "gpus_per_worker", type=int)
-    option("--image", "image")
     render.add_argument("--name", default="", help="MPIJob name (default: derived from the run id)")
-    option("--namespace", "namespace")
-    option("--secret", "database_secret", "the Secret holding the database URL")
-    option("--secret-key", "database_secret_key")
-    option("--worker-cpu", "worker_cpu")
-    option("--worker-memory", "worker_memory")
-    render.add_argument("--node-selector", action="append", metavar="KEY=VALUE")
-    render.add_argument("--toleration", action="append", metavar="KEY[=VALUE][:EFFECT]")
-    option("--active-deadline-seconds", "active_deadline_seconds", type=int)
+    # Without --settings a flag's default is the setting's; beside it, only the flags given go over the file's.
+    for name, (flag, arguments) in _flags().items():
+        render.add_argument(flag, dest=name, help=f"{SETTINGS[name].help} (default: {default(name)})", **arguments)
     render.add_argument("--attempt", type=int, default=1,
                         help="the run's train attempt the trainer is told (pgtrain.runs.record.begin_attempt); a "
                              "trainer of an older attempt than the run's cannot write")
     return parser
+
+
+def _value(name: str, given: Any) -> Any:
+    """A flag's value as the setting's: a mapping setting's (key, value) pairs as one mapping."""
+    return dict(given) if isinstance(default(name), Mapping) else given
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -82,13 +79,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         kubernetes = dict(load_settings(args.settings).kubernetes) if args.settings else {}
-        given = {key: getattr(args, key) for key in (
-            "gpus_per_worker", "image", "namespace", "database_secret", "database_secret_key", "worker_cpu",
-            "worker_memory", "active_deadline_seconds") if getattr(args, key) is not None}
-        if args.node_selector:
-            given["node_selector"] = _key_values(args.node_selector, "node-selector")
-        if args.toleration:
-            given["tolerations"] = [_toleration(t) for t in args.toleration]
+        given = {name: _value(name, getattr(args, name)) for name in _flags() if getattr(args, name) is not None}
+        problems = author_problems(given)
+        if problems:
+            raise ConfigError("; ".join(problems))
         settings = settings_from({**kubernetes, **given}, run_id=args.run_id, world_size=args.world_size,
                                  name=args.name, attempt=args.attempt)
         sys.stdout.write(render_yaml(build_mpijob(settings)))

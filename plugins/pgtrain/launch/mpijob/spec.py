@@ -10,14 +10,14 @@ Kubernetes Secret.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import hashlib
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from pgtrain.config.kubernetes import SETTINGS, KubernetesSettings, default, value_problems
 from pgtrain.config.params import DEFAULT_COLLECTIVE_TIMEOUT
 from pgtrain.core.database_url import DATABASE_URL_ENV, DATABASE_URL_FILE_ENV
 from pgtrain.core.errors import ConfigError
@@ -29,9 +29,6 @@ from pgtrain.launch.mpijob.api import (
     DATABASE_MOUNT_PATH,
     DATABASE_URL_FILE,
     DATABASE_VOLUME,
-    DEFAULT_IMAGE,
-    DEFAULT_SECRET_KEY,
-    DEFAULT_SECRET_NAME,
     DNS_LABEL_MAX,
     GPU_RESOURCE,
     GPUS_PER_WORKER_ENV,
@@ -53,67 +50,21 @@ from pgtrain.launch.mpijob.pod_templates import env_problems, merge_template, no
 from pgtrain.launch.mpijob.validation import validate_mpijob
 
 
-@dataclass(frozen=True)
-class MPIJobSettings:
-    """Everything that shapes one MPIJob; validated on construction."""
+@dataclass(frozen=True, kw_only=True)
+class MPIJobSettings(KubernetesSettings):
+    """Everything that shapes one MPIJob: the Kubernetes settings (``pgtrain.config.kubernetes``, where each is
+    declared) and the run's own; validated on construction. The ``pod`` settings are for base_pod() only: an
+    operator-supplied pod carries its own (KubernetesPodOperator's arguments of these names; env is its env_vars)."""
 
     run_id: str
     world_size: int
-    image: str = DEFAULT_IMAGE
-    gpus_per_worker: int = 1
     name: str = ""
-    namespace: str = "default"
-    database_secret: str = DEFAULT_SECRET_NAME
-    database_secret_key: str = DEFAULT_SECRET_KEY
-    # None: cpu_per_gpu and memory_per_gpu for each GPU the worker holds (pgtrain.launch.mpijob.sizing).
-    worker_cpu: str | None = None
-    worker_memory: str | None = None
-    cpu_per_gpu: str = "4"
-    memory_per_gpu: str = "16Gi"
-    # None: no memory limit (Burstable). worker_guaranteed: limits = requests (cpu and memory), Guaranteed QoS.
-    worker_memory_limit: str | None = None
-    worker_guaranteed: bool = False
-    # 2Gi: horovodrun's build probe imports CUDA torch and horovod.torch beside horovodrun and mpirun
-    # (docs/kubernetes.md); 1Gi left little room.
-    launcher_cpu: str = "500m"
-    launcher_memory: str = "2Gi"
-    # A memory-backed /dev/shm on the workers (None: the container runtime's, often 64 MiB). Its pages count
-    # against the pod's memory; 8Gi bounds it at half the default worker request and is far above what NCCL's
-    # shared-memory transport takes for 8 GPUs (a few hundred MiB).
-    shm_size: str | None = "8Gi"
-    backoff_limit: int = 0
-    active_deadline_seconds: int | None = 86400
-    ttl_seconds_after_finished: int = 3600
     # The run's train attempt (pgtrain.runs.record.begin_attempt), passed to the trainer, which fences its writes by it.
-    attempt: int = field(kw_only=True)
+    attempt: int
     # The ranks' collectives (pgtrain.launch.backends.kubernetes_backend: auto is the image's Horovod) and, for torch,
     # how long a rank waits in one collective before the job fails.
     backend: str = "horovod"
     collective_timeout: int = DEFAULT_COLLECTIVE_TIMEOUT
-    # Kueue's LocalQueue (a label on the MPIJob) and the MPI Operator's gang scheduling (runPolicy.schedulingPolicy).
-    queue_name: str | None = None
-    scheduling_policy: Mapping[str, Any] = field(default_factory=dict)
-    # Per role: Kubernetes affinity objects (over the pod's own, key by key), one worker pod per node, the
-    # launcher's node selector (instead of the pod's: it needs no GPU node).
-    worker_affinity: Mapping[str, Any] = field(default_factory=dict)
-    launcher_affinity: Mapping[str, Any] = field(default_factory=dict)
-    one_worker_per_node: bool | None = None  # None: on for whole-node workers (sizing.WHOLE_NODE_GPUS)
-    launcher_node_selector: Mapping[str, str] = field(default_factory=dict)
-    # The MPI Operator's non-root mode under the restricted Pod Security Standard (api.NON_ROOT_*).
-    non_root: bool = False
-    # Partial pod templates (metadata labels/annotations and spec) merged into both replica templates, then into
-    # one of them; what pgtrain owns (template_problems) cannot be set there.
-    pod_template: Mapping[str, Any] = field(default_factory=dict)
-    worker_pod_template: Mapping[str, Any] = field(default_factory=dict)
-    launcher_pod_template: Mapping[str, Any] = field(default_factory=dict)
-    # For base_pod() only: an operator-supplied pod carries its own (KubernetesPodOperator's arguments of these
-    # names; env is its env_vars).
-    node_selector: Mapping[str, str] = field(default_factory=dict)
-    tolerations: Sequence[Mapping[str, Any]] = ()
-    service_account_name: str | None = None
-    image_pull_secrets: Sequence[str] = ()
-    priority_class_name: str | None = None
-    env: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         problems = []
@@ -135,7 +86,7 @@ class MPIJobSettings:
             problems.append(f"backend={self.backend!r} should be horovod or torch (auto is resolved before)")
         if isinstance(self.attempt, bool) or not isinstance(self.attempt, int) or self.attempt < 1:
             problems.append(f"attempt={self.attempt!r} should be the run's train attempt (an integer >= 1)")
-        problems += author_problems({name: getattr(self, name) for name in AUTHOR_CHECKED})
+        problems += _cross_problems({name: getattr(self, name) for name in SETTINGS})
         if problems:
             raise ConfigError("invalid MPIJob settings: " + "; ".join(problems))
         layout(self.world_size, self.gpus_per_worker)  # raises on an impossible layout
@@ -151,13 +102,6 @@ class MPIJobSettings:
     def job_name(self) -> str:
         workers, _ = layout(self.world_size, self.gpus_per_worker)
         return self.name or job_name(self.run_id, workers=workers)
-
-
-def default(name: str) -> Any:
-    """The default of an MPIJobSettings field: the one home of the MPIJob's sizes and run policy defaults
-    (the operator's arguments and the render command's flags take theirs from here)."""
-    field_ = MPIJobSettings.__dataclass_fields__[name]
-    return field_.default_factory() if field_.default is dataclasses.MISSING else field_.default
 
 
 def layout(world_size: int, gpus_per_worker: int) -> tuple[int, int]:
@@ -193,16 +137,20 @@ def _longest_suffix(workers: int) -> int:
     return max(len("-launcher"), len(f"-worker-{workers - 1}"))
 
 
-# Settings of the author's ``kubernetes:`` block that only the Airflow operator uses (not part of the manifest).
-OPERATOR_ONLY_SETTINGS = ("startup_timeout_seconds", "deferrable")
-# The settings author_problems checks; the operator checks them when it is built, before any pod is.
-AUTHOR_CHECKED = ("worker_memory", "worker_memory_limit", "worker_guaranteed", "env", "pod_template",
-                  "worker_pod_template", "launcher_pod_template", "non_root")
-
-
 def author_problems(values: Mapping[str, Any]) -> list[str]:
-    """What is wrong with an author's settings (AUTHOR_CHECKED; a missing one is its default) beyond their schema."""
-    values = {name: values.get(name, default(name)) for name in AUTHOR_CHECKED}
+    """What is wrong with the settings among ``values`` (the operator's arguments, the render command's flags): each
+    against its schema, then together (a missing one is its default); checked when the operator is built, before
+    any pod is. How the operator watches (``operator`` settings) is KubernetesPodOperator's own argument, taken as
+    given (a test polls faster than the settings file's bounds allow an author)."""
+    problems = value_problems({name: value for name, value in values.items()
+                               if name in SETTINGS and SETTINGS[name].role != "operator"})
+    return problems or _cross_problems(values)
+
+
+def _cross_problems(values: Mapping[str, Any]) -> list[str]:
+    """What the schemas cannot say: settings that contradict each other, env names and pod templates that would
+    take over what pgtrain owns."""
+    values = {name: values.get(name, default(name)) for name in SETTINGS}
     problems = []
     if values["worker_guaranteed"] and values["worker_memory_limit"] not in (None, values["worker_memory"]):
         problems.append(f"worker_guaranteed sets the memory limit to the memory request (worker_memory="
@@ -219,8 +167,7 @@ def author_problems(values: Mapping[str, Any]) -> list[str]:
 def settings_from(kubernetes: Mapping[str, Any], **run: Any) -> MPIJobSettings:
     """MPIJobSettings from the author's ``kubernetes:`` block (pgtrain.config.settings.KUBERNETES_SETTINGS) and
     the run's own (run_id, world_size, attempt, ...): what ``render --settings`` shows."""
-    fields_ = {k: v for k, v in kubernetes.items() if k not in OPERATOR_ONLY_SETTINGS}
-    return MPIJobSettings(**{**fields_, **run})
+    return MPIJobSettings(**{**kubernetes, **run})
 
 
 def database_volume(secret: str, key: str, mode: int = 0o400) -> dict[str, Any]:
