@@ -151,8 +151,8 @@ class KubernetesSettings:
     # against the pod's memory; 8Gi bounds it at half the default worker request and is far above what NCCL's
     # shared-memory transport takes for 8 GPUs (a few hundred MiB).
     shm_size: str | None = setting("8Gi", _OPTIONAL_QUANTITY, "the workers' memory-backed /dev/shm")
-    env: Mapping[str, str] = setting({}, {"type": "object", "propertyNames": {"pattern": r"^[A-Za-z_][A-Za-z0-9_]*$"},
-                                          "additionalProperties": {"type": "string"}},
+    # Names are checked by pod_templates.env_problems, whose message says what a name may be.
+    env: Mapping[str, str] = setting({}, {"type": "object", "additionalProperties": {"type": "string"}},
                                      "extra environment of the trainer containers", role="pod")
     # The MPI Operator's non-root mode under the restricted Pod Security Standard (api.NON_ROOT_*).
     non_root: bool = setting(False, {"type": "boolean"}, "the MPI Operator's non-root mode")
