@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from pgtrain.config.params import _MODEL_NAME, PARAMETERS, RANK_SETTINGS, param_problems, quality_gate_problems
+from pgtrain.config.search import schema_problems as search_schema_problems
 from pgtrain.config.settings import AUTHOR_PROPERTIES, AuthorSettings, author_file, rule, schema_message
 from pgtrain.core.errors import ConfigError
 
@@ -97,6 +98,7 @@ class ModelEntry:
     description: str = ""
     categories: dict[str, Any] = field(default_factory=dict)
     intra_op_threads: int | None = None  # None: the settings file's
+    search_limits: dict[str, Any] | None = None  # None: the settings file's
 
     @property
     def dag_id(self) -> str:
@@ -123,7 +125,8 @@ class ModelEntry:
             launcher=self.launcher or base.launcher, categories=categories, backend=self.backend or base.backend,
             collective_timeout=self.collective_timeout or base.collective_timeout,
             intra_op_threads=base.intra_op_threads if self.intra_op_threads is None else self.intra_op_threads,
-            precision=self.precision or base.precision, stall_timeout=self.stall_timeout or base.stall_timeout)
+            precision=self.precision or base.precision, stall_timeout=self.stall_timeout or base.stall_timeout,
+            search_limits=self.search_limits or base.search_limits)
 
     def fixed_params(self, settings: AuthorSettings) -> dict[str, Any]:
         """Every param the author fixes for this model's runs (FIXED_PARAMS), with ``settings``' launcher and
@@ -197,6 +200,8 @@ def parse_entry(raw: Any) -> ModelEntry:
                         "reads exactly this table, whatever a connection's search_path says")
     problems += [f"params: {p}" if p.startswith("'") else f"params.{p}"
                  for p in param_problems({k: v for k, v in params.items() if k not in FIXED_PARAMS})]
+    if isinstance(params.get("search"), dict):
+        problems += search_schema_problems(params["search"], where="params.search")
     gate = raw.get("quality_gate")
     if isinstance(gate, dict):
         task = params.get("task") if isinstance(params.get("task"), str) else None
@@ -216,7 +221,7 @@ def parse_entry(raw: Any) -> ModelEntry:
         quality_gate={**DEFAULT_QUALITY_GATE, **(raw.get("quality_gate") or {})},
         max_world_size=raw.get("max_world_size"), description=raw.get("description", ""),
         categories=dict(raw.get("categories") or {}),
-        intra_op_threads=raw.get("intra_op_threads"))
+        intra_op_threads=raw.get("intra_op_threads"), search_limits=raw.get("search_limits"))
 
 
 def _schema_problems(schema: dict[str, Any], data: Any) -> list[str]:

@@ -37,6 +37,7 @@ from pgtrain.config.params import (
     TrainingConfig,
     quality_gate_problems,
 )
+from pgtrain.config.search import LIMITS_SCHEMA
 from pgtrain.core.errors import ConfigError
 
 SETTINGS_ENV = "PGTRAIN_SETTINGS"
@@ -135,6 +136,7 @@ AUTHOR_PROPERTIES: dict[str, dict[str, Any]] = {
     "categories": {"type": "object", "additionalProperties": False,
                    "properties": {name: rule(schema) for name, schema in CATEGORIES.items()}},
     **{name: rule(schema) for name, schema in RANK_SETTINGS.items()},
+    "search_limits": LIMITS_SCHEMA,
 }
 
 # The author's settings a run's config snapshot holds (its params, fixed by the author).
@@ -165,6 +167,7 @@ class AuthorSettings:
     precision: str = TrainingConfig.precision
     stall_timeout: int = TrainingConfig.stall_timeout
     intra_op_threads: int | None = None
+    search_limits: dict[str, Any] | None = None  # pgtrain.config.search.SearchLimits; None: no search
 
     def category_rules(self) -> dict[str, Any]:
         """Every CATEGORIES key: the author's value, else its default."""
@@ -241,4 +244,5 @@ def load_settings(path: Path | str | None = None, *, default: Path | str | None 
                           data.get("backend", defaults.backend),
                           data.get("collective_timeout", defaults.collective_timeout),
                           data.get("precision", defaults.precision),
-                          data.get("stall_timeout", defaults.stall_timeout), data.get("intra_op_threads"))
+                          data.get("stall_timeout", defaults.stall_timeout), data.get("intra_op_threads"),
+                          data.get("search_limits"))
