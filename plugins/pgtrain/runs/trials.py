@@ -159,3 +159,13 @@ def recorded_choice(conn: psycopg.Connection, search_run: str) -> Choice | None:
     row = conn.execute("SELECT metric, higher_is_better, chosen_trial, chosen_run, explanation "
                        "FROM pgtrain.search_choices WHERE search_run = %s", (search_run,)).fetchone()
     return None if row is None else Choice(*row)
+
+
+def search_of(conn: psycopg.Connection, run_id: str) -> dict[str, Any] | None:
+    """The search a trial's run belongs to, as the models page shows it: its run, choice and every trial's ledger
+    row; None for a run that is no trial (or whose search has made no choice yet)."""
+    trial = trial_of(conn, run_id)
+    choice = recorded_choice(conn, trial[0]) if trial else None
+    if trial is None or choice is None:
+        return None
+    return {"search_run": trial[0], "choice": choice, "trials": ledger(conn, trial[0])}

@@ -4,6 +4,9 @@ commit, a failed trial not failing the search, and the version's figures read on
 
 from __future__ import annotations
 
+import re
+from html import escape as html_escape
+
 import pytest
 
 from pgtrain.config.metrics import reported
@@ -11,9 +14,11 @@ from pgtrain.config.settings import AuthorSettings
 from pgtrain.core.errors import CommitRejected
 from pgtrain.runs import record, trials
 from pgtrain.store.search_commit import commit_search
+from tests.db import test_models_catalog
 from tests.support import make_mixed_table, mixed_params, planned_run, run_job
 
 pytestmark = pytest.mark.horovod
+page_client_of = test_models_catalog.page_client_of  # the models page app, as its own tests get it
 
 AUTHOR = AuthorSettings(allowed_models=("mlp", "xgboost"),
                         search_limits={"max_trials": 4, "concurrency": 2, "max_total_world_size": 2})
@@ -40,7 +45,7 @@ def plan_rows(conn, run_id: str) -> tuple:
     return manifest, plan, batches, encoding
 
 
-def test_two_trials_of_two_kinds_over_one_plan_and_the_best_committed(autocommit, db_url):
+def test_two_trials_of_two_kinds_over_one_plan_and_the_best_committed(autocommit, db_url, page_client_of):
     make_mixed_table(autocommit, 600)
     search = search_run(autocommit)
     runs = trials.plan_trials(autocommit, search.run_id, AUTHOR)
@@ -75,6 +80,18 @@ def test_two_trials_of_two_kinds_over_one_plan_and_the_best_committed(autocommit
     assert metrics["figures_from"] == "test"
     assert reported(metrics, "val_accuracy") == metrics["test_accuracy"] == best["test_metrics"]["test_accuracy"]
     assert metrics["val_accuracy"] == pytest.approx(best["metrics"]["val_accuracy"])
+    # The other trial is recorded (params, metrics, curve, time) but its parameters are gone.
+    other = next(r for r in runs if r != best["run_id"])
+    assert record.get_run(autocommit, other).status_reason.startswith(f"not chosen: trial {best['trial']} was")
+    assert autocommit.execute("SELECT count(*) FROM pgtrain.staged_parameters").fetchone() == (0,)
+    # The models page shows the version's search: every trial, the chosen one marked, and the choice in words.
+    client, token = page_client_of(db_url)
+    html = client.get("/pgtrain/models/penguins-search", params={"version": result.version},
+                      headers={"Authorization": f"Bearer {token}", "Accept": "text/html"}).text
+    trial_rows = re.findall(r'<tr data-trial="(\d+)"( class=chosen)?>', html)
+    assert trial_rows == [(str(t["trial"]), " class=chosen" if t is best else "") for t in ledger]
+    assert "model=xgboost" in html and "hidden_sizes=[16]" in html and "max_depth=3" in html
+    assert html_escape(choice.explanation) in html
     # Committing the search again yields the same version.
     again, _ = commit_search(autocommit, search.run_id, owner={"task_id": "test"})
     assert again.version == result.version and not again.created
