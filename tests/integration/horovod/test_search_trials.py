@@ -4,18 +4,31 @@ commit, a failed trial not failing the search, and the version's figures read on
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 from html import escape as html_escape
 
+import psycopg
 import pytest
 
 from pgtrain.config.metrics import reported
 from pgtrain.config.settings import AuthorSettings
-from pgtrain.core.errors import CommitRejected
+from pgtrain.core.errors import CommitRejected, TrainingFailed
+from pgtrain.launch.attempt import training_claim
 from pgtrain.runs import record, trials
 from pgtrain.store.search_commit import commit_search
 from tests.db import test_models_catalog
-from tests.support import make_mixed_table, mixed_params, planned_run, run_job
+from tests.integration.horovod.test_resume import trainer_rank
+from tests.support import (
+    job_in_background,
+    make_mixed_table,
+    mixed_params,
+    planned_run,
+    run_job,
+    seed_samples,
+    wait_for_checkpoint,
+)
 
 pytestmark = pytest.mark.horovod
 page_client_of = test_models_catalog.page_client_of  # the models page app, as its own tests get it
@@ -132,3 +145,39 @@ def test_a_search_beyond_the_authors_caps_is_refused_before_any_trial(autocommit
     assert trials.trial_runs(autocommit, search.run_id) == []
     with pytest.raises(Exception, match="allows no search"):
         trials.plan_trials(autocommit, search.run_id, AuthorSettings(allowed_models=("mlp", "xgboost")))
+
+
+def test_killing_one_trials_rank_fails_only_that_trial_and_its_retry_resumes(autocommit, db_url):
+    """Two trials training at once, each under its own training claim; one's rank is SIGKILLed after its epoch-2
+    checkpoint: that trial's job fails, the other's ends trained, the retry of the first resumes from its own
+    checkpoint, and the search commits the better of the two."""
+    seed_samples(autocommit, rows=240, dim=8, classes=4, seed=5)
+    search = planned_run(autocommit, "killed", world_size=1, epochs=5, batch_size=16, learning_rate=0.05,
+                         checkpoint_every=1, early_stopping_patience=0,
+                         search={"candidates": [{"model": "mlp", "params": {"hidden_sizes": [[8], [16]]}}]})
+    first, second = (record.get_run(autocommit, r) for r in trials.plan_trials(autocommit, search.run_id, AUTHOR))
+    owner = {"dag_id": "pgtrain_test", "task_id": "train"}
+    with training_claim(db_url, first, owner), training_claim(db_url, second, owner), \
+            psycopg.connect(db_url) as blocker:
+        # Hold the first trial's rank at its epoch-3 metrics: its epoch-2 checkpoint is written by then.
+        blocker.execute("INSERT INTO pgtrain.run_metrics (run_id, epoch, train_loss, seconds) VALUES (%s, 3, 0, 0)",
+                        (first.run_id,))
+        killed, killed_failure = job_in_background(first, db_url)
+        other, other_failure = job_in_background(second, db_url)
+        wait_for_checkpoint(db_url, first.run_id, 2)
+        rank = trainer_rank(first.run_id, 0)
+        assert rank is not None
+        os.kill(rank.pid, signal.SIGKILL)
+        killed.join(timeout=240)
+        other.join(timeout=240)
+        blocker.rollback()
+    assert len(killed_failure) == 1 and isinstance(killed_failure[0], TrainingFailed), killed_failure
+    assert other_failure == [] and record.get_run(autocommit, second.run_id).status == "trained"
+    assert record.get_run(autocommit, first.run_id).status != "trained"
+
+    lines = run_job(first, db_url)  # the trial's retry: a new attempt of its own run
+    assert any("resuming from the checkpoint of epoch 2" in line for line in lines)
+    result, choice = commit_search(autocommit, search.run_id, owner={"task_id": "test"})
+    assert {t["status"] for t in trials.ledger(autocommit, search.run_id)} == {"trained", "committed"}
+    assert result.created and choice.run_id in (first.run_id, second.run_id)
+    assert choice.metric == "val_loss" and "lower is better" in choice.explanation
