@@ -17,6 +17,8 @@
 - ``categories`` (``pgtrain.config.settings.CATEGORIES``): over the settings file's, key by key; its
   ``hashed_columns`` add to the settings file's.
 - ``intra_op_threads``: torch's threads in each rank of the model's runs (default: the settings file's).
+- ``search_limits`` (``pgtrain.config.search``): the model's caps on a search (default: the settings file's); its
+  default search is ``params.search``, checked with the entry.
 
 ``load_entries`` checks every entry on its own: a bad one (unknown key, wrong type, duplicate name) is reported
 as an ``EntryError`` naming the file, the entry and the field, and the others are returned to be scheduled.

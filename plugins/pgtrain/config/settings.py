@@ -15,6 +15,8 @@ They live in a YAML file next to the DAGs (``dags/pgtrain.yaml``, whose path the
 - ``categories``: the most levels a run may keep per categorical column and the fewest rows a kept level needs
   (a trigger beyond them is refused), and what of the levels a version may store in clear (``CATEGORIES``).
 - ``intra_op_threads``: torch's threads in each rank (``RANK_SETTINGS``; default: as many as its CPUs allow).
+- ``search_limits``: whether a run may search, and its caps: ``max_trials``, ``concurrency`` (trials at once),
+  ``max_total_world_size`` (``pgtrain.config.search``); none: a run with the ``search`` param is refused.
 
 A run whose source or model is not allowed is refused in ``plan_run``, before any column or row of it
 is read.
