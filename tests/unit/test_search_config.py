@@ -95,3 +95,21 @@ def test_a_models_file_entry_sets_the_search_and_its_caps():
     with pytest.raises(ConfigError, match=r"search_limits.*max_trials"):
         parse_entry({"name": "m", "source": {"table": "public.t", "label_column": "y"},
                      "schedule": {"cron": "@daily"}, "search_limits": {"concurrency": 2}})
+
+
+def test_where_the_author_allows_a_search_the_train_task_is_mapped_over_the_trials(tmp_path, monkeypatch):
+    from airflow.dag_processing.dagbag import DagBag
+
+    from tests.conftest import REPO
+
+    settings = tmp_path / "pgtrain.yaml"
+    settings.write_text("allowed_models: [mlp, xgboost]\nsearch_limits: {max_trials: 8, concurrency: 3}\n")
+    monkeypatch.setenv("PGTRAIN_SETTINGS", str(settings))
+    dag = DagBag(dag_folder=str(REPO / "dags" / "pgtrain_training.py")).dags["pgtrain_training"]
+    train, commit, report = (dag.get_task(t) for t in ("train", "commit_parameters", "report_search"))
+    assert type(train).__name__ == "MappedOperator" and train.upstream_task_ids == {"plan_trials"}
+    assert train.partial_kwargs["max_active_tis_per_dagrun"] == 3  # the author's concurrency
+    # the best is committed whatever became of the other trials, but not after a skipped run
+    assert commit.trigger_rule == "all_done_min_one_success" and "train" in commit.upstream_task_ids
+    assert "commit_parameters" in report.upstream_task_ids
+    assert dag.get_task("plan_trials").upstream_task_ids == {"plan_run", "compute_shards"}

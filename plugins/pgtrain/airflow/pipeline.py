@@ -39,15 +39,16 @@ def train_task(training_run: Any, settings: AuthorSettings) -> BaseOperator:
 def training_tasks(run: Any, settings: AuthorSettings) -> tuple[Any, ...]:
     """What follows compute_shards: train -> commit_parameters -> report; where the author allows a search
     (``search_limits``), plan_trials -> train mapped over the trials (at most ``concurrency`` at once) ->
-    commit_parameters of the best, whatever became of the others -> report_search."""
+    commit_parameters of the best, whatever became of the others (but not after a skipped run: nothing planned, no
+    commit) -> report_search."""
     from pgtrain.airflow.dag.search_tasks import plan_trials, report_search
     from pgtrain.airflow.dag.tasks import commit_parameters, report
 
     if not settings.search_limits:
         return train_task(run, settings), commit_parameters(run), report(run)
     trials = plan_trials(run, settings.to_dict())
-    return (trials, trial_tasks(trials, settings), commit_parameters.override(trigger_rule="all_done")(run),
-            report_search(run))
+    commit = commit_parameters.override(trigger_rule="all_done_min_one_success")(run)
+    return trials, trial_tasks(trials, settings), commit, report_search(run)
 
 
 def trial_tasks(trials: Any, settings: AuthorSettings) -> Any:
