@@ -64,6 +64,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import psycopg
+import quality_search
 from common import bench_database, machine, report, stopwatch
 from psycopg import sql
 from psycopg.rows import dict_row
@@ -376,6 +377,9 @@ def measure(conn: psycopg.Connection, url: str, table: Table) -> dict[str, float
         out[f"{prefix}.roc_auc_from"] = auc_from
     out[f"{prefix}.target_met"] = not missed
     out[f"{prefix}.targets_missed"] = "; ".join(missed)
+    if quality_search.enabled():  # the search row: 8 trials over both built-ins, the best committed
+        out.update(quality_search.search_figures(conn, url, run.config, prefix,
+                                                 "test_r2" if table.regression else "test_accuracy"))
     return out
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 from airflow.sdk import DAG, chain, get_parsing_context
 
 from pgtrain.airflow.dag.params import dag_params
-from pgtrain.airflow.dag.tasks import commit_parameters, compute_shards, plan_run, provision_tables, report
-from pgtrain.airflow.pipeline import DEFAULT_ARGS, model_schedule, train_task
+from pgtrain.airflow.dag.tasks import compute_shards, plan_run, provision_tables
+from pgtrain.airflow.pipeline import DEFAULT_ARGS, model_schedule, training_tasks
 from pgtrain.config.model_entries import MODELS_FILE_NAME, load_entries
 from pgtrain.config.settings import SETTINGS_FILE_NAME, load_settings
 
@@ -44,6 +44,5 @@ for entry in entries:
         doc_md=__doc__,
     ) as dag:
         run = plan_run(settings.to_dict(), fixed)
-        chain(provision_tables(), run, compute_shards(run, settings.to_dict()), train_task(run, settings),
-              commit_parameters(run), report(run))
+        chain(provision_tables(), run, compute_shards(run, settings.to_dict()), *training_tasks(run, settings))
     globals()[entry.dag_id] = dag

@@ -18,8 +18,8 @@ from pathlib import Path
 from airflow.sdk import DAG, chain
 
 from pgtrain.airflow.dag.params import dag_params
-from pgtrain.airflow.dag.tasks import commit_parameters, compute_shards, plan_run, provision_tables, report
-from pgtrain.airflow.pipeline import DEFAULT_ARGS, train_task
+from pgtrain.airflow.dag.tasks import compute_shards, plan_run, provision_tables
+from pgtrain.airflow.pipeline import DEFAULT_ARGS, training_tasks
 from pgtrain.config.model_entries import MODELS_FILE_NAME
 from pgtrain.config.settings import SETTINGS_FILE_NAME, load_settings
 
@@ -42,5 +42,4 @@ with DAG(
     doc_md=__doc__,
 ):
     run = plan_run(settings.to_dict(), fixed, models_file=str(HERE / MODELS_FILE_NAME))
-    chain(provision_tables(), run, compute_shards(run, settings.to_dict()), train_task(run, settings),
-          commit_parameters(run), report(run))
+    chain(provision_tables(), run, compute_shards(run, settings.to_dict()), *training_tasks(run, settings))

@@ -17,6 +17,8 @@
 - ``categories`` (``pgtrain.config.settings.CATEGORIES``): over the settings file's, key by key; its
   ``hashed_columns`` add to the settings file's.
 - ``intra_op_threads``: torch's threads in each rank of the model's runs (default: the settings file's).
+- ``search_limits`` (``pgtrain.config.search``): the model's caps on a search (default: the settings file's); its
+  default search is ``params.search``, checked with the entry.
 
 ``load_entries`` checks every entry on its own: a bad one (unknown key, wrong type, duplicate name) is reported
 as an ``EntryError`` naming the file, the entry and the field, and the others are returned to be scheduled.
@@ -31,6 +33,7 @@ from typing import Any
 
 from pgtrain.config.kubernetes import schema_message
 from pgtrain.config.params import _MODEL_NAME, PARAMETERS, RANK_SETTINGS, param_problems, quality_gate_problems
+from pgtrain.config.search import schema_problems as search_schema_problems
 from pgtrain.config.settings import AUTHOR_PROPERTIES, AuthorSettings, author_file, rule
 from pgtrain.core.errors import ConfigError
 
@@ -98,6 +101,7 @@ class ModelEntry:
     description: str = ""
     categories: dict[str, Any] = field(default_factory=dict)
     intra_op_threads: int | None = None  # None: the settings file's
+    search_limits: dict[str, Any] | None = None  # None: the settings file's
 
     @property
     def dag_id(self) -> str:
@@ -124,7 +128,8 @@ class ModelEntry:
             launcher=self.launcher or base.launcher, categories=categories, backend=self.backend or base.backend,
             collective_timeout=self.collective_timeout or base.collective_timeout,
             intra_op_threads=base.intra_op_threads if self.intra_op_threads is None else self.intra_op_threads,
-            precision=self.precision or base.precision, stall_timeout=self.stall_timeout or base.stall_timeout)
+            precision=self.precision or base.precision, stall_timeout=self.stall_timeout or base.stall_timeout,
+            search_limits=self.search_limits or base.search_limits)
 
     def fixed_params(self, settings: AuthorSettings) -> dict[str, Any]:
         """Every param the author fixes for this model's runs (FIXED_PARAMS), with ``settings``' launcher and
@@ -198,6 +203,8 @@ def parse_entry(raw: Any) -> ModelEntry:
                         "reads exactly this table, whatever a connection's search_path says")
     problems += [f"params: {p}" if p.startswith("'") else f"params.{p}"
                  for p in param_problems({k: v for k, v in params.items() if k not in FIXED_PARAMS})]
+    if isinstance(params.get("search"), dict):
+        problems += search_schema_problems(params["search"], where="params.search")
     gate = raw.get("quality_gate")
     if isinstance(gate, dict):
         task = params.get("task") if isinstance(params.get("task"), str) else None
@@ -217,7 +224,7 @@ def parse_entry(raw: Any) -> ModelEntry:
         quality_gate={**DEFAULT_QUALITY_GATE, **(raw.get("quality_gate") or {})},
         max_world_size=raw.get("max_world_size"), description=raw.get("description", ""),
         categories=dict(raw.get("categories") or {}),
-        intra_op_threads=raw.get("intra_op_threads"))
+        intra_op_threads=raw.get("intra_op_threads"), search_limits=raw.get("search_limits"))
 
 
 def _schema_problems(schema: dict[str, Any], data: Any) -> list[str]:

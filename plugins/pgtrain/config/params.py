@@ -92,6 +92,7 @@ class TrainingConfig:
     model_name: str = "digits-mlp"
     model: str = "mlp"
     model_options: dict[str, Any] = field(default_factory=dict)
+    search: dict[str, Any] | None = None  # pgtrain.config.search: N trials over this run's plan, the best committed
     hidden_sizes: tuple[int, ...] = field(default=(50,))
     init_from: str | int = "scratch"
     standardize_target: bool = True
@@ -295,6 +296,10 @@ PARAMETERS: dict[str, dict[str, Any]] = _with_defaults({
     "model_options": {"type": "object", "section": _MODEL, "title": "Model options",
                       "description": "keyword arguments of the factory: factory(input_dim=, output_dim=, ...); "
                                      "xgboost: its options (n_estimators, max_depth, ...: docs/models.md)"},
+    "search": {"type": ["object", "null"], "section": _MODEL, "title": "Search",
+               "description": "trials over one plan, the best by a validation metric committed: candidates (models "
+                              "and knob values), strategy (grid or random), seed, trials, metric; within the DAG "
+                              "author's search_limits (docs/configuration.md#search)"},
     "hidden_sizes": {"type": "array", "minItems": 1, "maxItems": 16,
                      "items": {"type": "integer", "minimum": 1, "maximum": 65536}, "section": _MODEL,
                      "title": "Hidden layers", "description": "hidden layer widths of the mlp model"},

@@ -15,6 +15,8 @@ They live in a YAML file next to the DAGs (``dags/pgtrain.yaml``, whose path the
 - ``categories``: the most levels a run may keep per categorical column and the fewest rows a kept level needs
   (a trigger beyond them is refused), and what of the levels a version may store in clear (``CATEGORIES``).
 - ``intra_op_threads``: torch's threads in each rank (``RANK_SETTINGS``; default: as many as its CPUs allow).
+- ``search_limits``: whether a run may search, and its caps: ``max_trials``, ``concurrency`` (trials at once),
+  ``max_total_world_size`` (``pgtrain.config.search``); none: a run with the ``search`` param is refused.
 
 A run whose source or model is not allowed is refused in ``plan_run``, before any column or row of it
 is read.
@@ -38,6 +40,7 @@ from pgtrain.config.params import (
     TrainingConfig,
     quality_gate_problems,
 )
+from pgtrain.config.search import LIMITS_SCHEMA
 from pgtrain.core.errors import ConfigError
 
 SETTINGS_ENV = "PGTRAIN_SETTINGS"
@@ -73,6 +76,7 @@ AUTHOR_PROPERTIES: dict[str, dict[str, Any]] = {
     "categories": {"type": "object", "additionalProperties": False,
                    "properties": {name: rule(schema) for name, schema in CATEGORIES.items()}},
     **{name: rule(schema) for name, schema in RANK_SETTINGS.items()},
+    "search_limits": LIMITS_SCHEMA,
 }
 
 # The author's settings a run's config snapshot holds (its params, fixed by the author).
@@ -103,6 +107,7 @@ class AuthorSettings:
     precision: str = TrainingConfig.precision
     stall_timeout: int = TrainingConfig.stall_timeout
     intra_op_threads: int | None = None
+    search_limits: dict[str, Any] | None = None  # pgtrain.config.search.SearchLimits; None: no search
 
     def category_rules(self) -> dict[str, Any]:
         """Every CATEGORIES key: the author's value, else its default."""
@@ -172,4 +177,5 @@ def load_settings(path: Path | str | None = None, *, default: Path | str | None 
                           data.get("backend", defaults.backend),
                           data.get("collective_timeout", defaults.collective_timeout),
                           data.get("precision", defaults.precision),
-                          data.get("stall_timeout", defaults.stall_timeout), data.get("intra_op_threads"))
+                          data.get("stall_timeout", defaults.stall_timeout), data.get("intra_op_threads"),
+                          data.get("search_limits"))

@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 
 from pgtrain.core.errors import ClaimLost, LockTimeout, TrainingBusy
-from pgtrain.runs import record
+from pgtrain.runs import record, trials
 from pgtrain.store import tensors
 from pgtrain.store.locks import (
     DEFAULT_TTL,
@@ -53,9 +53,10 @@ def start_attempt(conn: psycopg.Connection, run_id: str) -> int:
     return attempt
 
 
-def claim_name(model_name: str) -> str:
-    """The lock (``pgtrain.locks``) a run of the model holds while its job trains."""
-    return f"training:{model_name}"
+def claim_name(model_name: str, trial: tuple[str, int] | None = None) -> str:
+    """The lock (``pgtrain.locks``) a run of the model holds while its job trains; a search's trials (``trial``:
+    its search run and number) train side by side, each under a claim of its own."""
+    return f"training:{model_name}" + (f"#{trial[0]}/trial-{trial[1]}" if trial else "")
 
 
 @dataclass
@@ -87,12 +88,12 @@ def training_claim(conn: psycopg.Connection | str, run: record.Run, owner: Mappi
     try of a task once the earlier one has ended: killed, failed, or its trigger gone), whose job a Kubernetes retry
     re-attaches to rather than launching another, and whose writes the new attempt fences off.
     """
+    name = claim_name(run.model_name, _trial_of(conn, run.run_id))
     with LockManager(conn, owner={**(owner or {}), "training_run": run.run_id}, heartbeat=True) as locks:
         try:
-            lease = locks.acquire_lock(claim_name(run.model_name), timeout=wait,
-                                       take_over={"training_run": run.run_id})
+            lease = locks.acquire_lock(name, timeout=wait, take_over={"training_run": run.run_id})
         except LockTimeout:
-            holder = locks.holder(claim_name(run.model_name)) or {}
+            holder = locks.holder(name) or {}
             who = holder.get("owner") or {}
             raise TrainingBusy(
                 f"model {run.model_name!r} is being trained by run {who.get('training_run', '?')} "
@@ -104,6 +105,15 @@ def training_claim(conn: psycopg.Connection | str, run: record.Run, owner: Mappi
         # released at the end unless handed over; a release that cannot complete fails no job and hides no error
         with locks.holding(lease):
             yield TrainingClaim(lease, locks)
+
+
+def _trial_of(conn: psycopg.Connection | str, run_id: str) -> tuple[str, int] | None:
+    if isinstance(conn, str):
+        from pgtrain.core.db import connect
+
+        with connect(conn) as own:
+            return trials.trial_of(own, run_id)
+    return trials.trial_of(conn, run_id)
 
 
 def claim_lost(conn: psycopg.Connection, name: str, training_run: str) -> ClaimLost:

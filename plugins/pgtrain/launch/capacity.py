@@ -13,6 +13,7 @@ import math
 
 from pgtrain.config.kubernetes import default
 from pgtrain.config.params import TrainingConfig
+from pgtrain.config.search import SearchLimits, plan_search
 from pgtrain.config.settings import AuthorSettings
 from pgtrain.core.cpus import usable_cpus
 from pgtrain.core.errors import ConfigError
@@ -31,7 +32,11 @@ def mlp_parameter_count(input_dim: int, hidden_sizes: tuple[int, ...], output_di
 
 
 def check_launch(config: TrainingConfig, settings: AuthorSettings) -> None:
-    """Refuse a world size the run's launcher cannot lay out (ConfigError saying what to choose)."""
+    """Refuse a world size the run's launcher cannot lay out, and a search beyond the author's caps (ConfigError
+    saying what to choose)."""
+    if config.search is not None:
+        plan_search(config.search, config.to_dict(), SearchLimits.from_dict(settings.search_limits),
+                    settings.allowed_models)
     if config.launcher == "local":
         check_world_size(config)
     else:

@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from pgtrain.runs import record
+from pgtrain.runs import record, trials
 
 
 def list_models(conn: psycopg.Connection) -> list[dict[str, Any]]:
@@ -108,6 +108,7 @@ def version_details(conn: psycopg.Connection, model_name: str, versions: list[in
         found = {row["version"]: row for row in with_runs(conn, rows, ("config", "dag_id", "dag_run_id"))}
         for row in found.values():
             row["epochs"] = record.epoch_metrics(conn, row["run_id"]) if row["run_id"] else []
+            row["search"] = trials.search_of(conn, row["run_id"]) if row["run_id"] else None
     return [found[v] for v in dict.fromkeys(versions) if v in found]
 
 

@@ -97,18 +97,19 @@ def commit_parameters(training_run: str, conn_id: str = DEFAULT_CONN_ID, ti: Any
     from pgtrain.core.db import connect
     from pgtrain.core.errors import CommitRejected
     from pgtrain.runs import record
-    from pgtrain.store.model_store import commit_run
+    from pgtrain.store.search_commit import commit_search
 
     owner = task_owner(ti)
     with connect(database_url(conn_id)) as conn:
         # Committed, or rejected with the reason: the DAG run's note (pgtrain.airflow.ui.run_notes).
         try:
-            result = commit_run(conn, training_run, owner=owner)
+            result, choice = commit_search(conn, training_run, owner=owner)  # a search commits its best trial
         except CommitRejected:
             leave_outcome(ti, conn, training_run)
             raise
-        leave_outcome(ti, conn, training_run)
-        why = None if result.head_moved else record.get_run(conn, training_run).status_reason
+        committed = choice.run_id if choice else training_run
+        leave_outcome(ti, conn, committed)
+        why = None if result.head_moved else record.get_run(conn, committed).status_reason
     log.info("model %s version %d (%s)", result.model_name, result.version,
              "new" if result.created else "already committed by an earlier try")
     if why is not None:
@@ -121,7 +122,7 @@ def commit_parameters(training_run: str, conn_id: str = DEFAULT_CONN_ID, ti: Any
     else:
         log.info("no asset event: no DAG schedules on %s", asset.uri)
     return {"model_name": result.model_name, "version": result.version, "created": result.created,
-            "head_moved": result.head_moved}
+            "head_moved": result.head_moved, "run_id": committed}
 
 
 @task

@@ -38,6 +38,7 @@ from pgtrain.airflow.ui.render import (
     normalized,
     rows_of,
 )
+from pgtrain.airflow.ui.search_section import search_section
 from pgtrain.config.metrics import CONFUSION_MATRIX, METRICS
 
 MAX_COMPARED = 12  # versions in one compare view
@@ -123,7 +124,7 @@ def _version_section(model_name: str, shown: Mapping[str, Any], root: str) -> st
             "<section><h3>Data</h3>" + _facts_table("data", data_facts(shown)) + "</section>"
             "<section><h3>Model</h3>" + _facts_table("model-spec", model_facts(shown)) + "</section></div>"
             f"<h3>Training curves{run}</h3>" + metric_charts([("", shown["epochs"])])
-            + config_tables(shown["config"]))
+            + search_section(shown.get("search"), root) + config_tables(shown["config"]))
 
 
 def model_facts(version: Mapping[str, Any]) -> dict[str, Any]:

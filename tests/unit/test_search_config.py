@@ -1,0 +1,115 @@
+"""The search block (pgtrain.config.search): the trials a grid or a seeded random search asks for, the author's caps,
+and every bad block refused with a message naming the field and what to change, before anything trains."""
+
+from __future__ import annotations
+
+import pytest
+
+from pgtrain.config.model_entries import parse_entry
+from pgtrain.config.params import TrainingConfig
+from pgtrain.config.search import SearchLimits, plan_search
+from pgtrain.config.settings import AuthorSettings
+from pgtrain.core.errors import ConfigError
+from pgtrain.launch.capacity import check_launch
+
+BOTH = ("mlp", "xgboost")
+LIMITS = SearchLimits(max_trials=8, concurrency=2, max_total_world_size=4)
+GRID = {"candidates": [{"model": "mlp", "params": {"hidden_sizes": [[16], [32, 16]], "dropout": [0.0, 0.1]}},
+                       {"model": "xgboost", "model_options": {"max_depth": [3, 6]}}]}
+
+
+def test_a_grid_is_every_combination_in_order_over_the_run_s_params():
+    search = plan_search(GRID, {"task": "classification"}, LIMITS, BOTH)
+    assert [t.params for t in search.trials] == [
+        {"model": "mlp", "hidden_sizes": [16], "dropout": 0.0}, {"model": "mlp", "hidden_sizes": [16], "dropout": 0.1},
+        {"model": "mlp", "hidden_sizes": [32, 16], "dropout": 0.0},
+        {"model": "mlp", "hidden_sizes": [32, 16], "dropout": 0.1},
+        {"model": "xgboost", "model_options": {"max_depth": 3}},
+        {"model": "xgboost", "model_options": {"max_depth": 6}}]
+    assert [t.number for t in search.trials] == [1, 2, 3, 4, 5, 6]
+    # the metric: the run's early stopping metric unless the block names one; its direction the registry's
+    assert (search.metric, search.higher_is_better) == ("val_loss", False)
+    assert plan_search({**GRID, "trials": 2, "metric": "val_roc_auc"}, {}, LIMITS, BOTH).higher_is_better
+    assert len(plan_search({**GRID, "trials": 2}, {}, LIMITS, BOTH).trials) == 2
+
+
+def test_a_random_search_is_seeded_and_draws_within_its_ranges():
+    block = {"strategy": "random", "seed": 7, "trials": 6, "candidates": [
+        {"model": "mlp", "params": {"learning_rate": {"low": 0.001, "high": 0.1, "log": True}}},
+        {"model": "xgboost", "model_options": {"max_depth": {"low": 2, "high": 8, "integer": True}}}]}
+    first = plan_search(block, {}, LIMITS, BOTH)
+    assert first == plan_search(block, {}, LIMITS, BOTH)  # the same seed, the same trials
+    assert first != plan_search({**block, "seed": 8}, {}, LIMITS, BOTH)
+    assert [t.params["model"] for t in first.trials] == ["mlp", "xgboost"] * 3
+    assert all(0.001 <= t.params["learning_rate"] <= 0.1 for t in first.trials[::2])
+    assert all(isinstance(d := t.params["model_options"]["max_depth"], int) and 2 <= d <= 8
+               for t in first.trials[1::2])
+
+
+@pytest.mark.parametrize(("block", "base", "limits", "message"), [
+    (GRID, {}, None, "allows no search (set search_limits"),
+    (GRID, {}, SearchLimits(max_trials=4),
+     "6 trials, and the DAG's author allows at most 4 (search_limits.max_trials)"),
+    (GRID, {"world_size": 3}, LIMITS, "2 trials at once of 3 ranks each need 6 ranks, and the DAG's author allows 4"),
+    ({"candidates": [{"model": "mlp", "params": {"world_size": [1, 2]}}]}, {}, LIMITS,
+     "candidates[0].params.world_size: the plan's or the author's"),
+    ({"candidates": [{"model": "mlp", "params": {"hiden_sizes": [[8]]}}]}, {}, LIMITS,
+     "candidates[0].params.hiden_sizes: not a training param"),
+    ({"candidates": [{"model": "lightgbm"}]}, {}, LIMITS, "'lightgbm' is not allowed by the DAG's author"),
+    ({"candidates": [{"model": "mlp", "params": {"dropout": {"low": 0, "high": 0.5}}}]}, {}, LIMITS,
+     "a range needs strategy: random"),
+    ({"strategy": "random", "candidates": [{"model": "mlp", "params": {"learning_rate": {"low": 0, "high": 1,
+                                                                                         "log": True}}}]},
+     {}, LIMITS, "a range needs low < high (and low > 0 with log: true)"),
+    ({"candidates": [{"model": "mlp", "params": {"dropout": [2.0]}}]}, {}, LIMITS,
+     "search trial 1 (model=mlp dropout=2.0): invalid training parameters: dropout"),
+    ({"candidates": [{"model": "xgboost", "model_options": {"max_dept": [3]}}]}, {}, LIMITS,
+     "search trial 1 (model=xgboost max_dept=3)"),
+    ({"candidates": [{"model": "mlp"}], "metric": "val_rmse"}, {"task": "classification"}, LIMITS,
+     "search.metric: val_rmse is a regression metric"),
+    ({"candidates": []}, {}, LIMITS, "search.candidates: [] should be non-empty"),
+])
+def test_a_bad_search_is_refused_naming_the_field(block, base, limits, message):
+    with pytest.raises(ConfigError) as refused:
+        plan_search(block, base, limits, BOTH)
+    assert message in str(refused.value)
+
+
+def test_plan_run_s_launch_check_refuses_a_search_the_author_does_not_allow():
+    config = TrainingConfig.from_mapping({"search": GRID})
+    with pytest.raises(ConfigError, match="allows no search"):
+        check_launch(config, AuthorSettings(allowed_models=BOTH))
+    check_launch(config, AuthorSettings(allowed_models=BOTH, search_limits={"max_trials": 6}))
+
+
+def test_a_models_file_entry_sets_the_search_and_its_caps():
+    entry = parse_entry({"name": "m", "source": {"table": "public.t", "label_column": "y"},
+                         "schedule": {"cron": "@daily"}, "params": {"search": GRID},
+                         "search_limits": {"max_trials": 6, "concurrency": 2}})
+    assert entry.params["search"] == GRID
+    assert entry.settings(AuthorSettings()).search_limits == {"max_trials": 6, "concurrency": 2}
+    with pytest.raises(ConfigError, match=r"params.search.candidates.0: .*'model_option' was unexpected"):
+        parse_entry({"name": "m", "source": {"table": "public.t", "label_column": "y"},
+                     "schedule": {"cron": "@daily"}, "params": {"search": {"candidates": [
+                         {"model": "mlp", "model_option": {}}]}}})
+    with pytest.raises(ConfigError, match=r"search_limits.*max_trials"):
+        parse_entry({"name": "m", "source": {"table": "public.t", "label_column": "y"},
+                     "schedule": {"cron": "@daily"}, "search_limits": {"concurrency": 2}})
+
+
+def test_where_the_author_allows_a_search_the_train_task_is_mapped_over_the_trials(tmp_path, monkeypatch):
+    from airflow.dag_processing.dagbag import DagBag
+
+    from tests.conftest import REPO
+
+    settings = tmp_path / "pgtrain.yaml"
+    settings.write_text("allowed_models: [mlp, xgboost]\nsearch_limits: {max_trials: 8, concurrency: 3}\n")
+    monkeypatch.setenv("PGTRAIN_SETTINGS", str(settings))
+    dag = DagBag(dag_folder=str(REPO / "dags" / "pgtrain_training.py")).dags["pgtrain_training"]
+    train, commit, report = (dag.get_task(t) for t in ("train", "commit_parameters", "report_search"))
+    assert type(train).__name__ == "MappedOperator" and train.upstream_task_ids == {"plan_trials"}
+    assert train.partial_kwargs["max_active_tis_per_dagrun"] == 3  # the author's concurrency
+    # the best is committed whatever became of the other trials, but not after a skipped run
+    assert commit.trigger_rule == "all_done_min_one_success" and "train" in commit.upstream_task_ids
+    assert "commit_parameters" in report.upstream_task_ids
+    assert dag.get_task("plan_trials").upstream_task_ids == {"plan_run", "compute_shards"}
