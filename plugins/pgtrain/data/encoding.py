@@ -74,15 +74,6 @@ def inputs(columns: Sequence[Column]) -> list[tuple[str, Column]]:
             + [("code", c) for c in categories(columns)])
 
 
-def to_dict(source: Source) -> dict[str, Any]:
-    """The encoding of a planned source, JSON-ready (stored with the run and the version)."""
-    return {"format": FORMAT, "missing_values": source.missing_values,
-            "columns": [asdict(c) for c in source.feature_columns],
-            "classes": list(source.classes) if source.classes is not None else None,
-            "class_hashes": [str(h) for h in source.class_hashes],
-            "label_type": source.label_type, "label_sql_type": source.label_sql_type}
-
-
 def columns_of(encoding: Mapping[str, Any]) -> tuple[Column, ...]:
     return tuple(Column(c["name"], c["type"], c["kind"], c.get("mean"), bool(c.get("missing")),
                         tuple(c.get("levels") or ()), tuple(int(h) for h in c.get("hashes") or ()))

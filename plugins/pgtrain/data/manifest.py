@@ -28,6 +28,7 @@ from psycopg.types.json import Jsonb
 from pgtrain.config.params import TrainingConfig
 from pgtrain.core.errors import SourceError
 from pgtrain.data import encoding, statistics
+from pgtrain.data.input_record import InputRecord
 from pgtrain.data.key_order import heap_of, key_pass_beside, keys_at, shard_grid
 from pgtrain.data.row_check import BadRows, RowCheck, bad_rows_message, bad_rows_report, check_rows, empty_source
 from pgtrain.data.source.resolve import COLUMNS, Source, source_from_config
@@ -148,10 +149,8 @@ def plan_shards(conn: psycopg.Connection, run: record.Run, *, input_dim: int | N
         source = encoded.source
         num_classes = encoded.num_classes if outputs is None else None
         output_dim = outputs or num_classes
-        planned = None
-        if source.feature_format == COLUMNS or source.classes is not None:
-            planned = {**encoding.to_dict(source), "parent_version": parent["version"] if parent else None}
-        record.write_manifest(conn, run.run_id, shards, dim, num_classes, output_dim, planned)
+        planned = InputRecord.planned(source, config, dim, output_dim, parent["version"] if parent else None)
+        record.write_manifest(conn, run.run_id, shards, dim, num_classes, output_dim, planned.to_json())
         seen, horizon = seen_xmins(check.alias_xmin_ages, clock)
         _write_plan(conn, run, clock, seen, horizon, check, batch_rows, batches, nullable)
     return Plan(shards, dim, num_classes, rows, check.bad, check.kinds, clock.snapshot, output_dim,
