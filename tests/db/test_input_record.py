@@ -9,11 +9,13 @@ import psycopg
 import pytest
 
 from pgtrain.core.errors import PgtrainError
-from pgtrain.data import input_record
+from pgtrain.data import input_record, loader, manifest
 from pgtrain.data.input_record import InputRecord, Split
+from pgtrain.data.source import resolve
 from pgtrain.data.source.resolve import COLUMNS, NUMBER, Column
 from pgtrain.runs import record
 from pgtrain.store import identity, model_store
+from pgtrain.store.inference import load_predictor
 from pgtrain.store.model_spec import ModelSpec
 from pgtrain.store.tensors import write_staged
 from tests.support import make_mixed_table, mixed_params, planned_run, seed_samples
@@ -101,3 +103,43 @@ def test_a_version_from_before_input_records_is_read_through_from_version():
                                       "task": "regression", "feature_columns": ["a", "b"]}
     with pytest.raises(PgtrainError, match="input_record.of_version"):
         InputRecord.from_json(columns["encoding"])
+
+
+def test_a_rank_reads_its_source_from_the_record_without_the_catalog(ac, monkeypatch):
+    make_mixed_table(ac, 200)
+    run = planned_run(ac, world_size=2, exclude_columns=["seen"], **mixed_params())
+    planned = input_record.of_run(run)
+
+    def no_catalog(*args, **kwargs):
+        raise AssertionError("the catalog was looked up again")
+
+    monkeypatch.setattr(resolve, "resolve_source", no_catalog)
+    monkeypatch.setattr(manifest, "source_from_config", no_catalog)
+    source = manifest.source_for(ac, run)
+    rows = sum(len(loader.load_shard(ac, source, shard, run.input_dim, run.config.validation_fraction,
+                                     run.config.seed, test_fraction=run.config.test_fraction).labels)
+               for shard in record.get_manifest(ac, run.run_id))
+
+    assert source.feature_columns == planned.columns and source.classes == planned.classes
+    assert rows == 200
+
+
+def test_a_run_planned_before_input_records_is_told_to_plan_again(ac):
+    seed_samples(ac, 60, dim=4, classes=2)
+    run = planned_run(ac)
+    ac.execute("UPDATE pgtrain.training_runs SET encoding = NULL WHERE run_id = %s", (run.run_id,))
+
+    with pytest.raises(PgtrainError, match="re-run the DAG run from compute_shards"):
+        manifest.source_for(ac, record.get_run(ac, run.run_id))
+
+
+def test_a_one_wide_array_version_scores_its_array_as_recorded(ac, db_url):
+    seed_samples(ac, 60, dim=1, classes=2)  # one array column of one feature: no width to guess it from
+    run = planned_run(ac, model_name="narrow")
+    commit(ac, run)
+
+    predictor = load_predictor(db_url, "narrow")
+
+    assert predictor.input.is_array_input and predictor.feature_columns == ("features",)
+    assert predictor.inputs([{"features": [0.5]}, {"features": [-2.0]}]).tolist() == [[0.5], [-2.0]]
+    assert predictor.predict([{"features": [0.5]}]) == [0]  # zero weights: class 0

@@ -82,8 +82,8 @@ class InputRecord:
         """The planned source, as the loader reads it, without looking the catalog up again (``plan``: its
         ``PlannedRows``)."""
         if self.schema is None or self.table is None or self.key_column is None or self.key_type is None:
-            raise PgtrainError(f"the input record of {self.source_table!r} is a version's from before input "
-                               "records: it names no resolved table to read")
+            raise PgtrainError(f"the input record of {self.source_table!r} was converted from before input records: "
+                               "it names no resolved table to read; plan a run to read the table")
         return Source(self.schema, self.table, self.key_column, self.features_column, self.target_column,
                       self.key_type, self.feature_format, plan=plan, feature_columns=self.columns, task=self.task,
                       label_type=self.label_type, classes=self.classes, class_hashes=self.class_hashes,

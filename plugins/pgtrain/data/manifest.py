@@ -17,7 +17,7 @@ The snapshot, the bad-row report and each rank's batch boundaries are stored wit
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -26,8 +26,8 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from pgtrain.config.params import TrainingConfig
-from pgtrain.core.errors import SourceError
-from pgtrain.data import encoding, statistics
+from pgtrain.core.errors import PgtrainError, SourceError
+from pgtrain.data import encoding, input_record, statistics
 from pgtrain.data.input_record import InputRecord
 from pgtrain.data.key_order import heap_of, key_pass_beside, keys_at, shard_grid
 from pgtrain.data.row_check import BadRows, RowCheck, bad_rows_message, bad_rows_report, check_rows, empty_source
@@ -86,10 +86,16 @@ class Plan:
 
 
 def source_for(conn: psycopg.Connection, run: record.Run) -> Source:
-    """The run's source table; once compute_shards has run, with what it planned (the loader needs it): its rows
-    and its encoding."""
+    """The run's source table; once compute_shards has run, as it planned it (the loader needs it): its rows, and
+    its input record (``input_record``), which names the resolved table and columns: the catalog is not looked up
+    again. Before planning, as the catalog resolves the run's config."""
     plan = read_plan(conn, run.run_id)
-    return encoding.apply(replace(source_from_config(conn, run.config), plan=plan), plan and plan.encoding)
+    if plan is None:
+        return source_from_config(conn, run.config)
+    if not plan.encoding or plan.encoding.get("format") != input_record.FORMAT:
+        raise PgtrainError(f"run {run.run_id} was planned before input records were: re-run the DAG run from "
+                           "compute_shards")
+    return InputRecord.from_json(plan.encoding).source(plan)
 
 
 def plan_shards(conn: psycopg.Connection, run: record.Run, *, input_dim: int | None = None) -> Plan:

@@ -82,7 +82,7 @@ def version_spec(conn: psycopg.Connection, run: Run, record: Mapping[str, Any]) 
         "input_dim": planned.input_dim,
         "output_dim": planned.output_dim,
         "feature_columns": list(planned.feature_columns),
-        "encoding": planned.to_json(),  # the run's input record, as planned
+        "encoding": run.encoding,  # the run's input record, verbatim (input_record.of_version reads it)
         "target_column": planned.target_column,
         "task": planned.task,
         "standardize_target": config.standardize_target,
