@@ -24,7 +24,7 @@ from pgtrain.data import encoding
 from pgtrain.data.source.resolve import COLUMNS, NUMBER, Column, Source
 from pgtrain.runs.record import Run
 
-FORMAT = 2  # encoding.FORMAT (1) was the encoding alone; 2: the whole input record
+FORMAT = 2  # 1 (before input records): the encoding alone, for scalar columns or classes
 
 
 @dataclass(frozen=True)
@@ -128,18 +128,20 @@ class InputRecord:
                    Split(config.validation_fraction, config.test_fraction, config.seed), parent_version)
 
     @classmethod
-    def from_version(cls, spec: Mapping[str, Any], recorded: Mapping[str, Any] | None) -> InputRecord:
+    def from_version(cls, spec: Mapping[str, Any], recorded: Mapping[str, Any] | None,
+                     types: Mapping[str, str] | None = None) -> InputRecord:
         """The record of a version committed before input records, from its spec and its encoding (format 1:
         scalar-column versions and those with classes; None for others). A version from before encodings took its
-        scalar columns as numbers as they are (a NULL was a bad row) and its integer labels as class numbers; one
-        array column was its input when it recorded one feature column for a wider input."""
+        scalar columns as numbers as they are (a NULL was a bad row), typed as ``types`` has them (a source's
+        column types now; else double precision), and its integer labels as class numbers; one array column was
+        its input when it recorded one feature column for a wider input."""
         recorded = recorded or {}
         names = tuple(spec.get("feature_columns") or ())
         width = int(spec.get("input_dim") or 0)
         columns = encoding.columns_of(recorded)
         array = not columns and len(names) == 1 and width > 1
         if not columns and not array:
-            columns = tuple(Column(name, "double precision", NUMBER) for name in names)
+            columns = tuple(Column(name, (types or {}).get(name, "double precision"), NUMBER) for name in names)
         task = spec.get("task") or "classification"
         classes = recorded.get("classes")
         return cls(spec.get("source_table"), None, None, spec.get("key_column"), None, spec.get("target_column"),
@@ -155,12 +157,12 @@ def _column_json(column: Column) -> dict[str, Any]:
     return {**asdict(column), "levels": list(column.levels), "hashes": list(column.hashes)}
 
 
-def of_version(spec: Mapping[str, Any]) -> InputRecord:
+def of_version(spec: Mapping[str, Any], types: Mapping[str, str] | None = None) -> InputRecord:
     """A version's input record: the one it holds, or (a version from before input records) ``from_version``."""
     recorded = spec.get("encoding")
     if recorded and recorded.get("format") == FORMAT:
         return InputRecord.from_json(recorded)
-    return InputRecord.from_version(spec, recorded)
+    return InputRecord.from_version(spec, recorded, types)
 
 
 def of_run(run: Run) -> InputRecord:

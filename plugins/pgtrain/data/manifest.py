@@ -166,7 +166,8 @@ def plan_shards(conn: psycopg.Connection, run: record.Run, *, input_dim: int | N
 def parent_encoding(conn: psycopg.Connection, run: record.Run, source: Source) -> dict[str, Any] | None:
     """The encoding of the version a warm start (``init_from``) begins from, with its number as "version": the
     version it names, or for "head" the run's base version (the head when plan_run recorded the run); one from
-    before encodings as it was trained (``encoding.of_version``); None for scratch or no such version."""
+    before input records as it was trained (``input_record.of_version``, its columns typed as ``source`` has them);
+    None for scratch or no such version."""
     config = run.config
     version = config.init_version if config.init_from != "head" else run.base_version
     if version is None:
@@ -175,7 +176,8 @@ def parent_encoding(conn: psycopg.Connection, run: record.Run, source: Source) -
                        (run.model_name, version)).fetchone()
     if row is None:
         return None
-    return {**encoding.of_version(row[0] or {}, source), "version": version}
+    types = {c.name: c.type for c in source.feature_columns}
+    return {**input_record.of_version(row[0] or {}, types).to_json(), "version": version}
 
 
 # Key types whose keys the check scan can hand over as int8s (their order is the integers' order).
