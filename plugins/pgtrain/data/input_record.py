@@ -16,13 +16,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pgtrain.config.params import TrainingConfig
 from pgtrain.core.errors import PgtrainError
 from pgtrain.data import encoding
 from pgtrain.data.source.resolve import COLUMNS, NUMBER, Column, Source
 from pgtrain.runs.record import Run
+
+if TYPE_CHECKING:
+    from pgtrain.data.source.snapshot import PlannedRows
 
 FORMAT = 2  # 1 (before input records): the encoding alone, for scalar columns or classes
 
@@ -78,7 +81,7 @@ class InputRecord:
                 "target_column": self.target_column, "task": self.task,
                 "feature_columns": list(self.feature_columns) if self.feature_columns else None}
 
-    def source(self, plan: Any = None) -> Source:
+    def source(self, plan: PlannedRows | None = None) -> Source:
         """The planned source, as the loader reads it, without looking the catalog up again (``plan``: its
         ``PlannedRows``)."""
         if self.schema is None or self.table is None or self.key_column is None or self.key_type is None:
@@ -104,9 +107,10 @@ class InputRecord:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> InputRecord:
         """The record ``to_json`` wrote; PgtrainError for anything else (an older version's spec: ``of_version``)."""
-        if not isinstance(data, Mapping) or data.get("format") != FORMAT:
-            raise PgtrainError(f"not an input record of format {FORMAT} (format {dict(data or {}).get('format')!r}); "
-                               "a version from before input records is read with input_record.of_version")
+        found = data.get("format") if isinstance(data, Mapping) else None
+        if found != FORMAT:
+            raise PgtrainError(f"not an input record of format {FORMAT} (format {found!r}); a version from before "
+                               "input records is read with input_record.of_version")
         split = data["split"]
         return cls(data["source_table"], data["schema"], data["table"], data["key_column"], data["key_type"],
                    data["target_column"], data["task"], data["label_type"], data["label_sql_type"],
