@@ -27,6 +27,7 @@ import torch
 from pgtrain.config.boosted import BOOSTED, eval_metric
 from pgtrain.config.metrics import REGRESSION
 from pgtrain.core.errors import ConfigError, PgtrainError
+from pgtrain.data import input_record
 from pgtrain.data.encoding import UNSEEN_CLASS
 from pgtrain.models.booster import BOOSTER, BoostedModel, build, xgboost_module
 from pgtrain.runs import record
@@ -74,8 +75,9 @@ def train_rank(conn: psycopg.Connection, run: record.Run, shards: list[record.Sh
     xgboost = xgboost_module()
     rank, size, config = collectives.rank(), collectives.size(), run.config
     regression = config.task == REGRESSION
-    output_dim = run.output_dim if run.output_dim is not None else run.num_classes
-    model = build(run.input_dim, output_dim, config.model_options_for_build, run.encoding, config.task)
+    planned = input_record.of_run(run)
+    output_dim = planned.output_dim
+    model = build(planned.input_dim, output_dim, config.model_options_for_build, run.encoding, planned.task)
     options = model.options
     parent, parent_raw = warm_start(conn, run, rank)
     check_encoding_parent(run, parent)
@@ -217,7 +219,7 @@ def kept_on_test_rows(model: BoostedModel, run: record.Run, x: np.ndarray, y: np
     x_test, y_test = (torch.from_numpy(np.ascontiguousarray(a)) for a in (x, y))
     if model.regression:
         y_test = y_test.float().reshape(-1, 1)
-    task = Task(model.regression, output_dim, torch.device("cpu"), None, (run.encoding or {}).get("classes"))
+    task = Task(model.regression, output_dim, torch.device("cpu"), None, input_record.of_run(run).classes)
     with torch.no_grad():
         return test_figures(task, model, x_test, y_test, y_test, test_rows)
 
@@ -229,7 +231,7 @@ def final_figures(model: BoostedModel, run: record.Run, rows: tuple[np.ndarray, 
     regression = model.regression
     if regression:
         y_train, y_val = y_train.float().reshape(-1, 1), y_val.float().reshape(-1, 1)
-    task = Task(regression, output_dim, torch.device("cpu"), None, (run.encoding or {}).get("classes"))
+    task = Task(regression, output_dim, torch.device("cpu"), None, input_record.of_run(run).classes)
     train_sums = task.train_sums()
     with torch.no_grad():
         if len(x_train):

@@ -26,7 +26,7 @@ from pgtrain.config.boosted import BOOSTED
 from pgtrain.config.params import DEFAULT_COLLECTIVE_TIMEOUT, TrainingConfig
 from pgtrain.core.db import connect, connect_retrying
 from pgtrain.core.errors import PgtrainError
-from pgtrain.data import loader, manifest
+from pgtrain.data import input_record, loader, manifest
 from pgtrain.launch.lifetime import die_with_parent
 from pgtrain.models.network import PgtrainModel, build_model, state_layout, writable_tensor
 from pgtrain.runs import record
@@ -238,12 +238,12 @@ def train(args: argparse.Namespace, cuda: Cuda = torch.cuda) -> int:
     if config.model == BOOSTED:  # trees grown across the same ranks from the same rows (trainer.boosted)
         return boosted.train_rank(conn, run, shards, ranks.local_size(), device,
                                   lambda: load_rows(conn, run, shards, rank, size, imports))
-    regression = config.task == "regression"
-    output_dim = run.output_dim if run.output_dim is not None else run.num_classes
+    planned = input_record.of_run(run)
+    regression, output_dim = planned.task == "regression", planned.output_dim
 
     # The model and its starting weights are settled before any data is read: a bad model reference,
     # factory or init_from costs no data load.
-    model = build_model(config.model, run.input_dim, output_dim, config.model_options_for_build, config.seed,
+    model = build_model(config.model, planned.input_dim, output_dim, config.model_options_for_build, config.seed,
                         run.encoding)
     fingerprint = plan_fingerprint(shards)
     start = agree_on_start(conn, run, model, rank, fingerprint)
@@ -332,7 +332,7 @@ def fit(conn: psycopg.Connection, run: record.Run, model: PgtrainModel, start: S
     y_val_fit = model.target.scale(y_val) if regression else y_val
     weights = (balanced_class_weights(y_train, output_dim)
                if not regression and config.class_weight == "balanced" else None)
-    task = Task(regression, output_dim, device, weights, (run.encoding or {}).get("classes"))
+    task = Task(regression, output_dim, device, weights, input_record.of_run(run).classes)
     validation_rows = sum(s.val_count for s in shards)
     stopping = EarlyStopping.for_run(config, validation_rows, start.history)  # rank 0 has the history
     stopping.best_epoch = collectives.broadcast_object(stopping.best_epoch, "best_epoch")

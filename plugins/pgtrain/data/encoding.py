@@ -1,6 +1,6 @@
 """How a source's raw columns become the model's input, and its output a label: the one encoding training,
-``predict`` and ``load_predictor`` apply, recorded with the run (``pgtrain.training_runs.encoding``) and the
-version (its spec's ``encoding``).
+``predict`` and ``load_predictor`` apply, part of the run's input record (``pgtrain.data.input_record``), stored
+with the run (``pgtrain.training_runs.encoding``) and the version (its spec's ``encoding``).
 
 A row of scalar feature columns becomes one float32 *input row*, in this order:
 
@@ -24,16 +24,15 @@ from __future__ import annotations
 import datetime
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from pgtrain.core.errors import SourceError
-from pgtrain.data.source.resolve import COLUMNS, DATE, NUMBER, Column, Source, categories, valued
+from pgtrain.data.source.resolve import DATE, NUMBER, Column, Source, categories, valued
 from pgtrain.data.text_hash import hashtextextended
 
-FORMAT = 1  # of the recorded encoding
 OTHER, NULL_LEVEL = 0, 1  # the codes every categorical column has before its levels
 FIRST_LEVEL = 2
 # What a NULL categorical value is sent as (hashtextextended never returns NULL for a value); planning refuses a
@@ -74,15 +73,6 @@ def inputs(columns: Sequence[Column]) -> list[tuple[str, Column]]:
             + [("code", c) for c in categories(columns)])
 
 
-def to_dict(source: Source) -> dict[str, Any]:
-    """The encoding of a planned source, JSON-ready (stored with the run and the version)."""
-    return {"format": FORMAT, "missing_values": source.missing_values,
-            "columns": [asdict(c) for c in source.feature_columns],
-            "classes": list(source.classes) if source.classes is not None else None,
-            "class_hashes": [str(h) for h in source.class_hashes],
-            "label_type": source.label_type, "label_sql_type": source.label_sql_type}
-
-
 def columns_of(encoding: Mapping[str, Any]) -> tuple[Column, ...]:
     return tuple(Column(c["name"], c["type"], c["kind"], c.get("mean"), bool(c.get("missing")),
                         tuple(c.get("levels") or ()), tuple(int(h) for h in c.get("hashes") or ()))
@@ -98,18 +88,6 @@ def apply(source: Source, encoding: Mapping[str, Any] | None) -> Source:
                    classes=tuple(classes) if classes is not None else None,
                    class_hashes=tuple(int(h) for h in encoding.get("class_hashes") or ()),
                    missing_values=encoding.get("missing_values", source.missing_values))
-
-
-def of_version(spec: Mapping[str, Any], source: Source) -> dict[str, Any]:
-    """A version's encoding (its spec's); for a version from before encodings, the one it was trained with: its
-    scalar feature columns numbers as they are, typed as ``source`` has them now (a NULL was a bad row: no mean, no
-    "was missing" input), and no class list (its integer labels are the class numbers). Array features: none."""
-    if spec.get("encoding"):
-        return dict(spec["encoding"])
-    types = {c.name: c.type for c in source.feature_columns}
-    names = (spec.get("feature_columns") or ()) if source.feature_format == COLUMNS else ()
-    return {"format": FORMAT, "missing_values": "bad_row", "classes": None, "class_hashes": [],
-            "columns": [asdict(Column(name, types.get(name, "double precision"), NUMBER)) for name in names]}
 
 
 def layout_of(encoding: Mapping[str, Any] | None) -> Layout | None:

@@ -29,7 +29,7 @@ from psycopg import sql
 
 from pgtrain.config.params import QUALITY_GATE, TrainingConfig
 from pgtrain.core.errors import PgtrainError, SourceError
-from pgtrain.data.source.resolve import keyed_relation
+from pgtrain.data.source.resolve import keyed_relation, source_from_config
 from pgtrain.data.source.snapshot import planned_rows, read_xid_clock, snapshot_transaction
 from pgtrain.runs import record
 
@@ -182,6 +182,7 @@ def _unchanged_since(conn: psycopg.Connection, version: int, run: record.Run, so
         return None  # the head's plan was deleted: nothing to compare with
     planned_count = int(counted[0]) + int(counted[1])
     try:
+        source_from_config(conn, run.config)  # the planned source says what was; the catalog, what is
         source = manifest.source_for(conn, run)
     except PgtrainError:
         return None  # the head's columns changed since: changed

@@ -17,7 +17,7 @@ The snapshot, the bad-row report and each rank's batch boundaries are stored wit
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -26,8 +26,9 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from pgtrain.config.params import TrainingConfig
-from pgtrain.core.errors import SourceError
-from pgtrain.data import encoding, statistics
+from pgtrain.core.errors import PgtrainError, SourceError
+from pgtrain.data import encoding, input_record, statistics
+from pgtrain.data.input_record import InputRecord
 from pgtrain.data.key_order import heap_of, key_pass_beside, keys_at, shard_grid
 from pgtrain.data.row_check import BadRows, RowCheck, bad_rows_message, bad_rows_report, check_rows, empty_source
 from pgtrain.data.source.planned import PlannedRows
@@ -86,10 +87,16 @@ class Plan:
 
 
 def source_for(conn: psycopg.Connection, run: record.Run) -> Source:
-    """The run's source table; once compute_shards has run, with what it planned (the loader needs it): its rows
-    and its encoding."""
+    """The run's source table; once compute_shards has run, as it planned it (the loader needs it): its rows, and
+    its input record (``input_record``), which names the resolved table and columns: the catalog is not looked up
+    again. Before planning, as the catalog resolves the run's config."""
     plan = read_plan(conn, run.run_id)
-    return encoding.apply(replace(source_from_config(conn, run.config), plan=plan), plan and plan.encoding)
+    if plan is None:
+        return source_from_config(conn, run.config)
+    if not plan.encoding or plan.encoding.get("format") != input_record.FORMAT:
+        raise PgtrainError(f"run {run.run_id} was planned before input records were: re-run the DAG run from "
+                           "compute_shards")
+    return InputRecord.from_json(plan.encoding).source(plan)
 
 
 def plan_shards(conn: psycopg.Connection, run: record.Run, *, input_dim: int | None = None) -> Plan:
@@ -149,10 +156,8 @@ def plan_shards(conn: psycopg.Connection, run: record.Run, *, input_dim: int | N
         source = encoded.source
         num_classes = encoded.num_classes if outputs is None else None
         output_dim = outputs or num_classes
-        planned = None
-        if source.feature_format == COLUMNS or source.classes is not None:
-            planned = {**encoding.to_dict(source), "parent_version": parent["version"] if parent else None}
-        record.write_manifest(conn, run.run_id, shards, dim, num_classes, output_dim, planned)
+        planned = InputRecord.planned(source, config, dim, output_dim, parent["version"] if parent else None)
+        record.write_manifest(conn, run.run_id, shards, dim, num_classes, output_dim, planned.to_json())
         seen, horizon = seen_xmins(check.alias_xmin_ages, clock)
         _write_plan(conn, run, clock, seen, horizon, check, batch_rows, batches, nullable)
     return Plan(shards, dim, num_classes, rows, check.bad, check.kinds, clock.snapshot, output_dim,
@@ -162,7 +167,8 @@ def plan_shards(conn: psycopg.Connection, run: record.Run, *, input_dim: int | N
 def parent_encoding(conn: psycopg.Connection, run: record.Run, source: Source) -> dict[str, Any] | None:
     """The encoding of the version a warm start (``init_from``) begins from, with its number as "version": the
     version it names, or for "head" the run's base version (the head when plan_run recorded the run); one from
-    before encodings as it was trained (``encoding.of_version``); None for scratch or no such version."""
+    before input records as it was trained (``input_record.of_version``, its columns typed as ``source`` has them);
+    None for scratch or no such version."""
     config = run.config
     version = config.init_version if config.init_from != "head" else run.base_version
     if version is None:
@@ -171,7 +177,8 @@ def parent_encoding(conn: psycopg.Connection, run: record.Run, source: Source) -
                        (run.model_name, version)).fetchone()
     if row is None:
         return None
-    return {**encoding.of_version(current_record(row[0]), source), "version": version}
+    types = {c.name: c.type for c in source.feature_columns}
+    return {**input_record.of_version(current_record(row[0]), types).to_json(), "version": version}
 
 
 # Key types whose keys the check scan can hand over as int8s (their order is the integers' order).

@@ -12,6 +12,7 @@ import psycopg
 from pgtrain.config.metrics import METRICS, REGRESSION, TEST_PREFIX, VALIDATION_PREFIX, Metric, figures_from, reported
 from pgtrain.config.params import TrainingConfig
 from pgtrain.core.errors import CommitRejected
+from pgtrain.data import input_record
 from pgtrain.models.spec import ModelSpec
 from pgtrain.runs.record import Run
 from pgtrain.store.tensors import FLOAT_DTYPES, TensorInfo
@@ -68,32 +69,23 @@ def version_spec(conn: psycopg.Connection, run: Run) -> dict[str, Any]:
     plan = conn.execute("SELECT snapshot::text FROM pgtrain.shard_plans WHERE run_id = %s", (run.run_id,)).fetchone()
     last = conn.execute("SELECT key_hi FROM pgtrain.shard_manifest WHERE run_id = %s ORDER BY rank DESC LIMIT 1",
                         (run.run_id,)).fetchone()
+    planned = input_record.of_run(run)
     return {
         "model": config.model,
         "model_options": config.model_options_for_build,
-        "input_dim": run.input_dim,
-        "output_dim": run.output_dim or run.num_classes,
-        "feature_columns": _feature_columns(config, run.encoding),
-        "encoding": run.encoding,
-        "target_column": config.label_column,
-        "task": config.task,
+        "input_dim": planned.input_dim,
+        "output_dim": planned.output_dim,
+        "feature_columns": list(planned.feature_columns),
+        "encoding": run.encoding,  # the run's input record, verbatim (input_record.of_version reads it)
+        "target_column": planned.target_column,
+        "task": planned.task,
         "standardize_target": config.standardize_target,
         "parent_version": run.init_version,
         "backend": run.backend,
-        "source_table": config.source_table,
-        "key_column": config.key_column,
+        "source_table": planned.source_table,
+        "key_column": planned.key_column,
         "watermark": {"snapshot": plan[0] if plan else None, "max_key": last[0] if last else None},
     }
-
-
-def _feature_columns(config: TrainingConfig, encoding: Mapping[str, Any] | None) -> list[str]:
-    """The columns the run's input was made of, in order: as planned (its encoding), else as configured."""
-    columns = [c["name"] for c in (encoding or {}).get("columns") or ()]
-    if columns:
-        return columns
-    if isinstance(config.feature_columns, tuple):
-        return list(config.feature_columns)
-    return [config.array_features_column]
 
 
 def architecture_change(spec: Mapping[str, Any], head: Mapping[str, Any] | None) -> str | None:

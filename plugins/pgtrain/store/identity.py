@@ -1,6 +1,6 @@
 """A model name is bound to what it learns from: its *data identity*, the source table, key, target, task and input
-columns (in order) of its head version. A version's spec records these facts (``commit_checks.version_spec``), so a
-head's identity is read from there; a run's is resolved in the catalog before it is planned (no row is read).
+columns (in order) of its head version. A version's input record holds these facts (``pgtrain.data.input_record``),
+so a head's identity is read from there; a run's is resolved in the catalog before it is planned (no row is read).
 
 Two checks, the same comparison (``differences``): ``check_run`` refuses a run of other data in plan_run, before
 anything is planned, and the commit (``pgtrain.store.model_store.commit_run``) never moves the head to a version of
@@ -18,6 +18,7 @@ import psycopg
 
 from pgtrain.config.params import TrainingConfig
 from pgtrain.core.errors import ConfigError, SourceError
+from pgtrain.data import input_record
 from pgtrain.data.source.resolve import COLUMNS, source_from_config
 from pgtrain.data.upgrade import current_record
 from pgtrain.runs.record import Run, set_status
@@ -31,7 +32,7 @@ RETARGET_HINT = ("quality_gate: {allow_retarget: true} in the pgtrain settings f
 
 
 def of_run(conn: psycopg.Connection, config: TrainingConfig) -> dict[str, Any] | None:
-    """The data identity a run of ``config`` will record in its version's spec (its input columns as the catalog
+    """The data identity a run of ``config`` will record in its input record (its input columns as the catalog
     resolves them now, ``"*"`` included); None when its source does not resolve (compute_shards says why)."""
     try:
         source = source_from_config(conn, config)
@@ -42,10 +43,15 @@ def of_run(conn: psycopg.Connection, config: TrainingConfig) -> dict[str, Any] |
             "target_column": config.label_column, "task": config.task, "feature_columns": columns}
 
 
+def of_version(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A version's data identity: that of its input record (``input_record.of_version``)."""
+    return input_record.of_version(spec).identity()
+
+
 def differences(conn: psycopg.Connection, head: Mapping[str, Any], run: Mapping[str, Any]) -> list[str]:
-    """What of ``run``'s identity (a spec, or ``of_run``) differs from ``head``'s (a spec), one phrase per fact. A
-    fact the head's spec does not record (a version from before it was) is not compared. Tables are compared as the
-    catalog resolves them (a table renamed since is the same table), by name when one no longer resolves."""
+    """What of ``run``'s identity (``of_version`` or ``of_run``) differs from ``head``'s (``of_version``), one phrase
+    per fact. A fact the head does not record (a version from before it was) is not compared. Tables are compared as
+    the catalog resolves them (a table renamed since is the same table), by name when one no longer resolves."""
     found = []
     for key, label in FACTS:
         was, now = head.get(key), run.get(key)
@@ -61,10 +67,10 @@ def differences(conn: psycopg.Connection, head: Mapping[str, Any], run: Mapping[
     return found
 
 
-def describe(spec: Mapping[str, Any]) -> str:
-    """A version's data identity in words: its table, key, target, task and input columns."""
-    return (f"{spec.get('source_table')} (key {spec.get('key_column')!r}, target {spec.get('target_column')!r}, "
-            f"{spec.get('task')}, input columns {_shown(spec.get('feature_columns') or ())})")
+def describe(facts: Mapping[str, Any]) -> str:
+    """A data identity (``of_version``) in words: its table, key, target, task and input columns."""
+    return (f"{facts.get('source_table')} (key {facts.get('key_column')!r}, target {facts.get('target_column')!r}, "
+            f"{facts.get('task')}, input columns {_shown(facts.get('feature_columns') or ())})")
 
 
 def check_run(conn: psycopg.Connection, run: Run) -> None:
@@ -75,8 +81,8 @@ def check_run(conn: psycopg.Connection, run: Run) -> None:
         return
     row = conn.execute("SELECT spec FROM pgtrain.model_versions WHERE model_name = %s AND version = %s",
                        (run.model_name, run.base_version)).fetchone()
-    head = current_record(row[0] if row else None)
-    identity = of_run(conn, run.config) if head else None
+    identity = of_run(conn, run.config) if row and row[0] else None
+    head = of_version(current_record(row[0])) if identity is not None else {}
     found = differences(conn, head, identity) if identity is not None else []
     if not found:
         return

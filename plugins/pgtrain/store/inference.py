@@ -24,7 +24,8 @@ from psycopg.pq import TransactionStatus
 
 from pgtrain.core import db
 from pgtrain.core.errors import PgtrainError, SourceError
-from pgtrain.data import encoding
+from pgtrain.data import encoding, input_record
+from pgtrain.data.input_record import InputRecord
 from pgtrain.data.source.resolve import (
     CATEGORY,
     COLUMNS,
@@ -91,14 +92,14 @@ def predict(conn: psycopg.Connection, name: str, version: int | str | None, sour
         number, spec, _ = model_store.version_layout(conn, name, _version_number(version))
         _, arrays = model_store.load_tensors(conn, name, number)
         model = _build(name, number, spec, arrays)
-        input_dim = int(spec["input_dim"])
-        scored = _scoring_source(conn, name, number, spec, source, key_column, feature_columns)
-        classify = spec.get("task", "classification") == "classification"
-        output_dim = int(spec["output_dim"])
+        planned = input_record.of_version(spec)
+        input_dim, output_dim = planned.input_dim, planned.output_dim
+        scored = _scoring_source(conn, name, number, planned, source, key_column, feature_columns)
+        classify = planned.task == "classification"
         if probabilities and not classify:
             raise PgtrainError(f"model {name!r} version {number} is a regression: it has no class probabilities")
-        classes = (spec.get("encoding") or {}).get("classes") if classify else None
-        prediction_type = (label_type(conn, spec["encoding"]["label_sql_type"]) if classes is not None
+        classes = planned.classes if classify else None
+        prediction_type = (label_type(conn, planned.label_sql_type) if classes is not None
                            else "integer" if classify else "double precision" if output_dim == 1
                            else "double precision[]")
         fields = class_fields(conn, classes, prediction_type) if classes is not None else None
@@ -150,12 +151,12 @@ class Predictor:
 
     def __init__(self, name: str, version: int, spec: dict[str, Any], model: torch.nn.Module) -> None:
         self.name, self.version, self.spec, self.model = name, version, spec, model
-        recorded = spec.get("encoding") or {}
-        self.columns = encoding.columns_of(recorded)
-        self.feature_columns: tuple[str, ...] = tuple(spec.get("feature_columns") or ())
-        self.task = spec.get("task", "classification")
-        self.classes = recorded.get("classes") if self.task == "classification" else None
-        self.label_type = recorded.get("label_type", "integer")
+        self.input = input_record.of_version(spec)
+        self.columns = self.input.columns
+        self.feature_columns = self.input.feature_columns
+        self.task = self.input.task
+        self.classes = self.input.classes if self.task == "classification" else None
+        self.label_type = self.input.label_type
 
     def inputs(self, rows: Iterable[Mapping[str, Any]]) -> np.ndarray:
         """The rows as the model's input rows (float32); a value that cannot be read is a SourceError naming its
@@ -169,33 +170,27 @@ class Predictor:
             raise self._cell_error(rows, error) from None
 
     def _inputs(self, rows: list[Mapping[str, Any]]) -> np.ndarray:
-        if self.columns:
+        if not self.input.is_array_input:
             return encoding.input_rows(self.columns, rows)
-        width = int(self.spec["input_dim"])
-        if len(self.feature_columns) == 1 and width > 1:  # one array (or packed float32 bytea) column
-            (column,) = self.feature_columns
-            out = np.empty((len(rows), width), np.float32)
-            for i, row in enumerate(rows):
-                value = row[column]
-                out[i] = np.frombuffer(value, "<f4") if isinstance(value, bytes | memoryview) else value
-            return out
-        return np.array([[float(row[c]) for c in self.feature_columns] for row in rows], np.float32).reshape(
-            len(rows), width)
+        column = self.input.features_column  # one array (or packed float32 bytea) column
+        out = np.empty((len(rows), self.input.input_dim), np.float32)
+        for i, row in enumerate(rows):
+            value = row[column]
+            out[i] = np.frombuffer(value, "<f4") if isinstance(value, bytes | memoryview) else value
+        return out
 
     def _cell(self, row: Mapping[str, Any], position: int) -> None:
         """Read one value of a row as ``_inputs`` reads it (raises as it would)."""
-        if self.columns:
-            encoding.input_rows(self.columns[position:position + 1], [row])
-        elif len(self.feature_columns) == 1:
+        if self.input.is_array_input:
             self._inputs([row])
         else:
-            float(row[self.feature_columns[position]])
+            encoding.input_rows(self.columns[position:position + 1], [row])
 
     def _cell_error(self, rows: list[Mapping[str, Any]], error: Exception) -> SourceError:
         """The first (row, column) whose value fails alone as the batch did, named (values are read one at a time
         only once a batch has failed)."""
-        key = self.spec.get("key_column")
-        names = [c.name for c in self.columns] or list(self.feature_columns)
+        key = self.input.key_column
+        names = list(self.feature_columns)
         for i, row in enumerate(rows):
             for position, name in enumerate(names):
                 try:
@@ -247,11 +242,13 @@ def _build(name: str, version: int, spec: dict[str, Any], arrays: dict[str, np.n
 
     from pgtrain.models.network import build_model
 
-    if not spec.get("model") or not spec.get("input_dim") or not spec.get("output_dim"):
+    planned = input_record.of_version(spec)
+    if not spec.get("model") or not planned.input_dim or not planned.output_dim:
         raise PgtrainError(f"model {name!r} version {version} records no model spec to rebuild it from; "
                            "export its state dict instead (pgtrain-models export)")
-    model = build_model(spec["model"], int(spec["input_dim"]), int(spec["output_dim"]),
-                        spec.get("model_options") or {}, seed=0, encoding=spec.get("encoding"), task=spec.get("task"))
+    # The encoding the module was built with, as stored (a version from before encodings: none, no Encode layer).
+    model = build_model(spec["model"], planned.input_dim, planned.output_dim, spec.get("model_options") or {},
+                        seed=0, encoding=spec.get("encoding"), task=planned.task)
     # assign: the module's tensors become the arrays just read, instead of a second copy of the weights
     model.load_state_dict({n: torch.from_numpy(a) for n, a in arrays.items()}, strict=True, assign=True)
     return model.eval()
@@ -312,17 +309,17 @@ def _scoring_transaction(conn: psycopg.Connection) -> Iterator[bool]:
 
 
 # -- the source -------------------------------------------------------------------------------------------
-def _scoring_source(conn: psycopg.Connection, name: str, version: int, spec: dict[str, Any], table: str,
+def _scoring_source(conn: psycopg.Connection, name: str, version: int, planned: InputRecord, table: str,
                     key_column: str, feature_columns: Sequence[str] | None) -> Source:
-    recorded = list(spec.get("feature_columns") or [])
+    """The table to score, its columns in the version's input order, encoded as the version's were."""
+    recorded = list(planned.feature_columns)
     columns = tuple(feature_columns or recorded)
     if not columns:
         raise PgtrainError(f"model {name!r} version {version} records no feature columns; pass feature_columns "
                            "(--feature-columns) in the model's input order")
     try:
-        # A version without an encoding imputes nothing: a NULL feature is a row it cannot score.
         source = resolve_source(conn, table, key_column, None, None, feature_columns=columns,
-                                missing_values="impute" if spec.get("encoding") else "bad_row")
+                                missing_values=planned.missing_values)
     except MissingColumnError as error:
         if error.role != "feature_columns" or feature_columns:
             raise
@@ -331,30 +328,30 @@ def _scoring_source(conn: psycopg.Connection, name: str, version: int, spec: dic
             f"{', '.join(map(repr, recorded))} (in that order): score a table that has them, or pass "
             "--feature-columns (feature_columns=) naming this table's columns in that order",
             error.role, error.columns) from None
-    input_dim = int(spec["input_dim"])
-    if spec.get("encoding") and source.feature_format == COLUMNS:
-        return _encoded_source(source, spec["encoding"], name, version)
-    if source.feature_format == COLUMNS and len(columns) != input_dim:
-        raise SourceError(f"model {name!r} version {version} takes {input_dim} features but {len(columns)} columns "
-                          f"were given ({', '.join(map(repr, columns))})")
-    return source
+    if planned.is_array_input != (source.feature_format != COLUMNS):
+        raise SourceError(f"model {name!r} version {version} takes "
+                          + (f"one array column of {planned.input_dim} features" if planned.is_array_input else
+                             f"the {len(recorded)} columns {', '.join(map(repr, recorded))}")
+                          + f"; {', '.join(map(repr, columns))} {'was' if len(columns) == 1 else 'were'} given")
+    return source if planned.is_array_input else _encoded_source(source, planned, name, version)
 
 
-def _encoded_source(source: Source, recorded: dict[str, Any], name: str, version: int) -> Source:
+def _encoded_source(source: Source, planned: InputRecord, name: str, version: int) -> Source:
     """The table's columns encoded as the version's were: each recorded column (by position) with its kind,
     levels and mean; SourceError when the table's column cannot be read as that kind."""
-    planned = encoding.columns_of(recorded)
-    if len(planned) != len(source.feature_columns):
-        raise SourceError(f"model {name!r} version {version} takes the {len(planned)} columns "
-                          f"{', '.join(repr(c.name) for c in planned)}; {len(source.feature_columns)} were given")
+    if len(planned.columns) != len(source.feature_columns):
+        raise SourceError(f"model {name!r} version {version} takes the {len(planned.columns)} columns "
+                          f"{', '.join(repr(c.name) for c in planned.columns)}; {len(source.feature_columns)} were "
+                          "given")
     columns = []
-    for found, want in zip(source.feature_columns, planned, strict=True):
+    for found, want in zip(source.feature_columns, planned.columns, strict=True):
         if want.kind != CATEGORY and found.kind != want.kind:
             raise SourceError(f"column {found.name!r} of {source.qualified_name} has type {found.type}, but model "
                               f"{name!r} version {version} was trained on a {want.kind} column of type {want.type} "
                               f"there ({want.name!r})")
         columns.append(replace(want, name=found.name, type=found.type))
-    return replace(encoding.apply(source, recorded), feature_columns=tuple(columns))
+    return replace(source, feature_columns=tuple(columns), classes=planned.classes, class_hashes=planned.class_hashes,
+                   missing_values=planned.missing_values)
 
 
 def _null_keys(conn: psycopg.Connection, source: Source) -> int:

@@ -116,7 +116,8 @@ def commit_run(conn: psycopg.Connection, run_id: str, owner: Mapping[str, Any] |
         head = _head_for_update(conn, run.model_name)
         changed = architecture_change(spec, head)
         # The head may have moved to other data since plan_run checked: versions of other data are not compared.
-        other_data = identity.differences(conn, head["spec"], spec) if head and head["spec"] else []
+        head_data = identity.of_version(head["spec"]) if head and head["spec"] else None
+        other_data = identity.differences(conn, head_data, identity.of_version(spec)) if head_data else []
         verdict = quality_gate(run.config, spec["task"], metrics, None if changed or other_data else head)
         rejection = verdict.rejection
         if rejection is not None:
@@ -124,7 +125,7 @@ def commit_run(conn: psycopg.Connection, run_id: str, owner: Mapping[str, Any] |
         else:
             version = _write_version(conn, run.model_name, run_id, lease, metrics, spec, infos)
             reason, held = verdict.note, (
-                f"its data differs from the head's, {identity.describe(head['spec'])}: it has {'; '.join(other_data)}, "
+                f"its data differs from the head's, {identity.describe(head_data)}: it has {'; '.join(other_data)}, "
                 f"and the DAG's author does not allow re-targeting the model ({identity.RETARGET_HINT})"
                 if other_data and not run.config.allow_retarget else
                 f"the architecture changed ({changed})" if changed else verdict.hold)

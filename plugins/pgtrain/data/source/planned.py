@@ -36,6 +36,6 @@ class PlannedRows:
     exclude_bad_rows: bool
     batch_rows: int
     output_dim: int | None = None  # classes, or the regression target's width
-    encoding: dict[str, Any] | None = None  # how the rows become input (pgtrain.data.encoding); None: as they are
+    encoding: dict[str, Any] | None = None  # the run's input record (pgtrain.data.input_record), as JSON
     # The scalar feature columns NULL in some planned row (statistics.nullable_columns); None: any may be.
     nullable_columns: tuple[str, ...] | None = None
