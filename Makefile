@@ -33,7 +33,7 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 bench: install  # full size: 500k-row loader against its peers, 2M-row manifest (several minutes)
-	$(PY) -m pip install -q -r benchmarks/requirements.txt  # the loader's peers: ConnectorX, asyncpg
+	$(PY) -m pip install -q -r benchmarks/requirements.txt  # the loader's peers, bench_quality's references
 	$(PY) benchmarks/run_all.py
 
 bench-quick: install  # the same benchmarks on small tables, to check they run
@@ -41,7 +41,8 @@ bench-quick: install  # the same benchmarks on small tables, to check they run
 	PGTRAIN_BENCH_ROWS=20000 PGTRAIN_BENCH_MANIFEST_ROWS=100000 PGTRAIN_BENCH_STORE_MB=64 \
 		PGTRAIN_BENCH_TRAIN_ROWS=20000 PGTRAIN_BENCH_TRAIN_ROUNDS=1 PGTRAIN_BENCH_DAG_ROUNDS=1 \
 		PGTRAIN_BENCH_MEMORY_ROWS=50000,200000 PGTRAIN_BENCH_GPU_ROWS=50000 PGTRAIN_BENCH_GPU_ROUNDS=1 \
-		PGTRAIN_BENCH_QUALITY_TABLES=iris,slid,diabetes \
+		PGTRAIN_BENCH_QUALITY_TABLES=iris,slid,diabetes PGTRAIN_BENCH_QUALITY_TABM_D_BLOCK=64 \
+		PGTRAIN_BENCH_QUALITY_NETWORK_SECONDS=60 \
 		PGTRAIN_BENCH_RESULTS=benchmarks/out/results.json \
 		$(PY) benchmarks/run_all.py
 

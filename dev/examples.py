@@ -230,6 +230,29 @@ R_TABLES = {
         ("ram", "integer", False), ("screen", "integer", False), ("cd", "text", False),
         ("multi", "text", False), ("premium", "text", False), ("ads", "integer", False),
         ("trend", "integer", False))),
+    # Boston mortgage applications (HMDA, 1990): deny ("yes"/"no") from ratios, credit scores and text yes/no
+    # columns, NULLs in pbcr and self. bench_quality's binary table with text categories and NULLs.
+    "hdma": RTable(("public", "hdma"), "resources/rdata/csv/Ecdat/Hdma.csv", (
+        ("dir", "double precision", False), ("hir", "double precision", False), ("lvr", "double precision", False),
+        ("ccs", "double precision", False), ("mcs", "double precision", False), ("pbcr", "text", True),
+        ("dmi", "text", False), ("self", "text", True), ("single", "text", False),
+        ("uria", "double precision", False), ("comdominiom", "integer", False), ("black", "text", False),
+        ("deny", "text", False))),
+    # Wages of young American men, 1980-1987 (545 men, 8 years each): wage (log hourly) from schooling, experience
+    # and text categories (industry, occupation, ...), NULLs in residence.
+    "males": RTable(("public", "males"), "resources/rdata/csv/Ecdat/Males.csv", (
+        ("nr", "integer", False), ("year", "integer", False), ("school", "integer", False),
+        ("exper", "integer", False), ("union", "text", False), ("ethn", "text", False), ("married", "text", False),
+        ("health", "text", False), ("wage", "double precision", False), ("industry", "text", False),
+        ("occupation", "text", False), ("residence", "text", True))),
+    # Vietnamese households' expenditures (1997): lntotal (log total) from the household's food and medical
+    # spending, size, head's age and schooling and text categories; NULLs in lnexp12m.
+    "vietnam": RTable(("public", "vietnam"), "resources/rdata/csv/Ecdat/VietNamH.csv", (
+        ("sex", "text", False), ("age", "integer", False), ("educyr", "double precision", False),
+        ("farm", "text", False), ("urban", "text", False), ("hhsize", "integer", False),
+        ("lntotal", "double precision", False), ("lnmed", "double precision", False),
+        ("lnrlfood", "double precision", False), ("lnexp12m", "double precision", True),
+        ("commune", "integer", False))),
 }
 _R_VALUES = {"integer": int, "double precision": float, "text": str}
 

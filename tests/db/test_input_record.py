@@ -13,10 +13,10 @@ from pgtrain.data import input_record, loader, manifest
 from pgtrain.data.input_record import InputRecord, Split
 from pgtrain.data.source import resolve
 from pgtrain.data.source.resolve import COLUMNS, NUMBER, Column
+from pgtrain.models.spec import ModelSpec
 from pgtrain.runs import record
 from pgtrain.store import identity, model_store
 from pgtrain.store.inference import load_predictor
-from pgtrain.store.model_spec import ModelSpec
 from pgtrain.store.tensors import write_staged
 from tests.support import make_mixed_table, mixed_params, planned_run, seed_samples
 

@@ -73,3 +73,52 @@ def test_the_gpu_check_script_fails_clearly_without_cuda():
     assert "gpu_check: FAILED: no CUDA device is usable here" in result.stderr
     assert "make image-gpu" in result.stderr and "nothing was measured" in result.stderr
     assert "== bench_gpu" not in result.stdout
+
+
+def _quality_references():
+    import importlib
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        return importlib.import_module("quality_references")
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+
+
+def test_vs_best_reference_is_ours_minus_the_best_reference_lower_rmse_best():
+    """bench_quality's quality.T.<built-in>.<metric>.vs_best_reference on real fits: the best reference is the
+    highest R² but the lowest RMSE, and the difference is ours minus its figure (negative R² = behind, negative
+    RMSE = ahead)."""
+    import numpy as np
+
+    refs = _quality_references()
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, 3)).astype(np.float32)
+    y = x[:, 0] * 3 + np.where(x[:, 1] > 0, 2.0, -2.0) + rng.normal(scale=0.1, size=400)  # a step: trees win
+    data = refs.Data(x[:300], y[:300], x[300:350], y[300:350], x[350:], 0)
+    figures = {name: refs.regression_figures(y[350:], refs.fit_and_score(name, data)[0])
+               for name in (refs.RIDGE, refs.HGB)}
+    assert figures[refs.HGB]["r2"] > figures[refs.RIDGE]["r2"]
+    assert figures[refs.HGB]["rmse"] < figures[refs.RIDGE]["rmse"]
+    names = (refs.RIDGE, refs.HGB)
+    assert refs.vs_best_reference(0.5, figures, "r2", names) == (refs.HGB, 0.5 - figures[refs.HGB]["r2"])
+    assert refs.vs_best_reference(1.0, figures, "rmse", names) == (refs.HGB, 1.0 - figures[refs.HGB]["rmse"])
+    # only the names asked about count
+    assert refs.vs_best_reference(0.5, figures, "r2", (refs.RIDGE,)) == (refs.RIDGE, 0.5 - figures[refs.RIDGE]["r2"])
+
+
+def test_a_network_reference_stops_on_its_validation_rows():
+    """The plain MLP reference trains on the training rows, keeps its best validation epoch and scores every row."""
+    import numpy as np
+
+    refs = _quality_references()
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(300, 4)).astype(np.float32)
+    y = (x[:, 0] + x[:, 1] > 0).astype(np.int64)
+    data = refs.Data(x[:200], y[:200], x[200:250], y[200:250], x[250:], 2)
+    probabilities, info = refs.fit_and_score(refs.PLAIN_MLP, data)
+    assert probabilities.shape == (50, 2) and np.allclose(probabilities.sum(1), 1, atol=1e-5)
+    assert 1 <= info["best_epoch"] <= info["epochs"] <= refs.NETWORK_EPOCHS
+    assert info["epochs"] - info["best_epoch"] == refs.NETWORK_PATIENCE or info["time_limited"] or \
+        info["epochs"] == refs.NETWORK_EPOCHS
+    assert refs.classification_figures(y[250:], probabilities)["accuracy"] > 0.85

@@ -17,6 +17,26 @@ def computers() -> tuple[list[str], list[tuple]]:
     return r_table_rows("computers")
 
 
+@pytest.fixture(scope="module", params=["hdma", "males", "vietnam"])
+def bench_table(request) -> tuple[str, tuple[list[str], list[tuple]]]:
+    return request.param, r_table_rows(request.param)
+
+
+@pytest.fixture(scope="module")
+def hdma() -> tuple[list[str], list[tuple]]:
+    return r_table_rows("hdma")
+
+
+@pytest.fixture(scope="module")
+def males() -> tuple[list[str], list[tuple]]:
+    return r_table_rows("males")
+
+
+@pytest.fixture(scope="module")
+def vietnam() -> tuple[list[str], list[tuple]]:
+    return r_table_rows("vietnam")
+
+
 def column(table: tuple[list[str], list[tuple]], name: str) -> list:
     names, rows = table
     return [row[names.index(name)] for row in rows]
@@ -45,6 +65,17 @@ def test_computers_has_its_rows_and_yes_no_columns(computers):
     assert set(column(computers, "cd")) == set(column(computers, "multi")) == {"yes", "no"}
     assert all(value is not None for row in rows for value in row)
     assert rows[0] == (1, 1499, 25, 80, 4, 14, "no", "no", "yes", 94, 1)
+
+
+def test_bench_quality_s_r_tables_have_text_categories_and_nulls(bench_table):
+    """bench_quality's three added tables (issue 31): each has text columns and a column with NULLs."""
+    name, (names, rows) = bench_table
+    assert len(rows) == {"hdma": 2381, "males": 4360, "vietnam": 5999}[name]
+    assert [row[0] for row in rows] == list(range(1, len(rows) + 1))
+    text = [n for n, kind, _ in R_TABLES[name].columns if kind == "text"]
+    assert text and all(isinstance(row[names.index(n)], str | None) for n in text for row in rows)
+    nullable = [n for n, _, nulls in R_TABLES[name].columns if nulls]
+    assert nullable and all(None in column((names, rows), n) for n in nullable), nullable
 
 
 @pytest.mark.parametrize("name", sorted(R_TABLES))

@@ -1,0 +1,232 @@
+"""bench_quality's references (issue 31 item 4): the libraries pgtrain's built-ins are measured against, fitted on
+the rows bench_quality hands them, and the figures they are compared by.
+
+References, each fitted on the run's training rows (the same inputs for all: ``inputs``) and scored on the rows every
+figure is read on:
+
+- ``logistic_regression`` (classification; max_iter 5000) or ``ridge`` (regression): the linear baselines;
+- ``hist_gradient_boosting``, ``lightgbm``, ``xgb`` (the xgboost library's XGBClassifier / XGBRegressor) and
+  ``catboost``: gradient-boosted trees at their library defaults (random seed 0, CatBoost silent); they see the
+  training rows only: no early stopping (HistGradientBoosting's own "auto" stops on a slice of its training rows
+  only above 10,000 of them, which no table here has);
+- ``plain_mlp`` (3 hidden layers of 256, ReLU) and ``tabm`` (the ``tabm`` package's ``TabM.make`` defaults:
+  3 blocks of 512 (or $PGTRAIN_BENCH_QUALITY_TABM_D_BLOCK), dropout 0.1, k = 32 shared-weight members, their mean
+  the prediction): trained here with AdamW
+  (plain_mlp 1e-3, weight decay 1e-4; tabm 2e-3, 3e-4 as its authors train it), batches of 256, the regression
+  target standardized, up to ``NETWORK_EPOCHS`` epochs with early stopping on the validation rows (patience
+  ``NETWORK_PATIENCE``, the best epoch's weights kept), as pgtrain's built-ins stop on them. A time limit per
+  network ($PGTRAIN_BENCH_QUALITY_NETWORK_SECONDS, default 600) ends training early on a slow machine; the
+  figures say how many epochs ran and whether the limit cut them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+LR, RIDGE, HGB = "logistic_regression", "ridge", "hist_gradient_boosting"
+LIGHTGBM, XGB, CATBOOST, PLAIN_MLP, TABM = "lightgbm", "xgb", "catboost", "plain_mlp", "tabm"
+TREES = (HGB, LIGHTGBM, XGB, CATBOOST)
+NETWORKS = (PLAIN_MLP, TABM)
+SEED = 0
+NETWORK_EPOCHS, NETWORK_PATIENCE, NETWORK_BATCH = 200, 16, 256
+LOWER_IS_BETTER = frozenset({"rmse"})  # every other figure (accuracy, roc_auc, r2): higher is better
+
+
+def references(regression: bool) -> tuple[str, ...]:
+    """Every reference for a task, linear baseline first; $PGTRAIN_BENCH_QUALITY_REFERENCES (comma-separated names)
+    keeps only those named (a slow machine's way to leave TabM out)."""
+    every = (RIDGE if regression else LR, *TREES, *NETWORKS)
+    chosen = [n for n in os.environ.get("PGTRAIN_BENCH_QUALITY_REFERENCES", "").split(",") if n]
+    unknown = sorted(set(chosen) - {LR, RIDGE, *TREES, *NETWORKS})
+    if unknown:
+        raise SystemExit(f"PGTRAIN_BENCH_QUALITY_REFERENCES: unknown references {unknown}: use some of "
+                         f"{', '.join((LR, RIDGE, *TREES, *NETWORKS))}")
+    return tuple(n for n in every if not chosen or n in chosen)
+
+
+def best_reference(figures: dict[str, dict[str, float]], metric: str, names: Sequence[str]) -> tuple[str, float]:
+    """(name, figure) of the reference that does best at ``metric`` among ``names`` (lowest for an RMSE; of equals,
+    the first named)."""
+    scored = [(n, figures[n][metric]) for n in names if metric in figures.get(n, {})]
+    return (min if metric in LOWER_IS_BETTER else max)(scored, key=lambda pair: pair[1])
+
+
+def vs_best_reference(ours: float, figures: dict[str, dict[str, float]], metric: str, names: Sequence[str]
+                      ) -> tuple[str, float]:
+    """(the best reference, ours minus its figure): negative = behind, except for an RMSE (lower is better), where
+    negative = ahead."""
+    name, value = best_reference(figures, metric, names)
+    return name, ours - value
+
+
+def classification_figures(y: np.ndarray, probabilities: np.ndarray) -> dict[str, float]:
+    """accuracy and ROC AUC (binary: of class 1, the second in class order; else macro one-vs-rest) of class
+    probabilities whose columns are the classes 0..k-1."""
+    from sklearn.metrics import accuracy_score, roc_auc_score
+
+    classes = probabilities.shape[1]
+    if classes == 2:
+        auc = roc_auc_score(y, probabilities[:, 1])
+    else:
+        auc = roc_auc_score(y, probabilities, multi_class="ovr", average="macro", labels=list(range(classes)))
+    return {"accuracy": float(accuracy_score(y, probabilities.argmax(1))), "roc_auc": float(auc)}
+
+
+def regression_figures(y: np.ndarray, predicted: np.ndarray) -> dict[str, float]:
+    from sklearn.metrics import mean_squared_error, r2_score
+
+    return {"r2": float(r2_score(y, predicted)), "rmse": float(np.sqrt(mean_squared_error(y, predicted)))}
+
+
+def inputs(frame: object, numeric: list, text: list, train: np.ndarray, *others: np.ndarray) -> list[np.ndarray]:
+    """Every reference's inputs (float32): numbers mean-imputed (fitted on the training rows) with a "was missing"
+    indicator where there are NULLs, and standardized; text one-hot (NULL a level of its own, a level unseen in
+    training all zeros). The training rows' first, then each of ``others``' rows."""
+    from sklearn.compose import ColumnTransformer
+    from sklearn.impute import SimpleImputer
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import OneHotEncoder, StandardScaler
+
+    prepare = ColumnTransformer([
+        ("numbers", make_pipeline(SimpleImputer(strategy="mean", add_indicator=True), StandardScaler()), numeric),
+        ("text", OneHotEncoder(handle_unknown="ignore", sparse_output=False), text)])
+    first = prepare.fit_transform(frame[train])
+    return [first.astype(np.float32), *(prepare.transform(frame[rows]).astype(np.float32) for rows in others)]
+
+
+@dataclass(frozen=True)
+class Data:
+    """One table's reference inputs and targets (classes as 0..classes-1; ``classes`` 0 for a regression)."""
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_validation: np.ndarray
+    y_validation: np.ndarray
+    x_scored: np.ndarray
+    classes: int
+
+    @property
+    def regression(self) -> bool:
+        return self.classes == 0
+
+
+def fit_and_score(name: str, data: Data) -> tuple[np.ndarray, dict[str, float | int | bool]]:
+    """(``name``'s predictions on the scored rows: values, or class probabilities with a column per class,
+    what the fit reports: {"epochs": ..., "time_limited": ...} for a network, {} for the others)."""
+    if name in NETWORKS:
+        return _network(name, data)
+    model = _library_model(name, data.regression).fit(data.x_train, data.y_train)
+    if data.regression:
+        return np.asarray(model.predict(data.x_scored), np.float64).ravel(), {}
+    probabilities = np.zeros((len(data.x_scored), data.classes))
+    seen = np.asarray(model.classes_, np.int64)  # a class missing from the training rows: probability 0
+    probabilities[:, seen] = model.predict_proba(data.x_scored)
+    return probabilities, {}
+
+
+def _library_model(name: str, regression: bool):
+    if name == LR:
+        from sklearn.linear_model import LogisticRegression
+
+        return LogisticRegression(max_iter=5000, random_state=SEED)
+    if name == RIDGE:
+        from sklearn.linear_model import Ridge
+
+        return Ridge()
+    if name == HGB:
+        from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
+
+        return (HistGradientBoostingRegressor if regression else HistGradientBoostingClassifier)(random_state=SEED)
+    if name == LIGHTGBM:
+        import lightgbm
+
+        return (lightgbm.LGBMRegressor if regression else lightgbm.LGBMClassifier)(random_state=SEED, verbose=-1)
+    if name == XGB:
+        import xgboost
+
+        return (xgboost.XGBRegressor if regression else xgboost.XGBClassifier)(random_state=SEED)
+    if name == CATBOOST:
+        import catboost
+
+        return (catboost.CatBoostRegressor if regression else catboost.CatBoostClassifier)(
+            random_seed=SEED, verbose=False, allow_writing_files=False)
+    raise ValueError(f"unknown reference {name!r}")
+
+
+def _network(name: str, data: Data) -> tuple[np.ndarray, dict[str, float | int | bool]]:
+    import torch
+
+    torch.manual_seed(SEED)
+    outputs = 1 if data.regression else data.classes
+    width = data.x_train.shape[1]
+    if name == TABM:
+        import tabm
+
+        # $PGTRAIN_BENCH_QUALITY_TABM_D_BLOCK: narrower blocks where the package's 512 does not fit in time
+        d_block = int(os.environ.get("PGTRAIN_BENCH_QUALITY_TABM_D_BLOCK") or 512)
+        model: torch.nn.Module = tabm.TabM.make(n_num_features=width, d_out=outputs, d_block=d_block)
+        rate, decay = 2e-3, 3e-4
+    else:
+        layers: list[torch.nn.Module] = []
+        for d_in in (width, 256, 256):
+            layers += [torch.nn.Linear(d_in, 256), torch.nn.ReLU()]
+        model = torch.nn.Sequential(*layers, torch.nn.Linear(256, outputs))
+        rate, decay = 1e-3, 1e-4
+    mean, scale = (float(data.y_train.mean()), float(data.y_train.std()) or 1.0) if data.regression else (0.0, 1.0)
+
+    def target(y: np.ndarray) -> torch.Tensor:
+        return torch.tensor((y - mean) / scale, dtype=torch.float32) if data.regression else torch.tensor(y)
+
+    def members(x: torch.Tensor) -> torch.Tensor:
+        """(rows, members, outputs): TabM's k predictions, the plain MLP's one."""
+        out = model(x)
+        return out if out.ndim == 3 else out[:, None, :]
+
+    def loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Each member's loss, averaged over the members (TabM trains its members this way)."""
+        k = out.shape[1]
+        if data.regression:
+            return torch.nn.functional.mse_loss(out[..., 0], y[:, None].expand(-1, k))
+        return torch.nn.functional.cross_entropy(out.flatten(0, 1), y.repeat_interleave(k))
+
+    @torch.no_grad()
+    def predict(x: np.ndarray) -> torch.Tensor:
+        """The members' mean: of the standardized value, or of the class probabilities."""
+        model.eval()
+        out = torch.cat([members(chunk) for chunk in torch.from_numpy(x).split(4096)])
+        return out[..., 0].mean(1) if data.regression else out.softmax(-1).mean(1)
+
+    def validation_loss() -> float:
+        predicted, y = predict(data.x_validation), target(data.y_validation)
+        if data.regression:
+            return float(((predicted - y) ** 2).mean())
+        return float(torch.nn.functional.nll_loss(predicted.clamp_min(1e-12).log(), y))
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=rate, weight_decay=decay)
+    x, y = torch.from_numpy(data.x_train), target(data.y_train)
+    limit = float(os.environ.get("PGTRAIN_BENCH_QUALITY_NETWORK_SECONDS") or 600)
+    start, best, best_state, since, epochs = time.perf_counter(), float("inf"), None, 0, 0
+    generator = torch.Generator().manual_seed(SEED)
+    while epochs < NETWORK_EPOCHS and since < NETWORK_PATIENCE and time.perf_counter() - start < limit:
+        model.train()
+        for batch in torch.randperm(len(x), generator=generator).split(NETWORK_BATCH):
+            optimizer.zero_grad()
+            loss(members(x[batch]), y[batch]).backward()
+            optimizer.step()
+        epochs += 1
+        current = validation_loss()
+        if current < best:
+            best, since = current, 0
+            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        else:
+            since += 1
+    model.load_state_dict(best_state)
+    predicted = predict(data.x_scored).double().numpy()
+    time_limited = epochs < NETWORK_EPOCHS and since < NETWORK_PATIENCE
+    return (predicted * scale + mean if data.regression else predicted), {
+        "epochs": epochs, "best_epoch": epochs - since, "time_limited": time_limited}
