@@ -17,6 +17,7 @@ from tests.k8s_sim.airflow_context import task_context
 from tests.k8s_sim.sshd import nss_wrapper
 from tests.k8s_sim.validation import assert_cluster_accepted_every_manifest
 from tests.support import planned_run, seed_samples
+from trainer.ensemble import member_loss
 
 from .test_operator import DAG_ID, train_operator
 
@@ -53,6 +54,6 @@ def test_a_torch_backend_job_trains_through_mpirun_on_two_worker_pods(k8s, names
                             (run.run_id,)).fetchone() == ("torch", "trained")
         staged = tensors.read_staged(conn, run.run_id)
         model, _ = reference_training(conn, record.get_run(conn, run.run_id),
-                                      lambda m, x, y: F.cross_entropy(m(x), y))
+                                      lambda m, x, y: member_loss(F.cross_entropy, m(x), y))
     assert_same_parameters(staged, model, run)  # within 1e-5 of one process on the same global batches
     assert_cluster_accepted_every_manifest(k8s, namespace)
