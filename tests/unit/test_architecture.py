@@ -19,7 +19,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("pgtrain.runs",),
     ("pgtrain.data",),
     # store.inference rebuilds a version with the trainer's model builders (the networks', the booster's)
-    ("pgtrain.store", "trainer.model", "trainer.booster"),
+    ("pgtrain.store", "trainer.model", "trainer.ensemble", "trainer.booster"),
     ("pgtrain.launch",),
     ("trainer",),  # a rank's code: python -m trainer
     ("pgtrain.airflow.dag", "pgtrain.cli"),
