@@ -10,6 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from psycopg.types.json import Jsonb  # noqa: E402
+
 import pgtrain  # noqa: E402
 from pgtrain.config.params import TrainingConfig  # noqa: E402
 from pgtrain.core.database_url import DATABASE_URL_ENV  # noqa: E402
@@ -22,10 +24,11 @@ from pgtrain.store.tensors import write_staged  # noqa: E402
 
 
 def commit_random_model(conn: psycopg.Connection, name: str, input_dim: int, output_dim: int,
-                        **config) -> torch.nn.Module:
-    """A version of a model built by pgtrain.models.network.build_model with random weights and statistics."""
+                        old_options: dict | None = None, **config) -> torch.nn.Module:
+    """A version of a model built by pgtrain.models.network.build_model with random weights and statistics; with
+    ``old_options``, a version of an older pgtrain: built with them and its spec recording them."""
     config = TrainingConfig(model_name=name, **config)
-    model = build_model("mlp", input_dim, output_dim, {"hidden_sizes": list(config.hidden_sizes)}, seed=3)
+    model = build_model("mlp", input_dim, output_dim, old_options or config.model_options_for_build, seed=3)
     generator = torch.Generator().manual_seed(4)
     with torch.no_grad():
         for tensor in model.state_dict().values():
@@ -37,6 +40,9 @@ def commit_random_model(conn: psycopg.Connection, name: str, input_dim: int, out
     write_staged(conn, run.run_id, {n: t.numpy() for n, t in model.state_dict().items()})
     record_epoch(conn, run.run_id, 1, {"train_loss": 0.1, "val_loss": 0.1, "seconds": 0.1})
     commit_run(conn, run.run_id, owner={"task_id": "test"})
+    if old_options is not None:
+        conn.execute("UPDATE pgtrain.model_versions SET spec = jsonb_set(spec, '{model_options}', %s) "
+                     "WHERE model_name = %s", (Jsonb(old_options), name))
     return model.eval()
 
 
@@ -51,6 +57,26 @@ def test_load_model_rebuilds_the_head_in_eval_mode(aconn, db_url):
         assert torch.equal(loaded.state_dict()[name], tensor), name
     with pytest.raises(PgtrainError, match="has no version 9"):
         pgtrain.load_model(aconn, "clf", version=9)
+
+
+@pytest.mark.parametrize("task, output_dim", [("regression", 1), ("classification", 3)])
+def test_a_version_from_before_the_ensemble_loads_and_predicts_as_it_did(aconn, task, output_dim):
+    """A version whose spec records the options of old (hidden_sizes, dropout, normalization: no members, no
+    clamp_target) rebuilds as the plain MLP it was, without the range buffers, and scores as that module."""
+    old = {"hidden_sizes": [5], "dropout": 0.0, "normalization": "none"}
+    model = commit_random_model(aconn, "old", 4, output_dim, old_options=old, task=task)
+    loaded = pgtrain.load_model(aconn, "old")
+    predictor = pgtrain.load_predictor(aconn, "old")
+
+    assert isinstance(loaded.net, torch.nn.Sequential) and set(loaded.state_dict()) == set(model.state_dict())
+    assert "target.low" not in loaded.state_dict()
+    x = torch.from_numpy(np.random.default_rng(2).standard_normal((9, 4)).astype(np.float32)) * 100
+    with torch.no_grad():
+        assert torch.equal(loaded(x), model(x))
+    rows = [{"features": row.tolist()} for row in x.numpy()]
+    got = predictor.predict_proba(rows) if task == "classification" else predictor.predict(rows)
+    want = torch.softmax(model(x), 1) if task == "classification" else model(x)[:, 0]
+    np.testing.assert_allclose(np.asarray(got, np.float64), want.detach().numpy(), atol=1e-5, rtol=0)
 
 
 def test_importing_pgtrain_does_not_import_torch():

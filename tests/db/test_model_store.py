@@ -497,7 +497,8 @@ def test_the_version_records_what_rebuilding_it_takes(db_url, aconn):
     commit_run(aconn, run_id, owner=OWNER)
 
     spec = get_version(aconn, MODEL)["spec"]
-    assert spec == {"model": "mlp", "model_options": {"hidden_sizes": [50], "dropout": 0.0, "normalization": "none"},
+    options = {"hidden_sizes": list(TrainingConfig().hidden_sizes), "dropout": 0.0, "normalization": "none"}
+    assert spec == {"model": "mlp", "model_options": options,
                     "input_dim": 6, "output_dim": 3,
                     "feature_columns": ["a", "b"], "target_column": "y", "task": "classification",
                     "standardize_target": True, "parent_version": 7, "encoding": None,

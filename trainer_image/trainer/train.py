@@ -28,7 +28,8 @@ from pgtrain.core.db import connect, connect_retrying
 from pgtrain.core.errors import PgtrainError
 from pgtrain.data import input_record, loader, manifest
 from pgtrain.launch.lifetime import die_with_parent
-from pgtrain.models.network import PgtrainModel, build_model, state_layout, writable_tensor
+from pgtrain.models.ensemble import member_loss, trained_output
+from pgtrain.models.network import ClampedUnstandardize, PgtrainModel, build_model, state_layout, writable_tensor
 from pgtrain.runs import record
 from pgtrain.store import tensors
 from trainer import boosted, collectives
@@ -118,6 +119,18 @@ def global_statistics(values: torch.Tensor, name: str, columns: int | None = Non
     return mean.float(), std.float()
 
 
+def global_range(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Min and max per column of ``values`` over all ranks (each rank's gathered: exact for any split; a rank
+    without rows contributes +inf / -inf)."""
+    columns = values.shape[1]
+    if len(values):
+        mine = torch.stack([values.amin(0), values.amax(0)]).double().cpu()
+    else:
+        mine = torch.tensor([[math.inf] * columns, [-math.inf] * columns], dtype=torch.float64)
+    every = collectives.allgather(mine.unsqueeze(0), "target_range")
+    return every[:, 0].amin(0).float(), every[:, 1].amax(0).float()
+
+
 # -- one epoch -------------------------------------------------------------------------------------------
 class Batches:
     """Gathers a step's rows into buffers allocated once (a step allocates nothing for its batch): on the device
@@ -168,10 +181,10 @@ def train_epoch(model: PgtrainModel, optimizer: torch.optim.Optimizer, schedule:
         x, y = batches(order[lo:hi])
         with forward_precision(task.device, precision):
             out = model.standardized(x)
-            loss = task.loss(out, y)
+            loss = member_loss(task.loss, out, y)
         loss.backward()
         optimizer.step()
-        task.add_train(sums, loss, out, y)
+        task.add_train(sums, loss, trained_output(out, task.regression), y)
     return sums
 
 
@@ -270,6 +283,10 @@ def train(args: argparse.Namespace, cuda: Cuda = torch.cuda) -> int:
             mean, std = global_statistics(y_train, "target")
             model.target.mean.copy_(mean)
             model.target.std.copy_(std)
+        if regression and isinstance(model.target, ClampedUnstandardize):
+            low, high = global_range(y_train)
+            model.target.low.copy_(low)
+            model.target.high.copy_(high)
     batch_size, learning_rate = batch_and_rate(config, shards)
     steps = steps_per_epoch(shards, batch_size)
     train_count = len(x_train)

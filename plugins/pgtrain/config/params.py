@@ -49,6 +49,13 @@ AUTO_WEIGHT_DECAY = {"sgd": 0.0, "adamw": 0.01}
 LR_SCHEDULES = ("constant", "cosine", "one_cycle")
 CLASS_WEIGHTS = ("none", "balanced")
 NORMALIZATIONS = ("none", "layer")
+# One plain MLP by default: a shared-weight ensemble (TabM's k = 32) gained little here for its training time and
+# would refuse every existing model's warm start from its head (benchmarks/RESULTS.md, "The mlp as a shared-weight
+# ensemble").
+DEFAULT_ENSEMBLE_MEMBERS = 1
+# The mlp's model option that keeps a regression's outputs within its training targets' range (the bounds are the
+# state dict's target.low and target.high); versions without it predict unclamped, as they always did.
+CLAMP_TARGET = "clamp_target"
 _OPTIONAL_NUMBER = {"type": ["number", "null"]}
 # The features when neither features_column nor feature_columns is given (the example data's array column).
 DEFAULT_FEATURES_COLUMN = "features"
@@ -98,6 +105,7 @@ class TrainingConfig:
     standardize_target: bool = True
     dropout: float = 0.0
     normalization: str = "none"
+    ensemble_members: int = DEFAULT_ENSEMBLE_MEMBERS
     epochs: int = 50
     batch_size: int | None = None
     optimizer: str = "adamw"
@@ -180,8 +188,14 @@ class TrainingConfig:
     def model_options_for_build(self) -> dict[str, Any]:
         """The keyword arguments the model is built with (the mlp's come from hidden_sizes)."""
         if self.model == "mlp":
-            return {"hidden_sizes": list(self.hidden_sizes), "dropout": self.dropout,
-                    "normalization": self.normalization}
+            options: dict[str, Any] = {"hidden_sizes": list(self.hidden_sizes), "dropout": self.dropout,
+                                       "normalization": self.normalization}
+            if self.ensemble_members > 1:  # the members and how their outputs are averaged (pgtrain.models.ensemble)
+                options |= {"members": self.ensemble_members,
+                            "average": "values" if self.task == "regression" else "probabilities"}
+            if self.task == "regression":
+                options[CLAMP_TARGET] = True
+            return options
         if self.model == BOOSTED:  # the version records every option it was trained with, defaults included
             return {**booster_options(self.model_options, self.task, self.early_stopping_metric),
                     "learning_rate": self.learning_rate or DEFAULT_LEARNING_RATE}
@@ -303,6 +317,10 @@ PARAMETERS: dict[str, dict[str, Any]] = _with_defaults({
     "hidden_sizes": {"type": "array", "minItems": 1, "maxItems": 16,
                      "items": {"type": "integer", "minimum": 1, "maximum": 65536}, "section": _MODEL,
                      "title": "Hidden layers", "description": "hidden layer widths of the mlp model"},
+    "ensemble_members": {"type": "integer", "minimum": 1, "maximum": 256, "section": _MODEL,
+                         "title": "Ensemble members",
+                         "description": "mlp: members of a shared-weight ensemble (BatchEnsemble, as TabM), each "
+                                        "trained on its own loss, their predictions averaged; 1 = one plain MLP"},
     "init_from": {"type": ["string", "integer"], "section": _MODEL, "title": "Start from",
                   "anyOf": [{"type": "string", "enum": list(INIT_FROM_WORDS)},
                             {"type": "string", "pattern": rf"^[1-9][0-9]{{0,8}}{END}"},

@@ -26,10 +26,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from pgtrain.config.boosted import BOOSTED
-from pgtrain.config.params import NORMALIZATIONS
+from pgtrain.config.params import CLAMP_TARGET, NORMALIZATIONS
 from pgtrain.core.errors import ConfigError
 from pgtrain.core.memory import available_bytes
 from pgtrain.data.encoding import Layout, layout_of
+from pgtrain.models.ensemble import EnsembleMLP
 from pgtrain.models.spec import BUILTIN_MLP
 
 
@@ -84,15 +85,35 @@ class Unstandardize(_Scale):
         return (y - self.mean.to(y.device)) / self.std.to(y.device)
 
 
+class ClampedUnstandardize(Unstandardize):
+    """Unstandardize, and outside training the result kept within the training targets' range (``low``..``high``
+    per output, buffers the trainer fills): a network extrapolates without bound, the targets it learnt from do
+    not."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__(dim)
+        self.register_buffer("low", torch.full((dim,), -torch.inf))
+        self.register_buffer("high", torch.full((dim,), torch.inf))
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        out = super().forward(z)
+        return out if self.training else torch.minimum(torch.maximum(out, self.low), self.high)
+
+    def clamp_standardized(self, z: torch.Tensor) -> torch.Tensor:
+        """The same bounds on the standardized scale (what the validation and test figures are read on)."""
+        return z if self.training else torch.minimum(torch.maximum(z, self.scale(self.low)), self.scale(self.high))
+
+
 class PgtrainModel(nn.Module):
-    def __init__(self, net: nn.Module, input_dim: int, output_dim: int, layout: Layout | None = None) -> None:
+    def __init__(self, net: nn.Module, input_dim: int, output_dim: int, layout: Layout | None = None,
+                 clamp_target: bool = False) -> None:
         super().__init__()
         self.input_dim = input_dim
         self.output_dim = output_dim
         categories = layout is not None and bool(layout.sizes)
         self.normalizer = Encode(layout.numeric, layout.sizes) if categories else Standardize(input_dim)
         self.net = net
-        self.target = Unstandardize(output_dim)
+        self.target = ClampedUnstandardize(output_dim) if clamp_target else Unstandardize(output_dim)
 
     @property
     def standardized_columns(self) -> int:
@@ -100,7 +121,12 @@ class PgtrainModel(nn.Module):
         return len(self.normalizer.mean)
 
     def standardized(self, x: torch.Tensor) -> torch.Tensor:
-        """The network's output before ``target``: what the loss is computed on."""
+        """The network's output before ``target``: what the loss is computed on (outside training, clamped where
+        ``target`` clamps)."""
+        out = self._standardized(x)
+        return self.target.clamp_standardized(out) if isinstance(self.target, ClampedUnstandardize) else out
+
+    def _standardized(self, x: torch.Tensor) -> torch.Tensor:
         if isinstance(self.normalizer, Encode) and isinstance(self.net, nn.Sequential) and isinstance(
                 self.net[0], nn.Linear):
             return self._sparse_first_layer(x)
@@ -125,12 +151,15 @@ class PgtrainModel(nn.Module):
 
 
 def mlp(input_dim: int, output_dim: int, hidden_sizes: Sequence[int] = (50,), dropout: float = 0.0,
-        normalization: str = "none") -> nn.Sequential:
+        normalization: str = "none", members: int = 1, average: str = "values") -> nn.Module:
     """Hidden layers of Linear (then LayerNorm with ``normalization="layer"``), ReLU (then Dropout when ``dropout``),
-    and a Linear output layer. The defaults are the layout of versions made before these options existed, which
-    load with them (their spec records hidden_sizes only)."""
+    and a Linear output layer; with ``members`` > 1 a shared-weight ensemble of that many such networks
+    (``pgtrain.models.ensemble``, averaging its members' ``average``). The defaults are the layout of versions made
+    before these options existed, which load with them (their spec records hidden_sizes only)."""
     if normalization not in NORMALIZATIONS:
         raise ConfigError(f"mlp: normalization={normalization!r} should be one of {', '.join(NORMALIZATIONS)}")
+    if members > 1:
+        return EnsembleMLP(input_dim, output_dim, hidden_sizes, members, dropout, normalization, average)
     layers: list[nn.Module] = []
     fan_in = input_dim
     for width in hidden_sizes:
@@ -184,6 +213,9 @@ def build_model(model_ref: str, input_dim: int, output_dim: int, options: Mappin
 
         return booster.build(input_dim, output_dim, options, encoding, task)
     factory = resolve_factory(model_ref)
+    options = dict(options or {})
+    # the built-in's own option, of the wrapper rather than the network
+    clamp_target = bool(options.pop(CLAMP_TARGET, False)) if model_ref == BUILTIN_MLP else False
     layout = layout_of(encoding)
     if layout is not None and layout.width != input_dim:
         raise ConfigError(f"the encoding has input rows of {layout.width} columns, the model {input_dim}")
@@ -203,7 +235,7 @@ def build_model(model_ref: str, input_dim: int, output_dim: int, options: Mappin
                           f"{dict(options or {})})") from error
     if not isinstance(net, nn.Module):
         raise ConfigError(f"model {model_ref!r}: the factory returned {type(net).__name__}, not a torch.nn.Module")
-    model = PgtrainModel(net, input_dim, output_dim, layout)
+    model = PgtrainModel(net, input_dim, output_dim, layout, clamp_target)
     _probe(model, model_ref)
     return model
 

@@ -13,6 +13,7 @@ import pytest
 from psycopg import sql
 
 from dev import examples
+from pgtrain.config.params import DEFAULT_ENSEMBLE_MEMBERS
 from pgtrain.models.spec import ModelSpec
 from pgtrain.runs import record
 from pgtrain.store.model_store import commit_run, load_tensors
@@ -74,7 +75,8 @@ def test_the_digits_dag_trains_and_commits_a_version(airflow_env, make_database)
             version,
         )
         parameters = load_tensors(conn, "digits-mlp", version)[1]
-        assert {n: a.shape for n, a in parameters.items()} == ModelSpec(64, (50,), 10).parameter_shapes()
+        spec = ModelSpec(64, (50,), 10, members=DEFAULT_ENSEMBLE_MEMBERS)  # the default layout
+        assert {n: a.shape for n, a in parameters.items()} == spec.parameter_shapes()
         assert all(np.isfinite(a).all() for a in parameters.values())
         kept = record.kept_epoch(record.epoch_metrics(conn, run_id))  # the best epoch with early stopping
         assert kept["val_accuracy"] >= 0.90

@@ -17,6 +17,7 @@ from urllib.parse import parse_qs, urlsplit
 import numpy as np
 import pytest
 
+from pgtrain.config.params import DEFAULT_ENSEMBLE_MEMBERS
 from pgtrain.core.database_url import DATABASE_URL_FILE_ENV
 from pgtrain.launch.attempt import start_attempt
 from pgtrain.launch.mpijob.api import DATABASE_MOUNT_PATH, DATABASE_URL_FILE, NON_ROOT_WORKER_COMMAND, SSH_PORT
@@ -119,5 +120,6 @@ def test_two_ranks_train_inside_the_image_and_the_version_commits(container, aut
     assert committed.created
     assert record.get_run(autocommit, run.run_id).status == "committed"
     parameters = load_tensors(autocommit, committed.model_name, committed.version)[1]
-    assert {n: a.shape for n, a in parameters.items()} == ModelSpec(16, (12,), 4).parameter_shapes()
+    spec = ModelSpec(16, (12,), 4, members=DEFAULT_ENSEMBLE_MEMBERS)  # the default layout
+    assert {n: a.shape for n, a in parameters.items()} == spec.parameter_shapes()
     assert all(np.isfinite(a).all() for a in parameters.values())

@@ -10,6 +10,7 @@ import psycopg
 import pytest
 import torch.nn.functional as F
 
+from pgtrain.models.ensemble import member_loss
 from pgtrain.runs import record
 from pgtrain.store import tensors
 from tests.integration.horovod.test_training import assert_same_parameters, reference_training
@@ -53,6 +54,6 @@ def test_a_torch_backend_job_trains_through_mpirun_on_two_worker_pods(k8s, names
                             (run.run_id,)).fetchone() == ("torch", "trained")
         staged = tensors.read_staged(conn, run.run_id)
         model, _ = reference_training(conn, record.get_run(conn, run.run_id),
-                                      lambda m, x, y: F.cross_entropy(m(x), y))
+                                      lambda m, x, y: member_loss(F.cross_entropy, m(x), y))
     assert_same_parameters(staged, model, run)  # within 1e-5 of one process on the same global batches
     assert_cluster_accepted_every_manifest(k8s, namespace)
