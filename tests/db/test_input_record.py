@@ -4,16 +4,20 @@ from before input records is read through the one converter."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import psycopg
 import pytest
 
+from pgtrain.config.params import TrainingConfig
 from pgtrain.core.errors import PgtrainError
 from pgtrain.data import input_record, loader, manifest
 from pgtrain.data.input_record import InputRecord, Split
 from pgtrain.data.source import resolve
 from pgtrain.data.source.resolve import COLUMNS, NUMBER, Column
 from pgtrain.models.spec import ModelSpec
+from pgtrain.planning.plan import author_admitting
 from pgtrain.runs import record
 from pgtrain.store import identity, model_store
 from pgtrain.store.inference import load_predictor
@@ -73,11 +77,15 @@ def test_an_array_version_is_bound_to_its_features_column(ac):
     ac.execute("ALTER TABLE public.samples ADD COLUMN other real[]")
     ac.execute("UPDATE public.samples SET other = features")
     head = commit(ac, planned_run(ac, "one", model_name="arrays"))
-    other = commit(ac, planned_run(ac, "two", model_name="arrays", features_column="other"))
+    # Planning refuses a run of other data under the same name unless the author allows re-targeting (issue 30).
+    params = {"model_name": "arrays", "features_column": "other"}
+    admitting = author_admitting(ac, TrainingConfig.from_mapping(params))
+    retarget = replace(admitting, quality_gate={**admitting.quality_gate, "allow_retarget": True})
+    other = commit(ac, planned_run(ac, "two", author=retarget, **params))
 
     assert identity.differences(ac, identity.of_version(head), identity.of_version(other)) == [
         "input columns 'other' that the head's lacks, without the head's 'features'"]
-    assert model_store.head_version(ac, "arrays") == 1  # a version of other data never moved the head
+    assert model_store.head_version(ac, "arrays") == 2  # re-targeting allowed: the head moved to the other data
 
 
 def test_a_version_from_before_input_records_is_read_through_from_version():

@@ -25,7 +25,7 @@ from pgtrain.data.source.resolve import COLUMNS, NUMBER, Column, Source
 from pgtrain.runs.record import Run
 
 if TYPE_CHECKING:
-    from pgtrain.data.source.snapshot import PlannedRows
+    from pgtrain.data.source.planned import PlannedRows
 
 FORMAT = 2  # 1 (before input records): the encoding alone, for scalar columns or classes
 
