@@ -45,9 +45,9 @@ def keys_at(conn: psycopg.Connection, source: Source, rows: int, wanted: list[in
     """position -> key (text) of the ``wanted`` positions (sorted) in key order of the ``rows`` rows (``exclude``,
     SQL, drops bad rows from the numbering): ``index_walk`` where nothing is excluded and the key's text form is its
     output, else ``boundary_query``, one sort of the keys."""
+    fit_key_sort(conn, rows)  # the walk sorts too where the key has no index (a view)
     if exclude is None and not source.key_type.startswith("character"):  # bpchar::text drops the padding
         return index_walk(conn, source, wanted)
-    fit_key_sort(conn, rows)
     # The positions go as one float8[] literal (repr round-trips every float): psycopg's list dumper costs about
     # a microsecond an element, which with thousands of batch edges is a measurable part of planning.
     fractions = "{" + ",".join([repr((p - 0.5) / rows) for p in wanted]) + "}"
