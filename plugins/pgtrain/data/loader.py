@@ -2,8 +2,7 @@
 
 compute_shards cut each rank's range into batches of a few hundred rows; the COPY sends one row per batch,
 whose payload is the batch's rows packed back to back (features as sent by PostgreSQL: one array or bytea,
-or one float4/float8 per scalar column; the label or regression target; the row's part of the split, or its integer
-key, whose part the client computes: ``key_split``), so the client
+or one float4/float8 per scalar column; the label or regression target; the row's part of the split), so the client
 handles a few thousand COPY messages per million rows, not a million. Each payload is
 viewed with one structured numpy dtype and copied into arrays allocated once at their final size: no
 per-row Python objects, and memory stays at the tensors plus one batch. The COPY reads only the rank's
@@ -15,7 +14,7 @@ from __future__ import annotations
 import logging
 import struct
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -26,7 +25,6 @@ from psycopg import sql
 from pgtrain.core.errors import PgtrainError, SourceError
 from pgtrain.data import copy_binary
 from pgtrain.data.encoding import ClassCoder
-from pgtrain.data.key_split import INTEGER_KEYS, split_parts
 from pgtrain.data.load_streams import BackStream, BatchSpan, Claims, Stopped
 from pgtrain.data.prefault import prefault_in_background
 from pgtrain.data.row_check import load_refusal
@@ -112,8 +110,6 @@ def batch_query(source: Source, shard: Shard, visible: sql.Composable, validatio
     tail of a row is joined first, so its features are copied once (``||`` copies both sides).
     """
     plan = _plan(source)
-    part = (sql.SQL("int8send(CAST({} AS bigint))").format(source.key) if splits_on_client(source)
-            else split_part(source, validation_fraction, test_fraction, seed))
     filters = [visible]
     if plan.exclude_bad_rows:
         filters.append(sql.SQL("NOT {}").format(bad_row(source, plan.input_dim, plan.num_classes, plan.output_dim)))
@@ -134,16 +130,10 @@ def batch_query(source: Source, shard: Shard, visible: sql.Composable, validatio
              in_span=sql.SQL(" AND b.i BETWEEN {} AND {}").format(span.first, span.last) if span else sql.SQL(""),
              order=sql.SQL("DESC" if span and span.descending else "ASC"),
              features=feature_payload(source, plan.nullable_columns), target=target_payload(source),
-             part=part, key=source.key, rel=source.relation,
+             part=split_part(source, validation_fraction, test_fraction, seed), key=source.key, rel=source.relation,
              rows=sql.Identifier(ROWS_ALIAS),
              in_batch=key_range(source, sql.SQL("_pgtrain_batch.lo"), sql.SQL("_pgtrain_batch.hi")),
              filters=sql.SQL(" AND ").join(filters))
-
-
-def splits_on_client(source: Source) -> bool:
-    """Whether the loader reads integer keys in place of each row's part and splits on the client (``key_split``):
-    the hash of every key's text form is a third of the batched COPY's cost to the server (benchmarks/RESULTS.md)."""
-    return source.key_type in INTEGER_KEYS
 
 
 def read_spans(conn: psycopg.Connection, source: Source, shard: Shard, validation_fraction: float, seed: int,
@@ -198,11 +188,8 @@ def load_shard(conn: psycopg.Connection, source: Source, shard: Shard, dim: int,
     # streams, rather than one page fault at a time in the loop below.
     prefault = prefault_in_background([out.features, out.labels, out.part])
     classes = ClassCoder(source) if source.target_format == "class" else None
-    keyed = splits_on_client(source)
-    fill = _Fill(out, shard, record_dtype(source, dim, plan.output_dim, keyed=keyed), feature_groups_of(source, dim),
-                 classes, validation_last)
-    if keyed:
-        fill.split = lambda keys: split_parts(keys, validation_fraction, test_fraction, seed)
+    fill = _Fill(out, shard, record_dtype(source, dim, plan.output_dim), feature_groups_of(source, dim), classes,
+                 validation_last)
 
     def read(on: psycopg.Connection, spans: Iterable[BatchSpan]) -> None:
         with np.errstate(over="ignore"):
@@ -261,20 +248,14 @@ class _Fill:
                         else {None: _Region(0, shard.row_count, "")})
         self.non_finite = 0
         self.failed = False
-        self.split: Callable[[np.ndarray], np.ndarray] | None = None  # integer keys -> parts, when sent keyed
         self._lock = threading.Lock()
 
-    def part_of(self, records: np.ndarray) -> np.ndarray:
-        """Each record's part of the split: as sent, or from its key (``split``)."""
-        return self.split(records["key"]) if self.split is not None else records["part"]
-
-    def parts(self, records: np.ndarray, part: np.ndarray, from_back: bool
-              ) -> list[tuple[np.ndarray, np.ndarray, slice]]:
-        """A batch's records, their parts and where they go: all of them together, or its rows of each part."""
+    def parts(self, records: np.ndarray, from_back: bool) -> list[tuple[np.ndarray, slice]]:
+        """A batch's records and where they go: all of them together, or its rows of each part of the split."""
         if None in self.regions:
-            return [(records, part, self.place(len(records), None, from_back))]
-        return [(records[mine], part[mine], self.place(int(np.count_nonzero(mine)), kind, from_back))
-                for kind in self.regions if (mine := part == kind).any()]
+            return [(records, self.place(len(records), None, from_back))]
+        return [(rows, self.place(len(rows), kind, from_back))
+                for kind in self.regions if len(rows := records[records["part"] == kind])]
 
     def place(self, count: int, kind: int | None, from_back: bool) -> slice:
         with self._lock:
@@ -342,13 +323,12 @@ def _store(block: memoryview, fill: _Fill, from_back: bool) -> None:
         _check_arrays(records, prefix, width, shard, "feature")
     if "t_ndim" in layout.names:
         _check_arrays(records, "t_", out.labels.shape[1], shard, "target")
-    for rows, part, span in fill.parts(records, fill.part_of(records), from_back):
-        _store_rows(rows, part, span, fill)
+    for rows, span in fill.parts(records, from_back):
+        _store_rows(rows, span, fill)
 
 
-def _store_rows(records: np.ndarray, part: np.ndarray, span: slice, fill: _Fill) -> None:
-    """Copy ``records`` (rows of one batch, in key order, and their parts) into rows ``span`` of ``fill``'s
-    arrays."""
+def _store_rows(records: np.ndarray, span: slice, fill: _Fill) -> None:
+    """Copy ``records`` (rows of one batch, in key order) into rows ``span`` of ``fill``'s arrays."""
     layout, out = fill.layout, fill.out
     fill_features(records, out.features[span], fill.groups)
     if found := non_finite_rows(out.features[span]):
@@ -361,7 +341,7 @@ def _store_rows(records: np.ndarray, part: np.ndarray, span: slice, fill: _Fill)
         out.labels[span, 0] = records["y"]
     else:
         out.labels[span] = records["t_x"]["v"]
-    out.part[span] = part
+    out.part[span] = records["part"]
 
 
 def _check_arrays(records: np.ndarray, prefix: str, width: int, shard: Shard, what: str) -> None:

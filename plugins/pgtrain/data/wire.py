@@ -50,11 +50,9 @@ def target_fields(source: Source, output_dim: int | None) -> list[tuple[Any, ...
     return feature_fields(source.target_format, output_dim, prefix="t_")
 
 
-def record_dtype(source: Source, dim: int, output_dim: int | None = None, *, keyed: bool = False) -> np.dtype:
-    """One row of a batch payload: features, label::int4 or the regression target, its part of the split (``keyed``:
-    its integer key instead, the loader splits on the client: ``pgtrain.data.key_split``)."""
-    last = ("key", ">i8") if keyed else ("part", "u1")
-    return np.dtype([*source_feature_fields(source, dim), *target_fields(source, output_dim), last])
+def record_dtype(source: Source, dim: int, output_dim: int | None = None) -> np.dtype:
+    """One row of a batch payload: features, label::int4 or the regression target, its part of the split."""
+    return np.dtype([*source_feature_fields(source, dim), *target_fields(source, output_dim), ("part", "u1")])
 
 
 Group = tuple[str, slice | list[int], Coder | None]

@@ -33,7 +33,6 @@ _WIDER_THAN_FLOAT32 = {"double precision", "numeric"}  # may hold finite values 
 _FLOAT32_MAX = {"double precision": "3.4028234663852886e38", "numeric": "340282346638528859811704183484516925440"}
 # Resolution of the hash-based split: fractions are applied in millionths.
 _SPLIT_BUCKETS = 1_000_000
-SPLIT_BUCKETS = _SPLIT_BUCKETS  # key_split computes the same buckets on the client
 # A packed little-endian float32 is NaN or infinite when its 8 exponent bits are all set: the high bit of its
 # third byte and the low 7 bits of its fourth. In hex, 8 characters per value: the 5th is 8-f, the 7th 7 or f,
 # the 8th f.
