@@ -33,7 +33,7 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 bench: install  # full size: 500k-row loader against its peers, 2M-row manifest (several minutes)
-	$(PY) -m pip install -q -r benchmarks/requirements.txt  # the loader's peers, bench_quality's references
+	$(PY) -m pip install -q -r benchmarks/requirements.txt  # the loader's peers (its C-level floor needs psql), bench_quality's references
 	$(PY) benchmarks/run_all.py
 
 bench-quick: install  # the same benchmarks on small tables, to check they run

@@ -18,6 +18,10 @@ every round:
   parallel threads, drained: the two-connection floor, what a load on two connections is held against;
 - ``server_floor``: the one-connection COPY ``TO '/dev/null'`` (the server alone; needs a superuser, as the
   embedded server's is; reported as not measured otherwise);
+- ``c_floor``: the C-level drain: ``psql -c "COPY (<the same SELECT>) TO STDOUT (FORMAT BINARY)" > /dev/null``,
+  psql's start included (psql hands each COPY message to ``fwrite``: no Python per message); ``c_floor_2``: two
+  such psql processes, one for each half, in parallel. ``vs_c_floor`` divides by the faster of the two in the same
+  round (issue 32: psycopg's drain pays Python per COPY message, which flattered the floors above);
 - ``pgtrain``: ``loader.load_shard`` as a one-rank run calls it (its batched COPY on ``loader.streams_for(1)``
   = 2 connections, numpy arrays, the validation flag);
 - ``pgtrain_one_stream``: the same on one connection, as each rank of a larger run loads (diagnostic);
@@ -29,7 +33,9 @@ every round:
   the server);
 - peers producing the same arrays (features float32 rows x dim, labels int64): ``fetchall`` (the seed's way:
   SELECT, fetchall(), arrays from the Python rows), ``connectorx_1`` / ``connectorx_2`` (``read_sql`` to
-  Arrow, 1 or 2 partitions on id, then numpy), ``asyncpg`` (``copy_from_query`` binary parsed with one numpy
+  Arrow, 1 or 2 partitions on id, then numpy), ``adbc_1`` / ``adbc_2`` (ADBC's PostgreSQL driver,
+  Arrow-native and C-level: ``fetch_arrow_table`` of the plain SELECT, or of each half on its own connection in
+  two threads, then numpy), ``asyncpg`` (``copy_from_query`` binary parsed with one numpy
   dtype, every layout), ``asyncpg_fetch`` (bytea only: ``fetch`` + ``frombuffer``; elsewhere ``fetch`` makes a
   Python float per value).
 
@@ -40,9 +46,10 @@ must be equal, and the two halves must send the whole COPY's bytes. Each round's
 ``copy_floor`` and ``copy_floor_2`` in that round; ``<contender>.ratio_to_floor_*`` is contender seconds / that
 floor, per round (median and min over rounds). ``loader.<layout>.vs_floor`` is pgtrain's per-round median
 ratio to that floor (``vs_one_connection_floor`` / ``vs_two_connection_floor`` to each floor alone);
-``loader.<layout>.vs_best_peer`` is pgtrain's per-round median ratio to the peer with the lowest median seconds
-(``best_peer``), in the same rounds; ``rss_vs_arrays`` is pgtrain's largest peak RSS growth / the bytes of the
-arrays it returns.
+``loader.<layout>.vs_c_floor`` is pgtrain's per-round median ratio to the faster of ``c_floor`` and
+``c_floor_2``; ``loader.<layout>.vs_best_peer`` is pgtrain's per-round median ratio to the peer with the lowest
+median seconds (``best_peer``), in the same rounds; ``rss_vs_arrays`` is pgtrain's largest peak RSS growth / the
+bytes of the arrays it returns.
 """
 
 from __future__ import annotations
@@ -60,8 +67,9 @@ from pathlib import Path
 from common import bench_database, machine, report
 
 LAYOUTS = ("float4_array", "bytea", "scalar_columns")
-FLOORS = ("copy_floor", "copy_floor_2", "server_floor")
-PEERS = ("fetchall", "connectorx_1", "connectorx_2", "asyncpg", "asyncpg_fetch")
+FLOORS = ("copy_floor", "copy_floor_2", "c_floor", "c_floor_2", "server_floor")
+PEERS = ("fetchall", "connectorx_1", "connectorx_2", "adbc_1", "adbc_2", "asyncpg", "asyncpg_fetch")
+REQUIRED = ("copy_floor", "copy_floor_2", "c_floor", "c_floor_2", "pgtrain")  # every run measures these
 FETCH_LAYOUTS = ("bytea",)  # elsewhere asyncpg's fetch builds a Python float per value, as fetchall does
 CONTENDERS = (*FLOORS, "pgtrain", "pgtrain_one_stream", "pgtrain_no_prefault", "pgtrain_impute_all", "pgtrain_server",
               *PEERS)
@@ -140,6 +148,88 @@ def _drain_in_parallel(conns: list, queries: list) -> int:
     return sum(received)
 
 
+def _psql_environment(url: str) -> dict[str, str]:
+    """libpq's environment for ``url`` (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE): psql reads its connection
+    from there, so no password is on a command line."""
+    import psycopg.conninfo
+
+    names = {"host": "PGHOST", "port": "PGPORT", "user": "PGUSER", "password": "PGPASSWORD", "dbname": "PGDATABASE"}
+    info = psycopg.conninfo.conninfo_to_dict(url)
+    return {**os.environ, **{names[k]: str(v) for k, v in info.items() if k in names and v not in (None, "")}}
+
+
+def _psql_drain(url: str, queries: list) -> None:
+    """Each query's binary COPY drained by its own psql process into /dev/null, all in parallel; psql's start is
+    part of the time (the C-level floor: psql writes each COPY message as it comes, no Python per message)."""
+    from psycopg import sql
+
+    env = _psql_environment(url)
+    procs = [subprocess.Popen(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-c",
+                               sql.SQL("COPY ({}) TO STDOUT (FORMAT BINARY)").format(q).as_string(None)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env) for q in queries]
+    for proc in procs:
+        _, error = proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"psql: {error.decode().strip()}")
+
+
+def _arrow_into(table, spec: dict, features, labels, at: int) -> int:  # noqa: ANN001 (pyarrow table, numpy arrays)
+    """Copy an Arrow table of the plain SELECT (features as the layout's column(s), label) into rows ``at``.. of
+    ``features`` and ``labels``; the rows copied."""
+    import numpy as np
+    import pyarrow as pa
+
+    count, dim = table.num_rows, spec["dim"]
+    rows = slice(at, at + count)
+    labels[rows] = table.column("label").to_numpy()
+    if spec["layout"] == "float4_array":
+        features[rows] = table.column("features").combine_chunks().flatten().to_numpy().reshape(count, dim)
+    elif spec["layout"] == "bytea":
+        column = table.column("features").combine_chunks()
+        offsets = np.frombuffer(column.buffers()[1], np.int64 if pa.types.is_large_binary(column.type) else np.int32,
+                                len(column) + 1, column.offset)
+        assert (np.diff(offsets) == 4 * dim).all()
+        features[rows] = np.frombuffer(column.buffers()[2], "<f4", count * dim, int(offsets[0])).reshape(count, dim)
+    else:
+        for i, name in enumerate(spec["columns"]):
+            features[rows, i] = table.column(name).to_numpy()
+    return count
+
+
+def _adbc(url: str, queries: list, spec: dict):  # noqa: ANN202 (numpy arrays)
+    """ADBC's PostgreSQL driver: each query's Arrow table on its own connection (in threads when more than one),
+    copied into one pair of arrays."""
+    import threading
+
+    import adbc_driver_postgresql.dbapi as adbc
+    import numpy as np
+
+    features, labels = np.empty((spec["rows"], spec["dim"]), np.float32), np.empty(spec["rows"], np.int64)
+    tables: list = [None] * len(queries)
+    errors: list[BaseException] = []
+
+    def fetch(i: int) -> None:
+        try:
+            with adbc.connect(url) as conn, conn.cursor() as cur:
+                cur.execute(queries[i].as_string(None))
+                tables[i] = cur.fetch_arrow_table()
+        except BaseException as error:  # re-raised below, in the measuring thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=fetch, args=(i,)) for i in range(len(queries))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    at = 0
+    for table in tables:
+        at += _arrow_into(table, spec, features, labels, at)
+    assert at == spec["rows"], (at, spec["rows"])
+    return features, labels
+
+
 def _copy_row_dtype(spec: dict):  # noqa: ANN202 (a numpy dtype)
     """One row of the plain COPY's binary form (fixed width: no NULLs, every array of dim values)."""
     import numpy as np
@@ -202,6 +292,10 @@ def measure(contender: str, url: str, spec: dict) -> dict:
             result["bytes"] = sum(map(len, copy))
     elif contender == "copy_floor_2":
         result["bytes"] = _drain_in_parallel(conns, _halves(spec))
+    elif contender == "c_floor":
+        _psql_drain(url, [plain])
+    elif contender == "c_floor_2":
+        _psql_drain(url, _halves(spec))
     elif contender == "server_floor":
         conn.execute(sql.SQL("COPY ({}) TO '/dev/null' (FORMAT BINARY)").format(plain))
     elif contender in ("pgtrain", "pgtrain_one_stream", "pgtrain_no_prefault", "pgtrain_impute_all"):
@@ -233,19 +327,10 @@ def measure(contender: str, url: str, spec: dict) -> dict:
         query = query if partitions == 1 else "SELECT id, " + query[len("SELECT "):]
         table = connectorx.read_sql(cx_url, query, return_type="arrow",
                                     **({"partition_on": "id", "partition_num": partitions} if partitions > 1 else {}))
-        labels = table.column("label").to_numpy().astype(np.int64)
-        if spec["layout"] == "float4_array":
-            values = table.column("features").combine_chunks().flatten()
-            features = values.to_numpy().reshape(len(labels), dim)
-        elif spec["layout"] == "bytea":
-            column = table.column("features").combine_chunks()
-            offsets = np.frombuffer(column.buffers()[1], np.int64, len(column) + 1, column.offset * 8)
-            assert (np.diff(offsets) == 4 * dim).all()
-            features = np.frombuffer(column.buffers()[2], "<f4", len(column) * dim, int(offsets[0])).reshape(
-                len(column), dim)
-        else:
-            features = np.column_stack([table.column(c).to_numpy() for c in spec["columns"]])
-        arrays = (features, labels)
+        arrays = (np.empty((rows, dim), np.float32), np.empty(rows, np.int64))
+        assert _arrow_into(table, spec, *arrays, 0) == rows
+    elif contender.startswith("adbc"):
+        arrays = _adbc(url, [plain] if contender == "adbc_1" else _halves(spec), spec)
     elif contender.startswith("asyncpg"):
         arrays = loop.run_until_complete(_asyncpg(aconn, plain.as_string(None), spec, contender == "asyncpg_fetch"))
     else:
@@ -343,6 +428,8 @@ def summarize(layout: str, measured: dict[str, list[dict]], skipped: dict[str, s
     two-connection plain COPY); pgtrain's ratios to the floor and to the fastest peer."""
     one, two = _per_round(measured, "copy_floor"), _per_round(measured, "copy_floor_2")
     floor = [min(pair) for pair in zip(one, two, strict=True)] if two else one
+    c_floor = [min(pair) for pair in zip(_per_round(measured, "c_floor"), _per_round(measured, "c_floor_2"),
+                                         strict=True)]
     figures: dict[str, float | str] = {}
     checksums = {name: runs[0]["checksum"] for name, runs in measured.items() if runs and "checksum" in runs[0]}
     for name, runs in measured.items():
@@ -368,6 +455,8 @@ def summarize(layout: str, measured: dict[str, list[dict]], skipped: dict[str, s
     prefix = f"loader.{layout}"
     figures[f"{prefix}.vs_floor"], figures[f"{prefix}.vs_floor_min"] = _median_ratio(pgtrain, floor)
     figures[f"{prefix}.vs_one_connection_floor"] = _median_ratio(pgtrain, one)[0]
+    figures[f"{prefix}.vs_c_floor"], figures[f"{prefix}.vs_c_floor_min"] = _median_ratio(pgtrain, c_floor)
+    figures[f"{prefix}.c_floor_vs_floor"] = _median_ratio(c_floor, floor)[0]
     if two:
         figures[f"{prefix}.vs_two_connection_floor"] = _median_ratio(pgtrain, two)[0]
         figures[f"{prefix}.two_connection_floor_vs_one"] = _median_ratio(two, one)[0]
@@ -395,7 +484,7 @@ def main() -> None:
     rounds = int(os.environ.get("PGTRAIN_BENCH_ROUNDS", 3))
     layouts = [x for x in os.environ.get("PGTRAIN_BENCH_LAYOUTS", ",".join(LAYOUTS)).split(",") if x]
     contenders = [x for x in os.environ.get("PGTRAIN_BENCH_CONTENDERS", ",".join(CONTENDERS)).split(",") if x]
-    contenders = [c for c in CONTENDERS if c in contenders or c in ("copy_floor", "copy_floor_2", "pgtrain")]
+    contenders = [c for c in CONTENDERS if c in contenders or c in REQUIRED]
     with bench_database() as (_, url):
         print(f"loader benchmark: {rows} rows x {dim} features, {rounds} rounds, {machine()}, "
               f"load average {os.getloadavg()[0]:.1f}", flush=True)
@@ -414,7 +503,7 @@ def main() -> None:
                         continue
                     result = in_subprocess(name, url, specs[layout])
                     if isinstance(result, str):
-                        if name in ("copy_floor", "copy_floor_2", "pgtrain"):
+                        if name in REQUIRED:
                             raise RuntimeError(f"{layout} {name}: {result}")
                         skipped[name] = result
                         measured[name] = []

@@ -119,11 +119,17 @@ def measure(contender: str, url: str, world_size: int) -> dict[str, object]:
         return {"seconds": seconds, "checksum": written_plan(conn, run.run_id), "run_id": run.run_id}
 
 
+def _fractions(rows: int, wanted: list[int]) -> str:
+    """The positions as boundary_query takes them (as key_order.keys_at sent them before the index walk)."""
+    return "{" + ",".join(repr((p - 0.5) / rows) for p in wanted) + "}"
+
+
 def parts_vs_one_scan(conn: psycopg.Connection, source: object, dim: int, rows: int, world_size: int, batch: int,
                       clock: object, repeats: int = 5) -> dict[str, float]:
     """Each pass of a plan alone, as a ratio to one scan timed beside it (interleaved, medians of ``repeats``), in
     the open snapshot: the check with the bad-row tests only, the check as plan_shards runs it (also hashing every
-    key for the validation split and collecting the validation keys), and the key pass (count the keys, sort them).
+    key for the validation split and collecting the validation keys), the key pass (count the keys, walk their
+    index: ``key_order.keys_at``) and, beside it, the key pass as it was (count the keys, sort them).
     Planning needs at least the second and the third: their sum, less one scan, bounds what any overlap can save."""
     split = manifest.folded_split(conn, source, 0.1, 0, 0.1)
     work = {
@@ -132,6 +138,8 @@ def parts_vs_one_scan(conn: psycopg.Connection, source: object, dim: int, rows: 
         "check_as_planned": lambda: row_check.check_rows(conn, source, dim, 10, clock, values=False, split=split),
         "key_pass": lambda: (conn.execute(sql.SQL("SELECT count(*) FROM {}").format(T)), key_order.keys_at(
             conn, source, rows, key_order.shard_grid(rows, world_size, batch)[2])),
+        "key_pass_sort": lambda: (conn.execute(sql.SQL("SELECT count(*) FROM {}").format(T)), conn.execute(
+            key_order.boundary_query(source), (_fractions(rows, key_order.shard_grid(rows, world_size, batch)[2]),))),
     }
     seconds: dict[str, list[float]] = {name: [] for name in work}
     for _ in range(repeats):

@@ -11,12 +11,15 @@ integer label) and, for the memory figure, their first quarter as ``bench_predic
 timed in its own fresh process (imports, the connection and the floor's input tensors before the clock),
 interleaved, their order rotated every round:
 
-- ``floor``: the parts of predict done the plainest way, each timed: ``COPY (SELECT id, features FROM
-  bench_predict) TO STDOUT (FORMAT BINARY)`` drained with psycopg, nothing parsed, on one connection
-  (``read_1``) and as two halves of the keys on two connections in threads (``read_2``); the version's module
-  (``pgtrain.load_model``) over the whole table's features as one tensor (``forward``); one binary COPY of
-  (id, prediction) into a new table with predict's columns, built with numpy (``write``). The floor is
-  min(read_1, read_2) + forward + write;
+- ``floor``: the parts of predict done the plainest way, each timed (issue 32's tightened floor):
+  ``COPY (SELECT id, features FROM bench_predict) TO STDOUT (FORMAT BINARY)`` drained by psql into /dev/null,
+  psql's start included (the C-level drain: no Python per COPY message), on one connection (``read_1``) and as
+  two halves of the keys by two psql processes in parallel (``read_2``); predict's own forward: the version's
+  module (``pgtrain.load_model``) over pages of ``DEFAULT_BATCH_ROWS`` rows with predict's thread setting, the
+  class taken per page (``forward``); one binary COPY of (id, prediction) into a new table with predict's
+  columns, built with numpy (``write``). The floor is min(read_1, read_2) + forward + write. Diagnostics beside
+  it: the same reads drained by psycopg (``psycopg_read_1``, ``psycopg_read_2``: the floor until issue 32) and
+  the whole table's features as one tensor on every thread (``forward_one_tensor``);
 - ``predict``: ``pgtrain.store.inference.predict`` over ``bench_predict`` into a new table, on an autocommit
   connection (its own snapshot: a second connection reads while the first writes);
 - ``predict_one_connection``: the same inside the caller's transaction (a page per COPY on one connection,
@@ -41,6 +44,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from common import bench_database, entry, interleaved, machine, report, size_and_rounds
 
@@ -59,13 +63,37 @@ def table_checksum(conn, table: str) -> list[int]:  # noqa: ANN001 (a psycopg co
 
 def _drain(url: str, lo: int | None, hi: int | None) -> int:
     import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn, conn.cursor() as cur, cur.copy(
+            sql_copy(_read(lo, hi))) as copy:
+        return sum(map(len, copy))
+
+
+def _read(lo: int | None, hi: int | None):  # noqa: ANN202 (a sql.Composed)
     from psycopg import sql
 
     where = sql.SQL("") if lo is None else sql.SQL(" WHERE id BETWEEN {} AND {}").format(lo, hi)
-    with psycopg.connect(url, autocommit=True) as conn, conn.cursor() as cur, cur.copy(
-            sql.SQL("COPY (SELECT id, features FROM {}{}) TO STDOUT (FORMAT BINARY)").format(
-                sql.Identifier(TABLE), where)) as copy:
-        return sum(map(len, copy))
+    return sql.SQL("SELECT id, features FROM {}{}").format(sql.Identifier(TABLE), where)
+
+
+def sql_copy(query):  # noqa: ANN001, ANN201 (sql.Composable)
+    from psycopg import sql
+
+    return sql.SQL("COPY ({}) TO STDOUT (FORMAT BINARY)").format(query)
+
+
+def _timed(what: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    what()
+    return time.perf_counter() - start
+
+
+def _in_threads(*calls: Callable[[], object]) -> None:
+    threads = [threading.Thread(target=call) for call in calls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
 
 def floor(url: str, spec: dict) -> dict:
@@ -73,33 +101,37 @@ def floor(url: str, spec: dict) -> dict:
     import numpy as np
     import psycopg
     import torch
+    from bench_loader import _psql_drain
     from psycopg import sql
 
     from dev import examples
     from pgtrain.data import copy_binary
-    from pgtrain.store.inference import load_model
+    from pgtrain.store import inference
 
     rows, result = spec["rows"], {}
     features, _ = examples.synthetic(rows, spec["dim"], classes=10, seed=0)
     ids = examples.synthetic_keys(rows)
+    half = rows // 2
+    halves = ((1, half), (half + 1, rows))
     with psycopg.connect(url, autocommit=True) as conn:
-        model = load_model(conn, MODEL)
+        model = inference.load_model(conn, MODEL)
+        result["read_1"] = _timed(lambda: _psql_drain(url, [_read(None, None)]))
+        result["read_2"] = _timed(lambda: _psql_drain(url, [_read(lo, hi) for lo, hi in halves]))
+        result["psycopg_read_1"] = _timed(lambda: _drain(url, None, None))
+        result["psycopg_read_2"] = _timed(lambda: _in_threads(*(lambda b=b: _drain(url, *b) for b in halves)))
+        pages = range(0, rows, inference.DEFAULT_BATCH_ROWS)
+        predictions = np.empty(rows, np.int32)
         start = time.perf_counter()
-        _drain(url, None, None)
-        result["read_1"] = time.perf_counter() - start
-        half = rows // 2
-        start = time.perf_counter()
-        threads = [threading.Thread(target=_drain, args=(url, lo, hi))
-                   for lo, hi in ((1, half), (half + 1, rows))]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        result["read_2"] = time.perf_counter() - start
+        with inference._torch_beside_a_reader():
+            for at in pages:
+                page = slice(at, at + inference.DEFAULT_BATCH_ROWS)
+                predictions[page] = inference._forward(model, features[page]).argmax(axis=1)
+        result["forward"] = time.perf_counter() - start
         start = time.perf_counter()
         with torch.no_grad():
-            predictions = model(torch.from_numpy(features)).argmax(dim=1).numpy()
-        result["forward"] = time.perf_counter() - start
+            whole = model(torch.from_numpy(features)).argmax(dim=1).numpy()
+        result["forward_one_tensor"] = time.perf_counter() - start
+        assert (whole == predictions).all()
         into = sql.Identifier(spec["into"])
         conn.execute(sql.SQL("CREATE TABLE {} (id bigint PRIMARY KEY, prediction integer NOT NULL)").format(into))
         start = time.perf_counter()
@@ -109,6 +141,8 @@ def floor(url: str, spec: dict) -> dict:
             copy.write(copy_binary.HEADER + out.tobytes() + copy_binary.TRAILER)
         result["write"] = time.perf_counter() - start
         result["seconds"] = min(result["read_1"], result["read_2"]) + result["forward"] + result["write"]
+        result["psycopg_floor"] = (min(result["psycopg_read_1"], result["psycopg_read_2"])
+                                   + result["forward_one_tensor"] + result["write"])
         result["checksum"] = table_checksum(conn, spec["into"])
         conn.execute(sql.SQL("DROP TABLE {}").format(into))
     return result
@@ -189,13 +223,17 @@ def summarize(measured: dict[str, list[dict]]) -> dict[str, float | int | str]:
                     f"predict.{name}.seconds_min": round(min(seconds), 3),
                     f"predict.{name}.vs_floor_median": round(statistics.median(ratios), 3),
                     f"predict.{name}.vs_floor_min": round(min(ratios), 3)}
-    for part in ("read_1", "read_2", "forward", "write"):
+    for part in ("read_1", "read_2", "forward", "write", "psycopg_read_1", "psycopg_read_2", "forward_one_tensor",
+                 "psycopg_floor"):
         figures[f"predict.floor.{part}_seconds_median"] = round(statistics.median(m[part] for m in measured["floor"]),
                                                                 3)
     big = max(m["peak_rss_mb"] for m in measured["predict"])
     small = max(m["peak_rss_mb"] for m in measured["predict_small"])
     figures |= {"predict.vs_floor": figures["predict.predict.vs_floor_median"],
                 "predict.vs_floor_min": figures["predict.predict.vs_floor_min"],
+                "predict.vs_psycopg_floor": round(statistics.median(
+                    m["seconds"] / f["psycopg_floor"] for m, f in zip(measured["predict"], measured["floor"],
+                                                                        strict=True)), 3),
                 "predict.peak_rss_mb": round(big, 1), "predict.peak_rss_mb_small": round(small, 1),
                 "predict.peak_rss_growth": round(big / small, 3)}
     print(f"  checksums equal across floor, predict, predict_one_connection: {reference}", flush=True)

@@ -1,4 +1,4 @@
-"""python -m trainer --run-id RUN --attempt N [--backend horovod|torch]: one rank of a pgtrain run.
+"""python -m trainer --run-id RUN --attempt N [--backend horovod|torch] [--alone]: one rank of a pgtrain run.
 
 Builds the run's model (the MLP or a ``package.module:factory``), resumes from the run's latest
 checkpoint or warm-starts from a committed version (``init_from``), reads its manifest row, streams its
@@ -27,6 +27,7 @@ from pgtrain.config.params import DEFAULT_COLLECTIVE_TIMEOUT, TrainingConfig
 from pgtrain.core.db import connect, connect_retrying
 from pgtrain.core.errors import PgtrainError
 from pgtrain.data import input_record, loader, manifest
+from pgtrain.launch.horovodrun import name_passfile
 from pgtrain.launch.lifetime import die_with_parent
 from pgtrain.models.ensemble import member_loss, trained_output
 from pgtrain.models.network import ClampedUnstandardize, PgtrainModel, build_model, state_layout, writable_tensor
@@ -64,6 +65,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="the ranks' collectives (trainer.collectives)")
     parser.add_argument("--collective-timeout", type=float, default=DEFAULT_COLLECTIVE_TIMEOUT,
                         help="torch backend: seconds a rank waits in one collective before the job fails")
+    parser.add_argument("--alone", action="store_true",
+                        help="the run's only rank, started by the local launcher itself: no horovodrun, no "
+                             "rendezvous (trainer.collectives.solo)")
     return parser.parse_args(argv)
 
 
@@ -206,6 +210,8 @@ def epoch_line(epoch: int, epochs: int, m: dict[str, Any], steps: int, regressio
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     die_with_parent()  # a rank whose launcher is gone must not train on
+    if args.alone:
+        name_passfile()  # no launcher between the task and this rank: it names the inherited passfile itself
     try:
         return train(args)
     except PgtrainError as error:  # bad input, not a crash: the run's verdict, one clear line, no traceback
@@ -228,7 +234,7 @@ def record_verdict(args: argparse.Namespace, status: str, reason: str) -> None:
 
 def train(args: argparse.Namespace, cuda: Cuda = torch.cuda) -> int:
     imports = time.perf_counter() - trainer.STARTED  # torch's and the trainer's: most of a small run's start
-    ranks = collectives.init(args.backend, args.collective_timeout)
+    ranks = collectives.init(args.backend, args.collective_timeout, alone=args.alone)
     # First: before anything can create a CUDA context. A rank whose pod holds GPUs never falls back to the CPU.
     device = select_device(ranks.local_rank(), cuda, gpus_requested(os.environ))
     rank, size = ranks.rank(), ranks.size()

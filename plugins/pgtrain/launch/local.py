@@ -77,7 +77,10 @@ def local_command(run_id: str, world_size: int, attempt: int, backend: str = "ho
                   collective_timeout: int = TrainingConfig.collective_timeout) -> list[str]:
     """``horovod``: horovodrun through ``pgtrain.launch.horovodrun`` (the same launcher, without the import of torch
     it makes to probe the build: seconds of every train task on a small worker). ``torch``: ``world_size`` ranks
-    under ``pgtrain.launch.ranks``."""
+    under ``pgtrain.launch.ranks``. One rank of either: the trainer itself, ``--alone`` (no launcher process, no
+    rendezvous: half a second and more of a small run's start; it trains exactly as one rank of the backend)."""
+    if world_size == 1:
+        return [*trainer_argv(run_id, attempt, sys.executable, backend, collective_timeout), "--alone"]
     if backend == "torch":
         return [sys.executable, "-m", "pgtrain.launch.ranks", str(world_size),
                 *trainer_argv(run_id, attempt, sys.executable, backend, collective_timeout)]

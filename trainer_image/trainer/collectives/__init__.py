@@ -44,19 +44,24 @@ class Collectives(Protocol):
 _active: list[Collectives] = []
 
 
-def init(backend: str, timeout_seconds: float) -> Collectives:
+def init(backend: str, timeout_seconds: float, *, alone: bool = False) -> Collectives:
     """Start ``backend``'s collectives (one of pgtrain.config.params.BACKENDS but ``auto``, which the launcher
-    resolves: it chose how the ranks were started) and make them this process's."""
-    if backend == "horovod":
+    resolves: it chose how the ranks were started) and make them this process's. ``alone``: the run's only rank,
+    started without a launcher (``trainer.collectives.solo``: nothing to start)."""
+    if backend not in BACKENDS or backend == "auto":
+        raise ValueError(f"backend {backend!r} is not one of {', '.join(b for b in BACKENDS if b != 'auto')}")
+    if alone:
+        from trainer.collectives.solo import SoloCollectives
+
+        chosen: Collectives = SoloCollectives(backend)
+    elif backend == "horovod":
         from trainer.collectives.horovod import HorovodCollectives
 
-        chosen: Collectives = HorovodCollectives()
-    elif backend == "torch":
+        chosen = HorovodCollectives()
+    else:
         from trainer.collectives.torch_distributed import TorchCollectives
 
         chosen = TorchCollectives(timeout_seconds)
-    else:
-        raise ValueError(f"backend {backend!r} is not one of {', '.join(b for b in BACKENDS if b != 'auto')}")
     _active[:] = [chosen]
     return chosen
 
