@@ -27,6 +27,9 @@ MODEL_PREFIX = "model."
 BEST_PREFIX = "best."
 # 2: optimizer state of any optimizer and the best epoch's parameters (1 held SGD's momentum only).
 CHECKPOINT_FORMAT = 2
+# The regression clamp's bounds (models.network.ClampedUnstandardize). A version or checkpoint from before the clamp
+# has none: the run fills them from its own training rows, as a run from scratch does, instead of refusing the state.
+CLAMP_BOUNDS = ("target.low", "target.high")
 
 
 @dataclass
@@ -39,6 +42,7 @@ class Start:
     history: list[dict[str, Any]] = field(default_factory=list)  # metrics of the epochs already trained
     note: str | None = None
     error: str | None = None
+    fill_bounds: bool = False  # the state had no clamp bounds: the trainer computes them from the training rows
 
 
 def plan_fingerprint(shards: list[record.Shard]) -> str:
@@ -52,8 +56,10 @@ def resolve_start(conn: psycopg.Connection, run: record.Run, model: PgtrainModel
     found = tensors.read_checkpoint(conn, run.run_id)
     if found is not None:
         epoch, arrays, meta = found
-        if meta.get("plan") == fingerprint and meta.get("format") == CHECKPOINT_FORMAT:
-            state = {k.removeprefix(MODEL_PREFIX): v for k, v in arrays.items() if k.startswith(MODEL_PREFIX)}
+        state = {k.removeprefix(MODEL_PREFIX): v for k, v in arrays.items() if k.startswith(MODEL_PREFIX)}
+        # A checkpoint from before the clamp (no bounds) is older than its format says: the run starts over.
+        older = meta.get("format") != CHECKPOINT_FORMAT or with_bounds(model, state)[1]
+        if meta.get("plan") == fingerprint and not older:
             problems = layout_problems(model, state)
             if problems:
                 raise PgtrainError(f"the checkpoint of run {run.run_id} at epoch {epoch} does not fit the run's "
@@ -76,6 +82,7 @@ def resolve_start(conn: psycopg.Connection, run: record.Run, model: PgtrainModel
         _, arrays = model_store.load_tensors(conn, run.model_name, version)
     except PgtrainError as error:
         raise ConfigError(f"init_from={run.config.init_from!r}: {error}") from error
+    arrays, fill_bounds = with_bounds(model, arrays)
     problems = layout_problems(model, arrays)
     if problems:
         raise ConfigError(
@@ -86,9 +93,18 @@ def resolve_start(conn: psycopg.Connection, run: record.Run, model: PgtrainModel
     # computing exactly the parent's function, and fine-tuning moves it from there. Statistics of the new
     # rows would silently change what every parent weight means.
     load_arrays(model, arrays)
-    return Start(init_version=version, from_state=True,
+    return Start(init_version=version, from_state=True, fill_bounds=fill_bounds,
                  note=f"warm start from version {version} of model {run.model_name!r} (init_from="
                       f"{run.config.init_from!r})")
+
+
+def with_bounds(model: torch.nn.Module, arrays: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], bool]:
+    """``arrays`` with the model's clamp bounds added where they lack them (the model's unfilled defaults), and
+    whether they did."""
+    state = model.state_dict()
+    missing = {name: state[name].detach().cpu().numpy()
+               for name in CLAMP_BOUNDS if name in state and name not in arrays}
+    return {**arrays, **missing}, bool(missing)
 
 
 def init_version(conn: psycopg.Connection, run: record.Run) -> int | None:
@@ -120,11 +136,13 @@ def agree_on_start(conn: psycopg.Connection, run: record.Run, model: PgtrainMode
         except PgtrainError as error:
             start = Start(error=str(error))
     shared = collectives.broadcast_object({"epoch": start.epoch, "init_version": start.init_version,
-                                           "from_state": start.from_state, "error": start.error}, "start")
+                                           "from_state": start.from_state, "error": start.error,
+                                           "fill_bounds": start.fill_bounds}, "start")
     if shared["error"] is not None:
         raise ConfigError(shared["error"])
     if rank != 0:
-        start = Start(shared["epoch"], shared["init_version"], shared["from_state"])
+        start = Start(shared["epoch"], shared["init_version"], shared["from_state"],
+                      fill_bounds=shared["fill_bounds"])
     elif start.note:
         print(start.note, flush=True)
     return start

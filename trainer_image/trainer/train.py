@@ -289,10 +289,10 @@ def train(args: argparse.Namespace, cuda: Cuda = torch.cuda) -> int:
             mean, std = global_statistics(y_train, "target")
             model.target.mean.copy_(mean)
             model.target.std.copy_(std)
-        if regression and isinstance(model.target, ClampedUnstandardize):
-            low, high = global_range(y_train)
-            model.target.low.copy_(low)
-            model.target.high.copy_(high)
+    if regression and isinstance(model.target, ClampedUnstandardize) and (not start.from_state or start.fill_bounds):
+        low, high = global_range(y_train)
+        model.target.low.copy_(low)
+        model.target.high.copy_(high)
     batch_size, learning_rate = batch_and_rate(config, shards)
     steps = steps_per_epoch(shards, batch_size)
     train_count = len(x_train)

@@ -64,3 +64,35 @@ def test_a_classification_ensemble_averages_its_members_probabilities(autocommit
     model.eval()
     assert members.shape == (5, MEMBERS, 3)
     np.testing.assert_allclose(predictor.predict_proba(rows), members.mean(1).numpy(), atol=1e-5, rtol=0)
+
+
+def test_a_regression_version_from_before_the_clamp_warm_starts_and_its_child_gets_the_training_range(
+        autocommit, db_url):
+    """A regression mlp committed before the clamp has no target.low / target.high: a run with init_from=head loads
+    it (no layout refusal) and fills the bounds from its own training rows."""
+    from pgtrain.models.network import build_model, state_layout
+    from pgtrain.runs import record
+
+    price = seed_regression(autocommit, rows=160, dim=4, seed=7)
+    params = {"source_table": "public.houses", "label_column": "price", "task": "regression", "model_name": "old",
+              "epochs": 2}
+    run = planned_run(autocommit, "before-the-clamp", **params)
+    options = {k: v for k, v in run.config.model_options_for_build.items() if k != CLAMP_TARGET}
+    model = build_model("mlp", run.input_dim, run.output_dim, options, run.config.seed)
+    assert "target.low" not in model.state_dict()
+    record.set_model_layout(autocommit, run.run_id, state_layout(model))
+    tensors.write_staged(autocommit, run.run_id, {n: t.numpy() for n, t in model.state_dict().items()})
+    record.record_epoch(autocommit, run.run_id, 1, {"train_loss": 1.0, "val_loss": 1.0, "val_rmse": 50.0,
+                                                    "seconds": 0.1})
+    record.set_status(autocommit, run.run_id, "trained")
+    assert model_store.commit_run(autocommit, run.run_id, owner={"task_id": "test"}).version == 1
+    autocommit.execute("UPDATE pgtrain.model_versions SET spec = spec #- '{model_options,clamp_target}' "
+                       "WHERE model_name = 'old'")  # as the release before the clamp wrote it
+
+    warm = planned_run(autocommit, "warm", init_from="head", **params)
+    lines = run_job(warm, db_url)
+    assert any("warm start from version 1" in line for line in lines), lines[-20:]
+    staged = tensors.read_staged(autocommit, warm.run_id)
+    low, high = float(staged["target.low"][0]), float(staged["target.high"][0])
+    read = price.astype(np.float32)
+    assert read.min() <= low < high <= read.max() and low in read and high in read
