@@ -14,7 +14,8 @@ from pgtrain.config.params import TrainingConfig
 from pgtrain.core.database_url import DATABASE_URL_ENV
 from pgtrain.core.errors import CommitRejected, PgtrainError
 from pgtrain.models.spec import ModelSpec
-from pgtrain.runs.record import plan_run, record_epoch, set_model_layout
+from pgtrain.runs.record import outcome, plan_run, record_epoch, set_model_layout
+from pgtrain.runs.report import build_summary
 from pgtrain.store.catalog import head_history, list_versions
 from pgtrain.store.model_store import commit_run, export_state_dict, get_version, head_version, load_tensors, promote
 from pgtrain.store.tensors import write_staged
@@ -621,3 +622,18 @@ def test_a_version_recorded_by_an_earlier_pgtrain_is_read_in_the_current_shape(c
     assert spec["backend"] == "horovod" and spec["encoding"] is None
     assert spec["model_options"] == {"hidden_sizes": [32, 16], "dropout": 0.0, "normalization": "none"}
     assert get_version(conn, "old", 1)["spec"] == spec
+
+
+def test_a_runs_summary_and_note_read_its_version_and_the_head_through_the_store_s_owner(db_url, aconn):
+    first, second = prepare_run(db_url, "s1"), prepare_run(db_url, "s2")
+    commit_run(aconn, first, owner=OWNER, lock_timeout=5)
+    commit_run(aconn, second, owner=OWNER, lock_timeout=5)
+    promote(aconn, MODEL, 1, owner=OWNER, lock_timeout=5)
+    unplanned = prepare_run(db_url, "s3")
+
+    summaries = {run_id: build_summary(aconn, run_id) for run_id in (first, second, unplanned)}
+
+    assert [(s["version"], s["is_head"]) for s in summaries.values()] == [(1, True), (2, False), (None, False)]
+    assert outcome(aconn, second) == (f"{MODEL} v2 committed: val_accuracy 0.9000, val_loss 0.5500; "
+                                      "head v1 -> v2 (since moved to v1)")
+    assert outcome(aconn, unplanned) == f"{MODEL}: trained; head stays v1"

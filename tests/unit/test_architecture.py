@@ -160,7 +160,11 @@ def test_every_import_of_a_pgtrain_name_resolves():
 
 
 # Each table's SQL lives in its owner (docs/architecture.md, "Who owns which table"); other modules call its functions.
-TABLE_OWNERS = {"training_runs": ("pgtrain.runs",)}
+TABLE_OWNERS = {
+    "training_runs": ("pgtrain.runs",),
+    "model_versions": ("pgtrain.runs.versions",),
+    "model_heads": ("pgtrain.runs.versions",),
+}
 
 
 @pytest.mark.parametrize("table", sorted(TABLE_OWNERS))

@@ -31,7 +31,7 @@ from pgtrain.config.params import QUALITY_GATE, TrainingConfig
 from pgtrain.core.errors import PgtrainError, SourceError
 from pgtrain.data.source.resolve import keyed_relation, source_from_config
 from pgtrain.data.source.snapshot import planned_rows, read_xid_clock, snapshot_transaction
-from pgtrain.runs import record
+from pgtrain.runs import record, versions
 
 
 @dataclass(frozen=True)
@@ -76,19 +76,16 @@ def resolve_key(conn: psycopg.Connection, table: str, key_column: str) -> Watche
 
 def count_new_rows(conn: psycopg.Connection, model_name: str, watched: Watched, limit: int) -> NewRows:
     """Rows of ``watched`` with a key above both the head version's watermark and the last event's key, counted
-    up to ``limit``. Two short statements on an autocommit connection: nothing stays open between polls."""
+    up to ``limit``. Three short statements on an autocommit connection: nothing stays open between polls."""
     # A watermark of another table or key says nothing about this one (tables compared as the catalog resolves
     # them; the names were recorded by pgtrain, pinned and quoted).
-    head_version, head_key, head_same, fired_key, fired_same = conn.execute(
-        """SELECT h.version, v.spec -> 'watermark' ->> 'max_key',
-                  to_regclass(v.spec ->> 'source_table') = %(oid)s::oid AND v.spec ->> 'key_column' = %(key)s,
-                  e.fired_key, to_regclass(e.source_table) = %(oid)s::oid AND e.key_column = %(key)s
-           FROM (SELECT %(model)s::text AS model_name) m
-           LEFT JOIN pgtrain.model_heads h ON h.model_name = m.model_name
-           LEFT JOIN pgtrain.model_versions v ON v.model_name = h.model_name AND v.version = h.version
-           LEFT JOIN pgtrain.new_rows_events e ON e.model_name = m.model_name""",
+    head_version, head_key, head_same = versions.head_watermark(conn, model_name, watched.oid, watched.key_column)
+    fired = conn.execute(
+        """SELECT fired_key, to_regclass(source_table) = %(oid)s::oid AND key_column = %(key)s
+           FROM pgtrain.new_rows_events WHERE model_name = %(model)s""",
         {"model": model_name, "oid": watched.oid, "key": watched.key_column},
     ).fetchone()
+    fired_key, fired_same = fired if fired is not None else (None, None)
     bounds = [k for k, same in ((head_key, head_same), (fired_key, fired_same)) if k is not None and same]
     key = sql.Identifier(watched.key_column)
     relation = sql.Identifier(watched.schema, watched.table)
@@ -152,11 +149,7 @@ def source_unchanged(conn: psycopg.Connection, model_name: str, source_table: st
 
 def _head(conn: psycopg.Connection, model_name: str) -> tuple[int, record.Run] | None:
     """The model's head version and the run that trained it, or None (no head, or a run this pgtrain cannot read)."""
-    row = conn.execute(
-        """SELECT v.version, v.run_id FROM pgtrain.model_heads h
-           JOIN pgtrain.model_versions v USING (model_name, version) WHERE h.model_name = %s""",
-        (model_name,),
-    ).fetchone()
+    row = versions.head_run(conn, model_name)
     if row is None or row[1] is None:
         return None
     try:

@@ -52,7 +52,7 @@ from pgtrain.data.source.snapshot import (
 )
 from pgtrain.data.upgrade import current_record
 from pgtrain.data.wire import record_dtype
-from pgtrain.runs import record
+from pgtrain.runs import record, versions
 from pgtrain.runs.record import Shard
 
 # Rows the loader receives per COPY row: about this many bytes, within these bounds.
@@ -173,12 +173,11 @@ def parent_encoding(conn: psycopg.Connection, run: record.Run, source: Source) -
     version = config.init_version if config.init_from != "head" else run.base_version
     if version is None:
         return None
-    row = conn.execute("SELECT spec FROM pgtrain.model_versions WHERE model_name = %s AND version = %s",
-                       (run.model_name, version)).fetchone()
-    if row is None:
+    stored = versions.spec(conn, run.model_name, version)
+    if stored is None:
         return None
     types = {c.name: c.type for c in source.feature_columns}
-    return {**input_record.of_version(current_record(row[0]), types).to_json(), "version": version}
+    return {**input_record.of_version(current_record(stored), types).to_json(), "version": version}
 
 
 # Key types whose keys the check scan can hand over as int8s (their order is the integers' order).

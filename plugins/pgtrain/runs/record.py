@@ -17,6 +17,7 @@ from psycopg.types.json import Jsonb
 
 from pgtrain.config.params import TrainingConfig
 from pgtrain.core.errors import PgtrainError
+from pgtrain.runs import versions
 
 
 @dataclass(frozen=True)
@@ -69,11 +70,10 @@ def plan_run(conn: psycopg.Connection, dag_id: str, dag_run_id: str, config: Tra
     with conn.transaction():
         conn.execute(
             """INSERT INTO pgtrain.training_runs (run_id, dag_id, dag_run_id, model_name, config, base_version)
-               SELECT %(run_id)s, %(dag_id)s, %(dag_run_id)s, %(model)s, %(config)s,
-                      (SELECT version FROM pgtrain.model_heads WHERE model_name = %(model)s)
+               VALUES (%(run_id)s, %(dag_id)s, %(dag_run_id)s, %(model)s, %(config)s, %(base)s)
                ON CONFLICT (run_id) DO NOTHING""",
-            {"run_id": run_id, "dag_id": dag_id, "dag_run_id": dag_run_id,
-             "model": config.model_name, "config": Jsonb(config.to_dict())},
+            {"run_id": run_id, "dag_id": dag_id, "dag_run_id": dag_run_id, "model": config.model_name,
+             "config": Jsonb(config.to_dict()), "base": versions.head_version(conn, config.model_name)},
         )
     run = get_run(conn, run_id)
     if (run.dag_id, run.dag_run_id) != (dag_id, dag_run_id):
@@ -323,29 +323,21 @@ def outcome(conn: psycopg.Connection, run_id: str) -> str:
     """What became of the run, in one line (the DAG run's note): the version committed and its validation
     metric, or why not; and what happened to the model's head. Only this run's own commit says the head moved
     to its version (``model_head_history``); a head another run moved meanwhile is said to be that."""
-    row = conn.execute(
-        """SELECT r.model_name, r.status, r.status_reason, r.base_version, v.version, v.metrics, h.version,
-                  m.id IS NOT NULL, m.previous_version
-           FROM pgtrain.training_runs r
-           LEFT JOIN pgtrain.model_versions v ON v.run_id = r.run_id
-           LEFT JOIN pgtrain.model_heads h ON h.model_name = r.model_name
-           LEFT JOIN LATERAL (SELECT id, previous_version FROM pgtrain.model_head_history
-                              WHERE model_name = v.model_name AND version = v.version AND action = 'commit'
-                              ORDER BY id LIMIT 1) m ON true
-           WHERE r.run_id = %s""",
-        (run_id,),
-    ).fetchone()
+    row = conn.execute("SELECT model_name, status, status_reason, base_version FROM pgtrain.training_runs "
+                       "WHERE run_id = %s", (run_id,)).fetchone()
     if row is None:
         raise PgtrainError(f"training run {run_id!r} does not exist; plan_run creates it")
-    model, status, reason, before, version, metrics, after, moved, previous = row
+    model, status, reason, before = row
+    committed, after = versions.of_run(conn, run_id), versions.head_version(conn, model)
     head = (f"head stays {_v(after)}" if before == after
             else f"head {_v(before)} -> {_v(after)} (moved by another run)")
-    if version is not None:
+    if committed is not None:
+        version, metrics = committed.version, committed.metrics or {}
         metric = ", ".join(f"{k} {metrics[k]:.4f}" for k in ("val_accuracy", "val_rmse", "val_loss")
-                           if isinstance((metrics or {}).get(k), int | float))[:80] or "no validation metric"
-        if moved:
+                           if isinstance(metrics.get(k), int | float))[:80] or "no validation metric"
+        if committed.head_moved:
             later = "" if after == version else f" (since moved to {_v(after)})"
-            return f"{model} v{version} committed: {metric}; head {_v(previous)} -> v{version}{later}"
+            return f"{model} v{version} committed: {metric}; head {_v(committed.previous_version)} -> v{version}{later}"
         why = reason or "promote it to make it the head"
         return f"{model} v{version} committed, not made the head: {why}; {metric}; {head}"
     return f"{model}: {status}" + (f": {reason}" if reason else "") + f"; {head}"

@@ -12,7 +12,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from pgtrain.core.errors import PgtrainError
-from pgtrain.runs import record
+from pgtrain.runs import record, versions
 
 
 def build_summary(conn: psycopg.Connection, run_id: str) -> dict[str, Any]:
@@ -20,10 +20,8 @@ def build_summary(conn: psycopg.Connection, run_id: str) -> dict[str, Any]:
         row = cur.execute(
             """SELECT r.run_id, r.model_name, r.status, r.status_reason, r.input_dim, r.num_classes,
                       extract(epoch FROM r.updated_at - r.created_at)::float8 AS wall_seconds,
-                      v.version, v.created_at, p.excluded_rows, h.version IS NOT NULL AS is_head, r.test_metrics
+                      p.excluded_rows, r.test_metrics
                FROM pgtrain.training_runs r
-               LEFT JOIN pgtrain.model_versions v ON v.run_id = r.run_id
-               LEFT JOIN pgtrain.model_heads h ON h.model_name = v.model_name AND h.version = v.version
                LEFT JOIN pgtrain.shard_plans p ON p.run_id = r.run_id
                WHERE r.run_id = %s""",
             (run_id,),
@@ -35,6 +33,7 @@ def build_summary(conn: psycopg.Connection, run_id: str) -> dict[str, Any]:
         ).fetchall()
     if row is None:
         raise PgtrainError(f"training run {run_id!r} does not exist; `python -m pgtrain.runs.report` lists the latest")
+    committed = versions.of_run(conn, run_id)
     epochs = record.epoch_metrics(conn, run_id)
     last = epochs[-1] if epochs else {}
     kept = record.kept_epoch(epochs)  # the staged parameters' epoch: the best one with early stopping
@@ -53,8 +52,8 @@ def build_summary(conn: psycopg.Connection, run_id: str) -> dict[str, Any]:
         "test": {k: v for k, v in (row["test_metrics"] or {}).items() if isinstance(v, float)},
         "best_epoch": last.get("best_epoch"),
         "samples_per_second": last.get("samples_per_second"),
-        "version": row["version"],
-        "is_head": bool(row["is_head"]),
+        "version": committed.version if committed else None,
+        "is_head": bool(committed and committed.is_head),
         "wall_seconds": round(row["wall_seconds"], 1),
     }
 

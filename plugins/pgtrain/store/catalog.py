@@ -12,35 +12,19 @@ import psycopg
 from psycopg.rows import dict_row
 
 from pgtrain.runs import record, trials
+from pgtrain.runs import versions as version_rows  # "versions" names lists of version numbers here
 
 
 def list_models(conn: psycopg.Connection) -> list[dict[str, Any]]:
     """Every model with a version: its head (version, when it moved, metrics), version count and newest version."""
-    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(
-            """SELECT v.model_name, count(*) AS versions, max(v.version) AS newest_version,
-                      max(v.created_at) AS newest_at, h.version AS head_version, h.updated_at AS head_moved_at,
-                      (SELECT hv.metrics FROM pgtrain.model_versions hv
-                        WHERE hv.model_name = h.model_name AND hv.version = h.version) AS head_metrics
-               FROM pgtrain.model_versions v
-               LEFT JOIN pgtrain.model_heads h ON h.model_name = v.model_name
-               GROUP BY v.model_name, h.model_name, h.version, h.updated_at
-               ORDER BY v.model_name"""
-        ).fetchall()
+    with conn.transaction():
+        return version_rows.models(conn)
 
 
 def list_versions(conn: psycopg.Connection, model_name: str | None = None) -> list[dict[str, Any]]:
     """Versions (of one model, or all), oldest first: metrics, run and DAG run, parent version, head mark."""
-    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-        rows = cur.execute(
-            """SELECT v.model_name, v.version, v.run_id, v.fencing_token, v.metrics, v.created_at,
-                      h.version IS NOT NULL AS is_head, (v.spec ->> 'parent_version')::integer AS parent_version
-               FROM pgtrain.model_versions v
-               LEFT JOIN pgtrain.model_heads h ON h.model_name = v.model_name AND h.version = v.version
-               WHERE %(model)s::text IS NULL OR v.model_name = %(model)s
-               ORDER BY v.model_name, v.version""",
-            {"model": model_name},
-        ).fetchall()
+    with conn.transaction():
+        rows = version_rows.listed(conn, model_name)
         return with_runs(conn, rows, ("dag_id", "dag_run_id"))
 
 
@@ -75,36 +59,20 @@ def head_history(conn: psycopg.Connection, model_name: str) -> list[dict[str, An
 def run_overview(conn: psycopg.Connection, run_id: str) -> dict[str, Any]:
     """A run for display: its record (config as a dict), the version it made (if any) and its epochs."""
     run = record.get_run(conn, run_id)
-    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-        made = cur.execute(
-            "SELECT model_name, version, created_at FROM pgtrain.model_versions WHERE run_id = %s", (run_id,)
-        ).fetchone()
+    with conn.transaction():
+        made = version_rows.of_run(conn, run_id)
     return {"run_id": run.run_id, "dag_id": run.dag_id, "dag_run_id": run.dag_run_id,
             "model_name": run.model_name, "status": run.status, "status_reason": run.status_reason,
             "base_version": run.base_version, "config": run.config.to_dict(),
-            "version": made["version"] if made else None, "epochs": record.epoch_metrics(conn, run_id)}
+            "version": made.version if made else None, "epochs": record.epoch_metrics(conn, run_id)}
 
 
 def version_details(conn: psycopg.Connection, model_name: str, versions: list[int]) -> list[dict[str, Any]]:
     """The given versions of a model, in the order asked, each with what it was made of: its spec (model, task,
     feature columns, source table, watermark, ...), its run's config snapshot, the rows the run planned (all,
     training, validation, and excluded as bad) and its epochs. A version not in the store is left out."""
-    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-        rows = cur.execute(
-            """SELECT v.version, v.run_id, v.metrics, v.spec, v.created_at, h.version IS NOT NULL AS is_head,
-                      p.excluded_rows, p.planned_at,
-                      m.rows, m.train_rows, m.val_rows, m.test_rows, m.world_size
-               FROM pgtrain.model_versions v
-               LEFT JOIN pgtrain.model_heads h ON h.model_name = v.model_name AND h.version = v.version
-               LEFT JOIN pgtrain.shard_plans p ON p.run_id = v.run_id
-               LEFT JOIN LATERAL (
-                   SELECT sum(row_count)::bigint AS rows, sum(train_count)::bigint AS train_rows,
-                          sum(val_count)::bigint AS val_rows, sum(test_count)::bigint AS test_rows,
-                          max(world_size) AS world_size
-                   FROM pgtrain.shard_manifest s WHERE s.run_id = v.run_id) m ON true
-               WHERE v.model_name = %s AND v.version = ANY(%s)""",
-            (model_name, versions),
-        ).fetchall()
+    with conn.transaction():
+        rows = version_rows.details(conn, model_name, versions)
         found = {row["version"]: row for row in with_runs(conn, rows, ("config", "dag_id", "dag_run_id"))}
         for row in found.values():
             row["epochs"] = record.epoch_metrics(conn, row["run_id"]) if row["run_id"] else []

@@ -21,6 +21,7 @@ from pgtrain.core.errors import ConfigError, SourceError
 from pgtrain.data import input_record
 from pgtrain.data.source.resolve import COLUMNS, source_from_config
 from pgtrain.data.upgrade import current_record
+from pgtrain.runs import versions
 from pgtrain.runs.record import Run, set_status
 
 # The facts of a data identity: (the version spec's key, how a message names it).
@@ -79,10 +80,9 @@ def check_run(conn: psycopg.Connection, run: Run) -> None:
     ConfigError raised with it. Nothing is planned."""
     if run.base_version is None or run.config.allow_retarget:
         return
-    row = conn.execute("SELECT spec FROM pgtrain.model_versions WHERE model_name = %s AND version = %s",
-                       (run.model_name, run.base_version)).fetchone()
-    identity = of_run(conn, run.config) if row and row[0] else None
-    head = of_version(current_record(row[0])) if identity is not None else {}
+    stored = versions.spec(conn, run.model_name, run.base_version)
+    identity = of_run(conn, run.config) if stored else None
+    head = of_version(current_record(stored)) if identity is not None else {}
     found = differences(conn, head, identity) if identity is not None else []
     if not found:
         return

@@ -22,6 +22,7 @@ from psycopg.types.json import Jsonb
 from pgtrain.config.metrics import FIGURES_FROM
 from pgtrain.core.errors import CommitRejected, PgtrainError, StaleLockToken
 from pgtrain.data.upgrade import current_record
+from pgtrain.runs import versions
 from pgtrain.runs.record import epoch_metrics, get_run, kept_epoch, recorded_runs, set_status
 from pgtrain.store import identity, tensors
 from pgtrain.store.commit_checks import (
@@ -163,8 +164,7 @@ def version_metrics(epochs: list[dict[str, Any]], infos: list[tensors.TensorInfo
 def head_version(conn: psycopg.Connection, model_name: str) -> int | None:
     """The version the model's head points at, or None (no head yet)."""
     with conn.transaction():
-        row = conn.execute("SELECT version FROM pgtrain.model_heads WHERE model_name = %s", (model_name,)).fetchone()
-    return row[0] if row else None
+        return versions.head_version(conn, model_name)
 
 
 def get_version(conn: psycopg.Connection, model_name: str, version: int | None = None) -> dict[str, Any]:
@@ -172,14 +172,7 @@ def get_version(conn: psycopg.Connection, model_name: str, version: int | None =
     with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
         if version is None:
             version = head_version(conn, model_name)
-        row = cur.execute(
-            """SELECT v.model_name, v.version, v.run_id, v.fencing_token, v.metrics, v.spec, v.created_at,
-                      h.version IS NOT NULL AS is_head
-               FROM pgtrain.model_versions v
-               LEFT JOIN pgtrain.model_heads h ON h.model_name = v.model_name AND h.version = v.version
-               WHERE v.model_name = %s AND v.version = %s""",
-            (model_name, version),
-        ).fetchone()
+        row = versions.row(conn, model_name, version)
         if row is None:
             raise PgtrainError(_no_version(conn, model_name, version))
         run = recorded_runs(conn, [row["run_id"]]).get(row["run_id"], {})
@@ -199,14 +192,13 @@ def version_layout(conn: psycopg.Connection, model_name: str, version: int | Non
     with conn.transaction():
         if version is None:
             version = head_version(conn, model_name)
-        row = conn.execute("SELECT spec FROM pgtrain.model_versions WHERE model_name = %s AND version = %s",
-                           (model_name, version)).fetchone()
-        if row is None:
+        spec = versions.spec(conn, model_name, version)
+        if spec is None:
             raise PgtrainError(_no_version(conn, model_name, version))
         infos = [tensors.TensorInfo(n, tuple(s), d, b, blob_id=i) for n, s, d, b, i in conn.execute(
             """SELECT name, shape, dtype, nbytes, blob_id FROM pgtrain.model_tensors
                WHERE model_name = %s AND version = %s ORDER BY name""", (model_name, version))]
-    return version, current_record(row[0]), infos
+    return version, current_record(spec), infos
 
 
 def load_tensors(conn: psycopg.Connection, model_name: str, version: int | None = None
@@ -247,9 +239,7 @@ def move_head(conn: psycopg.Connection, model_name: str, version: int, lease: Le
     """Point the head at an existing version under ``lease`` (the model's lock, taken by the caller), in one fenced
     transaction: StaleLockToken when the lease is no longer current or the head was moved with a newer token."""
     with fenced(conn, lease):
-        exists = conn.execute("SELECT 1 FROM pgtrain.model_versions WHERE model_name = %s AND version = %s",
-                              (model_name, version)).fetchone()
-        if not exists:
+        if not versions.exists(conn, model_name, version):
             raise PgtrainError(_no_version(conn, model_name, version))
         head = _head_for_update(conn, model_name)
         _move_head(conn, model_name, version, head, lease, "promote")
@@ -266,23 +256,21 @@ def collect_garbage(conn: psycopg.Connection, model_name: str, keep: int, force:
     _require_no_transaction(conn, "collect_garbage")
     with LockManager(conn, ttl=ttl, owner=owner, heartbeat=True) as locks, \
             locks.lock(model_lock_name(model_name), timeout=lock_timeout) as lease, fenced(conn, lease):
-        versions = [r[0] for r in conn.execute(
-            "SELECT version FROM pgtrain.model_versions WHERE model_name = %s ORDER BY version DESC", (model_name,))]
-        if not versions:
+        numbers = versions.numbers(conn, model_name)[::-1]
+        if not numbers:
             raise PgtrainError(_no_version(conn, model_name, None))
         head = _head_for_update(conn, model_name)
-        kept = set(versions[:keep]) | ({head["version"]} if head else set())
+        kept = set(numbers[:keep]) | ({head["version"]} if head else set())
         if not force:
             kept |= {v for row in conn.execute(
                 """SELECT version, previous_version FROM pgtrain.model_head_history
                    WHERE model_name = %s""", (model_name,)) for v in row if v is not None}
-        doomed = sorted(set(versions) - kept)
+        doomed = sorted(set(numbers) - kept)
         if doomed:
             # their blobs' chunks go with the model_tensors rows (004's drop_unreferenced_chunks trigger)
             conn.execute("DELETE FROM pgtrain.model_tensors WHERE model_name = %s AND version = ANY(%s)",
                          (model_name, doomed))
-            conn.execute("DELETE FROM pgtrain.model_versions WHERE model_name = %s AND version = ANY(%s)",
-                         (model_name, doomed))
+            versions.delete(conn, model_name, doomed)
     return doomed
 
 
@@ -295,24 +283,13 @@ def _require_no_transaction(conn: psycopg.Connection, what: str) -> None:
 
 
 def _version_of_run(conn: psycopg.Connection, run_id: str) -> CommitResult | None:
-    row = conn.execute(
-        """SELECT v.model_name, v.version, v.fencing_token, v.metrics,
-                  EXISTS (SELECT FROM pgtrain.model_head_history h WHERE h.model_name = v.model_name
-                          AND h.version = v.version AND h.action = 'commit')
-           FROM pgtrain.model_versions v WHERE v.run_id = %s""",
-        (run_id,),
-    ).fetchone()
-    return None if row is None else CommitResult(row[0], row[1], False, row[2], row[3], head_moved=row[4])
+    made = versions.of_run(conn, run_id)
+    return None if made is None else CommitResult(made.model_name, made.version, False, made.fencing_token,
+                                                  made.metrics, head_moved=made.head_moved)
 
 
 def _head_for_update(conn: psycopg.Connection, model_name: str) -> dict[str, Any] | None:
-    with conn.cursor(row_factory=dict_row) as cur:
-        head = cur.execute(
-            """SELECT h.version, h.fencing_token, v.metrics, v.spec FROM pgtrain.model_heads h
-               JOIN pgtrain.model_versions v USING (model_name, version)
-               WHERE h.model_name = %s FOR UPDATE OF h""",
-            (model_name,),
-        ).fetchone()
+    head = versions.head_for_update(conn, model_name)
     return None if head is None else {**head, "spec": current_record(head["spec"])}
 
 
@@ -326,20 +303,12 @@ def _write_version(conn: psycopg.Connection, model_name: str, run_id: str, lease
     if staged != [(i.name, i.blob_id) for i in checked]:
         raise PgtrainError(f"the staged parameters of run {run_id!r} were written again while it was being "
                            "committed (a later train attempt?); commit the run again")
-    newest_version, newest_token = conn.execute(
-        """SELECT coalesce(max(version), 0), coalesce(max(fencing_token), 0)
-           FROM pgtrain.model_versions WHERE model_name = %s""",
-        (model_name,),
-    ).fetchone()
+    newest_version, newest_token = versions.newest(conn, model_name)
     if newest_token > lease.token:
         raise StaleLockToken(f"commit to model {model_name!r} refused: version {newest_version} was written "
                              f"with token {newest_token}, newer than yours ({lease.token})")
     version = newest_version + 1
-    conn.execute(
-        """INSERT INTO pgtrain.model_versions (model_name, version, run_id, fencing_token, metrics, spec)
-           VALUES (%s, %s, %s, %s, %s, %s)""",
-        (model_name, version, run_id, lease.token, Jsonb(metrics), Jsonb(spec)),
-    )
+    versions.insert(conn, model_name, version, run_id, lease.token, metrics, spec)
     # The staged rows are deleted after this (_discard_run_tensors); their blobs stay, referenced from here.
     conn.execute(
         """INSERT INTO pgtrain.model_tensors (model_name, version, name, shape, dtype, nbytes, blob_id)
@@ -357,16 +326,7 @@ def _discard_run_tensors(conn: psycopg.Connection, run_id: str) -> None:
 
 def _move_head(conn: psycopg.Connection, model_name: str, version: int, head: dict[str, Any] | None,
                lease: Lease, action: str) -> None:
-    moved = conn.execute(
-        """INSERT INTO pgtrain.model_heads AS h (model_name, version, fencing_token)
-           VALUES (%s, %s, %s)
-           ON CONFLICT (model_name) DO UPDATE
-              SET version = EXCLUDED.version, fencing_token = EXCLUDED.fencing_token, updated_at = now()
-              WHERE h.fencing_token <= EXCLUDED.fencing_token
-           RETURNING version""",
-        (model_name, version, lease.token),
-    ).fetchone()
-    if moved is None:
+    if not versions.point_head(conn, model_name, version, lease.token):
         raise StaleLockToken(f"moving the head of {model_name!r} refused: it was moved with a newer token than "
                              f"yours ({lease.token})")
     conn.execute(
@@ -384,10 +344,9 @@ def _finite_or_none(value: Any) -> Any:
 
 
 def _no_version(conn: psycopg.Connection, model_name: str, version: int | None) -> str:
-    versions = [r[0] for r in conn.execute(
-        "SELECT version FROM pgtrain.model_versions WHERE model_name = %s ORDER BY version", (model_name,))]
-    if not versions:
+    numbers = versions.numbers(conn, model_name)
+    if not numbers:
         return f"model {model_name!r} has no versions yet; commit a training run first"
     if version is None:
-        return f"model {model_name!r} has no head; promote one of its versions {versions}"
-    return f"model {model_name!r} has no version {version}; it has versions {versions}"
+        return f"model {model_name!r} has no head; promote one of its versions {numbers}"
+    return f"model {model_name!r} has no version {version}; it has versions {numbers}"
