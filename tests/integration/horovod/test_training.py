@@ -351,7 +351,7 @@ def test_two_rank_training_on_categories_and_imputed_nulls_equals_single_process
     distributed = tensors.read_staged(autocommit, run.run_id)
     model, _ = reference_training(autocommit, run, lambda m, x, y: member_loss(F.cross_entropy, m(x), y))
     assert_same_parameters(distributed, model, run)
-    assert distributed["net.hidden.0.weight"].shape[1] == 5 + 5 + 4 + 6 + 7  # numbers + missing, then one-hot levels
+    assert distributed["net.0.weight"].shape[1] == 5 + 5 + 4 + 6 + 7  # numbers + missing, then one-hot levels
 
 
 def balanced_weights(data: list, classes: int) -> torch.Tensor:
