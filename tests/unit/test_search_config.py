@@ -113,3 +113,18 @@ def test_where_the_author_allows_a_search_the_train_task_is_mapped_over_the_tria
     assert commit.trigger_rule == "all_done_min_one_success" and "train" in commit.upstream_task_ids
     assert "commit_parameters" in report.upstream_task_ids
     assert dag.get_task("plan_trials").upstream_task_ids == {"plan_run", "compute_shards"}
+
+
+@pytest.mark.timeout(60)
+def test_the_trials_cap_is_checked_before_any_trial_is_drawn():
+    # too many for the schema: refused as the block parses, nothing drawn
+    with pytest.raises(ConfigError, match=r"search.trials: 3000000 is greater than the maximum of 1000"):
+        plan_search({"strategy": "random", "trials": 3_000_000, "candidates": [{"model": "mlp"}]}, {},
+                    SearchLimits(max_trials=1000), BOTH)
+    block = {"candidates": [{"model": "mlp", "params": {"dropout": [i / 10**7 for i in range(10**6)],
+                                                        "learning_rate": [0.01, 0.001]}}]}
+    with pytest.raises(ConfigError, match=r"2000000 trials, and the DAG's author allows at most 8"):
+        plan_search(block, {}, LIMITS, BOTH)
+    # a grid's first ``trials`` combinations are built, not the rest
+    assert [t.params["learning_rate"] for t in plan_search({**block, "trials": 3}, {}, LIMITS, BOTH).trials] == [
+        0.01, 0.001, 0.01]

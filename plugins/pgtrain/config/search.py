@@ -26,7 +26,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +41,7 @@ PLAN_PARAMS = ("source_table", "key_column", "features_column", "feature_columns
                "model_name", "world_size", "launcher", "backend", "collective_timeout", "precision", "stall_timeout",
                "init_from", "force", "search")
 DEFAULT_TRIALS = 8
+MAX_TRIALS = 1000  # no author may allow more (LIMITS_SCHEMA), so a block asking for more is refused as it parses
 
 _RANGE = {"type": "object", "additionalProperties": False, "required": ["low", "high"],
           "properties": {"low": {"type": "number"}, "high": {"type": "number"}, "log": {"type": "boolean"},
@@ -55,14 +56,14 @@ SEARCH_SCHEMA: dict[str, Any] = {
             "properties": {"model": {"type": "string", "minLength": 1}, "params": _KNOBS, "model_options": _KNOBS}}},
         "strategy": {"enum": list(STRATEGIES)},
         "seed": {"type": "integer", "minimum": 0},
-        "trials": {"type": "integer", "minimum": 1},
+        "trials": {"type": "integer", "minimum": 1, "maximum": MAX_TRIALS},
         "metric": {"enum": list(METRICS)},
     },
 }
 # The author's caps (AUTHOR_PROPERTIES' ``search_limits``).
 LIMITS_SCHEMA: dict[str, Any] = {
     "type": "object", "additionalProperties": False, "required": ["max_trials"],
-    "properties": {"max_trials": {"type": "integer", "minimum": 1, "maximum": 1000},
+    "properties": {"max_trials": {"type": "integer", "minimum": 1, "maximum": MAX_TRIALS},
                    "concurrency": {"type": "integer", "minimum": 1, "maximum": 1000},
                    "max_total_world_size": {"type": "integer", "minimum": 1}},
 }
@@ -140,16 +141,17 @@ def plan_search(block: Mapping[str, Any], base: Mapping[str, Any], limits: Searc
                          if isinstance(knob, dict)]
     if problems:
         raise ConfigError("invalid search: " + "; ".join(problems))
-    drawn = _grid(block) if strategy == "grid" else _random(block)
-    if len(drawn) > limits.max_trials:
-        problems.append(f"search.trials: {len(drawn)} trials, and the DAG's author allows at most "
-                        f"{limits.max_trials} (search_limits.max_trials): ask for fewer")
+    count = _count(block, strategy)  # before drawing: a grid's combinations can be far too many to build
+    if count > limits.max_trials:
+        raise ConfigError(f"invalid search: search.trials: {count} trials, and the DAG's author allows at most "
+                          f"{limits.max_trials} (search_limits.max_trials): ask for fewer")
     world_size = base.get("world_size", PARAMETERS["world_size"]["default"])
-    at_once = min(limits.concurrency, len(drawn)) * world_size
+    at_once = min(limits.concurrency, count) * world_size
     if limits.max_total_world_size is not None and at_once > limits.max_total_world_size:
-        problems.append(f"world_size: {min(limits.concurrency, len(drawn))} trials at once of {world_size} ranks "
+        problems.append(f"world_size: {min(limits.concurrency, count)} trials at once of {world_size} ranks "
                         f"each need {at_once} ranks, and the DAG's author allows {limits.max_total_world_size} in "
                         "all (search_limits.max_total_world_size): lower world_size")
+    drawn = _grid(block) if strategy == "grid" else _random(block)
     trials = []
     for number, params in enumerate(drawn, 1):
         trial = Trial(number, params)
@@ -179,16 +181,30 @@ def describe(params: Mapping[str, Any]) -> str:
                      *(f"{k}={v}" for k, v in options.items())])
 
 
+def _knobs(candidate: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
+    return [("params", k, v) for k, v in candidate.get("params", {}).items()] + \
+           [("model_options", k, v) for k, v in candidate.get("model_options", {}).items()]
+
+
+def _count(block: Mapping[str, Any], strategy: str) -> int:
+    """How many trials ``block`` asks for, without drawing them."""
+    if strategy == "random":
+        return block.get("trials", DEFAULT_TRIALS)
+    combinations = sum(math.prod(len(v) for _, _, v in _knobs(c)) for c in block["candidates"])
+    return min(combinations, block["trials"]) if "trials" in block else combinations
+
+
 def _grid(block: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Every candidate's combinations in order (the last knob fastest), the first ``trials`` of them."""
-    combos = []
-    for candidate in block["candidates"]:
-        knobs = [("params", k, v) for k, v in candidate.get("params", {}).items()] + \
-                [("model_options", k, v) for k, v in candidate.get("model_options", {}).items()]
+    """Every candidate's combinations in order (the last knob fastest), the first ``trials`` of them (built lazily:
+    only those are)."""
+    def combos(candidate: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+        knobs = _knobs(candidate)
         for values in itertools.product(*(v for _, _, v in knobs)):
-            combos.append(_trial_params(candidate, [(part, name, value) for (part, name, _), value
-                                                    in zip(knobs, values, strict=True)]))
-    return combos[:block["trials"]] if "trials" in block else combos
+            yield _trial_params(candidate, [(part, name, value) for (part, name, _), value
+                                            in zip(knobs, values, strict=True)])
+
+    every = itertools.chain.from_iterable(combos(c) for c in block["candidates"])
+    return list(itertools.islice(every, block.get("trials")))
 
 
 def _random(block: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -198,8 +214,7 @@ def _random(block: Mapping[str, Any]) -> list[dict[str, Any]]:
     candidates = block["candidates"]
     for n in range(block.get("trials", DEFAULT_TRIALS)):
         candidate = candidates[n % len(candidates)]
-        knobs = [("params", k, _draw(rng, v)) for k, v in candidate.get("params", {}).items()] + \
-                [("model_options", k, _draw(rng, v)) for k, v in candidate.get("model_options", {}).items()]
+        knobs = [(part, name, _draw(rng, knob)) for part, name, knob in _knobs(candidate)]
         drawn.append(_trial_params(candidate, knobs))
     return drawn
 
