@@ -53,6 +53,13 @@ def test_a_random_search_is_seeded_and_draws_within_its_ranges():
     (GRID, {"world_size": 3}, LIMITS, "2 trials at once of 3 ranks each need 6 ranks, and the DAG's author allows 4"),
     ({"candidates": [{"model": "mlp", "params": {"world_size": [1, 2]}}]}, {}, LIMITS,
      "candidates[0].params.world_size: the plan's or the author's"),
+    # the split is the plan's: a trial with its own seed or fractions would count other rows than the manifest's
+    ({"candidates": [{"model": "mlp", "params": {"seed": [1, 2]}}]}, {}, LIMITS,
+     "candidates[0].params.seed: the plan's or the author's, the same for every trial; set it outside the search"),
+    ({"candidates": [{"model": "mlp", "params": {"validation_fraction": [0.2]}}]}, {}, LIMITS,
+     "candidates[0].params.validation_fraction: the plan's"),
+    ({"candidates": [{"model": "mlp", "params": {"max_clear_levels": [10]}}]}, {}, LIMITS,
+     "candidates[0].params.max_clear_levels: the plan's"),
     ({"candidates": [{"model": "mlp", "params": {"hiden_sizes": [[8]]}}]}, {}, LIMITS,
      "candidates[0].params.hiden_sizes: not a training param"),
     ({"candidates": [{"model": "lightgbm"}]}, {}, LIMITS, "'lightgbm' is not allowed by the DAG's author"),
