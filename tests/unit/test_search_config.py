@@ -135,3 +135,17 @@ def test_the_trials_cap_is_checked_before_any_trial_is_drawn():
     # a grid's first ``trials`` combinations are built, not the rest
     assert [t.params["learning_rate"] for t in plan_search({**block, "trials": 3}, {}, LIMITS, BOTH).trials] == [
         0.01, 0.001, 0.01]
+
+
+def test_a_regression_search_chooses_by_val_rmse_unless_told_and_refuses_a_val_loss_of_mixed_scales():
+    regression = {"task": "regression"}
+    # val_loss: the mlp's on the standardized target, xgboost's in the target's units; val_rmse is both's
+    assert plan_search(GRID, regression, LIMITS, BOTH).metric == "val_rmse"
+    assert plan_search(GRID, {**regression, "early_stopping_metric": "val_mae"}, LIMITS, BOTH).metric == "val_mae"
+    assert plan_search(GRID, {"task": "classification"}, LIMITS, BOTH).metric == "val_loss"
+    mlps = {"candidates": [{"model": "mlp", "params": {"dropout": [0.0, 0.1]}}], "metric": "val_loss"}
+    assert plan_search(mlps, regression, LIMITS, BOTH).metric == "val_loss"  # one scale: allowed
+    for block in ({**GRID, "metric": "val_loss"},
+                  {**mlps, "candidates": [{"model": "mlp", "params": {"standardize_target": [True, False]}}]}):
+        with pytest.raises(ConfigError, match="val_loss is not comparable across these trials.*val_rmse or val_r2"):
+            plan_search(block, regression, LIMITS, BOTH)

@@ -13,7 +13,8 @@ The block (a models-file entry's ``params.search``, or the trigger's ``search`` 
       strategy: grid                      # grid (every combination, in order) or random (seeded draws)
       seed: 0
       trials: 4                           # grid: at most this many of the combinations; random: this many draws
-      metric: val_accuracy                # the validation metric the best trial is chosen by (its direction: METRICS)
+      metric: val_accuracy                # the validation metric the best trial is chosen by (its direction: METRICS;
+                                          # default: early_stopping_metric, val_rmse for a regression's val_loss)
 
 A knob's value is a list of choices, or (random only) a range ``{low, high, log, integer}``. The author's caps
 (``search_limits`` in the settings file or a models-file entry): ``max_trials``, ``concurrency`` (trials at once:
@@ -118,8 +119,7 @@ def plan_search(block: Mapping[str, Any], base: Mapping[str, Any], limits: Searc
     if problems:
         raise ConfigError("invalid search: " + "; ".join(problems))
     task = base.get("task", PARAMETERS["task"]["default"])
-    metric = block.get("metric") or base.get("early_stopping_metric") or PARAMETERS["early_stopping_metric"][
-        "default"]
+    metric = choice_metric(block, base)
     problems += [f"search.metric: {p}" for p in metric_problems(metric, task)]
     strategy = block.get("strategy", "grid")
     for i, candidate in enumerate(block["candidates"]):
@@ -162,9 +162,28 @@ def plan_search(block: Mapping[str, Any], base: Mapping[str, Any], limits: Searc
         except ConfigError as error:
             problems.append(f"search trial {number} ({describe(params)}): {error}")
         trials.append(trial)
+    if task == "regression" and metric == "val_loss" and len(
+            {(t.params["model"], t.params.get("standardize_target", base.get("standardize_target", True)))
+             for t in trials}) > 1:
+        problems.append("search.metric: val_loss is not comparable across these trials (the mlp's is on the "
+                        "standardized target, xgboost's the squared error in the target's units): choose by val_rmse "
+                        "or val_r2")
     if problems:
         raise ConfigError("invalid search: " + "; ".join(problems))
     return Search(tuple(trials), metric, METRICS[metric].higher_is_better, strategy)
+
+
+def choice_metric(block: Mapping[str, Any], base: Mapping[str, Any]) -> str:
+    """The validation metric the best trial is chosen by: the block's, else the run's early stopping metric, but
+    val_rmse for a regression's val_loss (trials' val_loss differ in scale: the mlp's is on the standardized
+    target, xgboost's in the target's units)."""
+    from pgtrain.config.params import PARAMETERS
+
+    if block.get("metric"):
+        return block["metric"]
+    metric = base.get("early_stopping_metric") or PARAMETERS["early_stopping_metric"]["default"]
+    task = base.get("task", PARAMETERS["task"]["default"])
+    return "val_rmse" if task == "regression" and metric == "val_loss" else metric
 
 
 def trial_config(base: Mapping[str, Any], trial: Trial) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from typing import Any
 import psycopg
 
 from pgtrain.config.metrics import METRICS
+from pgtrain.config.search import choice_metric
 from pgtrain.core.errors import CommitRejected
 from pgtrain.runs import trials
 from pgtrain.runs.record import get_run, set_status
@@ -30,7 +31,7 @@ def commit_search(conn: psycopg.Connection, run_id: str, owner: Mapping[str, Any
     if not trials.trial_runs(conn, run_id):
         raise CommitRejected(f"search {run_id} planned no trials (its status: {run.status}); its plan_trials task "
                              "failed or did not run")
-    metric = run.config.search.get("metric") or run.config.early_stopping_metric  # as plan_search chose it
+    metric = choice_metric(run.config.search, run.config.to_dict())  # as plan_search chose it
     choice = trials.choose(trials.ledger(conn, run_id), metric, METRICS[metric].higher_is_better)
     trials.record_choice(conn, run_id, choice)
     if choice.run_id is None:
