@@ -75,6 +75,8 @@ def test_a_random_search_is_seeded_and_draws_within_its_ranges():
     ({"candidates": [{"model": "mlp"}], "metric": "val_rmse"}, {"task": "classification"}, LIMITS,
      "search.metric: val_rmse is a regression metric"),
     ({"candidates": []}, {}, LIMITS, "search.candidates: [] should be non-empty"),
+    (GRID, {"test_fraction": 0}, LIMITS, "set test_fraction > 0 so the reported figure comes from rows no trial was "
+                                         "chosen by"),
 ])
 def test_a_bad_search_is_refused_naming_the_field(block, base, limits, message):
     with pytest.raises(ConfigError) as refused:

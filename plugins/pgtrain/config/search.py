@@ -121,6 +121,10 @@ def plan_search(block: Mapping[str, Any], base: Mapping[str, Any], limits: Searc
     task = base.get("task", PARAMETERS["task"]["default"])
     metric = choice_metric(block, base)
     problems += [f"search.metric: {p}" for p in metric_problems(metric, task)]
+    if not base.get("test_fraction", PARAMETERS["test_fraction"]["default"]):
+        problems.append("test_fraction: 0 leaves no test rows, and a search's version reports its figures from the "
+                        "test rows (the validation rows chose the trial): set test_fraction > 0 so the reported "
+                        "figure comes from rows no trial was chosen by")
     strategy = block.get("strategy", "grid")
     for i, candidate in enumerate(block["candidates"]):
         where = f"search.candidates[{i}]"
