@@ -151,3 +151,12 @@ def test_a_regression_search_chooses_by_val_rmse_unless_told_and_refuses_a_val_l
                   {**mlps, "candidates": [{"model": "mlp", "params": {"standardize_target": [True, False]}}]}):
         with pytest.raises(ConfigError, match="val_loss is not comparable across these trials.*val_rmse or val_r2"):
             plan_search(block, regression, LIMITS, BOTH)
+
+
+def test_a_models_file_entry_with_a_search_and_no_search_limits_anywhere_is_a_bad_entry():
+    raw = {"name": "m", "source": {"table": "public.t", "label_column": "y"}, "schedule": {"cron": "@daily"},
+           "params": {"search": GRID}}
+    with pytest.raises(ConfigError, match=r"params.search: the entry's author allows no search .*set search_limits"):
+        parse_entry(raw)
+    assert parse_entry(raw, {"max_trials": 6}).params["search"] == GRID  # the settings file's caps
+    assert parse_entry({**raw, "search_limits": {"max_trials": 6}}).params["search"] == GRID
