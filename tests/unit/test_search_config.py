@@ -51,6 +51,8 @@ def test_a_random_search_is_seeded_and_draws_within_its_ranges():
     (GRID, {}, SearchLimits(max_trials=4),
      "6 trials, and the DAG's author allows at most 4 (search_limits.max_trials)"),
     (GRID, {"world_size": 3}, LIMITS, "2 trials at once of 3 ranks each need 6 ranks, and the DAG's author allows 4"),
+    (GRID, {"world_size": 3}, SearchLimits(max_trials=4, concurrency=2, max_total_world_size=4),
+     "allows at most 4 (search_limits.max_trials): ask for fewer; world_size: 2 trials at once"),  # both at once
     ({"candidates": [{"model": "mlp", "params": {"world_size": [1, 2]}}]}, {}, LIMITS,
      "candidates[0].params.world_size: the plan's or the author's"),
     # the split is the plan's: a trial with its own seed or fractions would count other rows than the manifest's

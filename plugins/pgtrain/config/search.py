@@ -149,14 +149,16 @@ def plan_search(block: Mapping[str, Any], base: Mapping[str, Any], limits: Searc
         raise ConfigError("invalid search: " + "; ".join(problems))
     count = _count(block, strategy)  # before drawing: a grid's combinations can be far too many to build
     if count > limits.max_trials:
-        raise ConfigError(f"invalid search: search.trials: {count} trials, and the DAG's author allows at most "
-                          f"{limits.max_trials} (search_limits.max_trials): ask for fewer")
+        problems.append(f"search.trials: {count} trials, and the DAG's author allows at most {limits.max_trials} "
+                        "(search_limits.max_trials): ask for fewer")
     world_size = base.get("world_size", PARAMETERS["world_size"]["default"])
     at_once = min(limits.concurrency, count) * world_size
     if limits.max_total_world_size is not None and at_once > limits.max_total_world_size:
         problems.append(f"world_size: {min(limits.concurrency, count)} trials at once of {world_size} ranks "
                         f"each need {at_once} ranks, and the DAG's author allows {limits.max_total_world_size} in "
                         "all (search_limits.max_total_world_size): lower world_size")
+    if problems:
+        raise ConfigError("invalid search: " + "; ".join(problems))
     drawn = _grid(block) if strategy == "grid" else _random(block)
     trials = []
     for number, params in enumerate(drawn, 1):
