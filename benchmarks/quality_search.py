@@ -17,6 +17,7 @@ from pgtrain.config.search import describe
 from pgtrain.config.settings import AuthorSettings
 from pgtrain.data import manifest
 from pgtrain.launch import local as launch_local
+from pgtrain.planning import plan
 from pgtrain.runs import record, trials
 from pgtrain.store.model_store import get_version
 from pgtrain.store.search_commit import commit_search
@@ -44,7 +45,7 @@ def search_figures(conn: psycopg.Connection, url: str, config: TrainingConfig, p
                              TrainingConfig.from_mapping(params))
     manifest.plan_shards(conn, search)
     log = logging.getLogger("bench.quality.search")
-    for run_id in trials.plan_trials(conn, search.run_id, AUTHOR):
+    for run_id in plan.plan_trials(conn, search.run_id, AUTHOR):
         try:
             launch_local.run_local(run_id, config.world_size, url, log, timeout_seconds=1800)
         except Exception as error:  # a failed trial does not fail the search

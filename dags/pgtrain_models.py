@@ -21,7 +21,7 @@ from pgtrain.config.settings import SETTINGS_FILE_NAME, load_settings
 
 HERE = Path(__file__).parent
 base_settings = load_settings(default=HERE / SETTINGS_FILE_NAME)
-entries, _ = load_entries(default=HERE / MODELS_FILE_NAME)
+entries, _ = load_entries(default=HERE / MODELS_FILE_NAME, search_limits=base_settings.search_limits)
 running_dag = get_parsing_context().dag_id
 # A task process of one model's DAG builds only that DAG (a context naming no entry builds them all).
 only = running_dag if running_dag in {entry.dag_id for entry in entries} else None

@@ -6,11 +6,13 @@ each entry and its field. It defines no DAG: the good entries' DAGs come from pg
 from pathlib import Path
 
 from pgtrain.config.model_entries import MODELS_FILE_NAME, errors_report, load_entries
+from pgtrain.config.settings import SETTINGS_FILE_NAME, load_settings
 from pgtrain.core.errors import ConfigError
 
 try:
-    _, errors = load_entries(default=Path(__file__).parent / MODELS_FILE_NAME)
+    settings = load_settings(default=Path(__file__).parent / SETTINGS_FILE_NAME)
+    _, errors = load_entries(default=Path(__file__).parent / MODELS_FILE_NAME, search_limits=settings.search_limits)
 except ConfigError:
-    errors = []  # the file itself is unreadable: pgtrain_models.py reports that, with no DAG to keep
+    errors = []  # a file itself is unreadable: pgtrain_models.py reports that, with no DAG to keep
 if errors:
     raise ConfigError(errors_report(errors))

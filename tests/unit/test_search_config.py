@@ -51,8 +51,17 @@ def test_a_random_search_is_seeded_and_draws_within_its_ranges():
     (GRID, {}, SearchLimits(max_trials=4),
      "6 trials, and the DAG's author allows at most 4 (search_limits.max_trials)"),
     (GRID, {"world_size": 3}, LIMITS, "2 trials at once of 3 ranks each need 6 ranks, and the DAG's author allows 4"),
+    (GRID, {"world_size": 3}, SearchLimits(max_trials=4, concurrency=2, max_total_world_size=4),
+     "allows at most 4 (search_limits.max_trials): ask for fewer; world_size: 2 trials at once"),  # both at once
     ({"candidates": [{"model": "mlp", "params": {"world_size": [1, 2]}}]}, {}, LIMITS,
      "candidates[0].params.world_size: the plan's or the author's"),
+    # the split is the plan's: a trial with its own seed or fractions would count other rows than the manifest's
+    ({"candidates": [{"model": "mlp", "params": {"seed": [1, 2]}}]}, {}, LIMITS,
+     "candidates[0].params.seed: the plan's or the author's, the same for every trial; set it outside the search"),
+    ({"candidates": [{"model": "mlp", "params": {"validation_fraction": [0.2]}}]}, {}, LIMITS,
+     "candidates[0].params.validation_fraction: the plan's"),
+    ({"candidates": [{"model": "mlp", "params": {"max_clear_levels": [10]}}]}, {}, LIMITS,
+     "candidates[0].params.max_clear_levels: the plan's"),
     ({"candidates": [{"model": "mlp", "params": {"hiden_sizes": [[8]]}}]}, {}, LIMITS,
      "candidates[0].params.hiden_sizes: not a training param"),
     ({"candidates": [{"model": "lightgbm"}]}, {}, LIMITS, "'lightgbm' is not allowed by the DAG's author"),
@@ -68,6 +77,8 @@ def test_a_random_search_is_seeded_and_draws_within_its_ranges():
     ({"candidates": [{"model": "mlp"}], "metric": "val_rmse"}, {"task": "classification"}, LIMITS,
      "search.metric: val_rmse is a regression metric"),
     ({"candidates": []}, {}, LIMITS, "search.candidates: [] should be non-empty"),
+    (GRID, {"test_fraction": 0}, LIMITS, "set test_fraction > 0 so the reported figure comes from rows no trial was "
+                                         "chosen by"),
 ])
 def test_a_bad_search_is_refused_naming_the_field(block, base, limits, message):
     with pytest.raises(ConfigError) as refused:
@@ -113,3 +124,41 @@ def test_where_the_author_allows_a_search_the_train_task_is_mapped_over_the_tria
     assert commit.trigger_rule == "all_done_min_one_success" and "train" in commit.upstream_task_ids
     assert "commit_parameters" in report.upstream_task_ids
     assert dag.get_task("plan_trials").upstream_task_ids == {"plan_run", "compute_shards"}
+
+
+@pytest.mark.timeout(60)
+def test_the_trials_cap_is_checked_before_any_trial_is_drawn():
+    # too many for the schema: refused as the block parses, nothing drawn
+    with pytest.raises(ConfigError, match=r"search.trials: 3000000 is greater than the maximum of 1000"):
+        plan_search({"strategy": "random", "trials": 3_000_000, "candidates": [{"model": "mlp"}]}, {},
+                    SearchLimits(max_trials=1000), BOTH)
+    block = {"candidates": [{"model": "mlp", "params": {"dropout": [i / 10**7 for i in range(10**6)],
+                                                        "learning_rate": [0.01, 0.001]}}]}
+    with pytest.raises(ConfigError, match=r"2000000 trials, and the DAG's author allows at most 8"):
+        plan_search(block, {}, LIMITS, BOTH)
+    # a grid's first ``trials`` combinations are built, not the rest
+    assert [t.params["learning_rate"] for t in plan_search({**block, "trials": 3}, {}, LIMITS, BOTH).trials] == [
+        0.01, 0.001, 0.01]
+
+
+def test_a_regression_search_chooses_by_val_rmse_unless_told_and_refuses_a_val_loss_of_mixed_scales():
+    regression = {"task": "regression"}
+    # val_loss: the mlp's on the standardized target, xgboost's in the target's units; val_rmse is both's
+    assert plan_search(GRID, regression, LIMITS, BOTH).metric == "val_rmse"
+    assert plan_search(GRID, {**regression, "early_stopping_metric": "val_mae"}, LIMITS, BOTH).metric == "val_mae"
+    assert plan_search(GRID, {"task": "classification"}, LIMITS, BOTH).metric == "val_loss"
+    mlps = {"candidates": [{"model": "mlp", "params": {"dropout": [0.0, 0.1]}}], "metric": "val_loss"}
+    assert plan_search(mlps, regression, LIMITS, BOTH).metric == "val_loss"  # one scale: allowed
+    for block in ({**GRID, "metric": "val_loss"},
+                  {**mlps, "candidates": [{"model": "mlp", "params": {"standardize_target": [True, False]}}]}):
+        with pytest.raises(ConfigError, match="val_loss is not comparable across these trials.*val_rmse or val_r2"):
+            plan_search(block, regression, LIMITS, BOTH)
+
+
+def test_a_models_file_entry_with_a_search_and_no_search_limits_anywhere_is_a_bad_entry():
+    raw = {"name": "m", "source": {"table": "public.t", "label_column": "y"}, "schedule": {"cron": "@daily"},
+           "params": {"search": GRID}}
+    with pytest.raises(ConfigError, match=r"params.search: the entry's author allows no search .*set search_limits"):
+        parse_entry(raw)
+    assert parse_entry(raw, {"max_trials": 6}).params["search"] == GRID  # the settings file's caps
+    assert parse_entry({**raw, "search_limits": {"max_trials": 6}}).params["search"] == GRID

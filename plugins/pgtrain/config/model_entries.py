@@ -27,6 +27,7 @@ as an ``EntryError`` naming the file, the entry and the field, and the others ar
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,12 +155,12 @@ def dag_id_for(model_name: str) -> str:
     return "pgtrain_model_" + "".join(c if c.isalnum() or c in "_-." else "_" for c in model_name)
 
 
-def load_entries(path: Path | str | None = None, *, default: Path | str | None = None
-                 ) -> tuple[list[ModelEntry], list[EntryError]]:
+def load_entries(path: Path | str | None = None, *, default: Path | str | None = None,
+                 search_limits: Mapping[str, Any] | None = None) -> tuple[list[ModelEntry], list[EntryError]]:
     """The valid entries of the models file (``author_file``: ``path``, ``$PGTRAIN_MODELS`` or ``default``), and
-    one EntryError per bad entry. A file that cannot be read at all (missing, not YAML, no ``models`` list)
-    raises ConfigError: then no entry can be trusted; no file at all means no scheduled models (the generic DAG
-    still runs)."""
+    one EntryError per bad entry (``search_limits``: the settings file's, for ``parse_entry``). A file that cannot
+    be read at all (missing, not YAML, no ``models`` list) raises ConfigError: then no entry can be trusted; no file
+    at all means no scheduled models (the generic DAG still runs)."""
     found = author_file(path, MODELS_ENV, default, "models")
     if found is None:
         return [], []
@@ -178,15 +179,16 @@ def load_entries(path: Path | str | None = None, *, default: Path | str | None =
         if isinstance(name, str):
             seen[name] = index
         try:
-            entries.append(parse_entry(raw))
+            entries.append(parse_entry(raw, search_limits))
         except ConfigError as error:
             errors.append(EntryError(path, label, tuple(str(error).split("\n")),
                                      name if isinstance(name, str) else None))
     return entries, errors
 
 
-def parse_entry(raw: Any) -> ModelEntry:
-    """One entry as a ModelEntry; ConfigError with one line per problem, each naming its field."""
+def parse_entry(raw: Any, search_limits: Mapping[str, Any] | None = None) -> ModelEntry:
+    """One entry as a ModelEntry; ConfigError with one line per problem, each naming its field.
+    ``search_limits``: the settings file's; an entry with a search needs them, or its own."""
     problems = _schema_problems(_ENTRY_SCHEMA, raw)
     if not isinstance(raw, dict):
         raise ConfigError("\n".join(problems))
@@ -205,6 +207,9 @@ def parse_entry(raw: Any) -> ModelEntry:
                  for p in param_problems({k: v for k, v in params.items() if k not in FIXED_PARAMS})]
     if isinstance(params.get("search"), dict):
         problems += search_schema_problems(params["search"], where="params.search")
+    if params.get("search") is not None and not raw.get("search_limits") and not search_limits:
+        problems.append("params.search: the entry's author allows no search (no search_limits on the entry nor in "
+                        "the settings file): set search_limits: {max_trials: N} on the entry, or drop params.search")
     gate = raw.get("quality_gate")
     if isinstance(gate, dict):
         task = params.get("task") if isinstance(params.get("task"), str) else None

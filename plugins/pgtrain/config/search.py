@@ -13,7 +13,8 @@ The block (a models-file entry's ``params.search``, or the trigger's ``search`` 
       strategy: grid                      # grid (every combination, in order) or random (seeded draws)
       seed: 0
       trials: 4                           # grid: at most this many of the combinations; random: this many draws
-      metric: val_accuracy                # the validation metric the best trial is chosen by (its direction: METRICS)
+      metric: val_accuracy                # the validation metric the best trial is chosen by (its direction: METRICS;
+                                          # default: early_stopping_metric, val_rmse for a regression's val_loss)
 
 A knob's value is a list of choices, or (random only) a range ``{low, high, log, integer}``. The author's caps
 (``search_limits`` in the settings file or a models-file entry): ``max_trials``, ``concurrency`` (trials at once:
@@ -26,7 +27,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,13 +35,16 @@ from pgtrain.config.metrics import METRICS, metric_problems
 from pgtrain.core.errors import ConfigError
 
 STRATEGIES = ("grid", "random")
-# Params a candidate may not set: they are the plan's (every trial reads the one manifest) or the author's.
+# Params a candidate may not set: they are the plan's (every trial reads the one manifest, and its rows are split by
+# the run's seed and fractions: a trial with another seed would count other rows than the plan's) or the author's.
 PLAN_PARAMS = ("source_table", "key_column", "features_column", "feature_columns", "exclude_columns",
-               "categorical_columns", "label_column", "task", "missing_values", "max_categories",
-               "min_category_count", "input_dim", "num_classes", "validation_fraction", "test_fraction", "bad_rows",
+               "categorical_columns", "hashed_columns", "max_clear_levels", "max_level_length", "label_column", "task",
+               "missing_values", "max_categories", "min_category_count", "input_dim", "num_classes",
+               "validation_fraction", "test_fraction", "seed", "bad_rows",
                "model_name", "world_size", "launcher", "backend", "collective_timeout", "precision", "stall_timeout",
                "init_from", "force", "search")
 DEFAULT_TRIALS = 8
+MAX_TRIALS = 1000  # no author may allow more (LIMITS_SCHEMA), so a block asking for more is refused as it parses
 
 _RANGE = {"type": "object", "additionalProperties": False, "required": ["low", "high"],
           "properties": {"low": {"type": "number"}, "high": {"type": "number"}, "log": {"type": "boolean"},
@@ -55,14 +59,14 @@ SEARCH_SCHEMA: dict[str, Any] = {
             "properties": {"model": {"type": "string", "minLength": 1}, "params": _KNOBS, "model_options": _KNOBS}}},
         "strategy": {"enum": list(STRATEGIES)},
         "seed": {"type": "integer", "minimum": 0},
-        "trials": {"type": "integer", "minimum": 1},
+        "trials": {"type": "integer", "minimum": 1, "maximum": MAX_TRIALS},
         "metric": {"enum": list(METRICS)},
     },
 }
 # The author's caps (AUTHOR_PROPERTIES' ``search_limits``).
 LIMITS_SCHEMA: dict[str, Any] = {
     "type": "object", "additionalProperties": False, "required": ["max_trials"],
-    "properties": {"max_trials": {"type": "integer", "minimum": 1, "maximum": 1000},
+    "properties": {"max_trials": {"type": "integer", "minimum": 1, "maximum": MAX_TRIALS},
                    "concurrency": {"type": "integer", "minimum": 1, "maximum": 1000},
                    "max_total_world_size": {"type": "integer", "minimum": 1}},
 }
@@ -115,9 +119,12 @@ def plan_search(block: Mapping[str, Any], base: Mapping[str, Any], limits: Searc
     if problems:
         raise ConfigError("invalid search: " + "; ".join(problems))
     task = base.get("task", PARAMETERS["task"]["default"])
-    metric = block.get("metric") or base.get("early_stopping_metric") or PARAMETERS["early_stopping_metric"][
-        "default"]
+    metric = choice_metric(block, base)
     problems += [f"search.metric: {p}" for p in metric_problems(metric, task)]
+    if not base.get("test_fraction", PARAMETERS["test_fraction"]["default"]):
+        problems.append("test_fraction: 0 leaves no test rows, and a search's version reports its figures from the "
+                        "test rows (the validation rows chose the trial): set test_fraction > 0 so the reported "
+                        "figure comes from rows no trial was chosen by")
     strategy = block.get("strategy", "grid")
     for i, candidate in enumerate(block["candidates"]):
         where = f"search.candidates[{i}]"
@@ -140,16 +147,19 @@ def plan_search(block: Mapping[str, Any], base: Mapping[str, Any], limits: Searc
                          if isinstance(knob, dict)]
     if problems:
         raise ConfigError("invalid search: " + "; ".join(problems))
-    drawn = _grid(block) if strategy == "grid" else _random(block)
-    if len(drawn) > limits.max_trials:
-        problems.append(f"search.trials: {len(drawn)} trials, and the DAG's author allows at most "
-                        f"{limits.max_trials} (search_limits.max_trials): ask for fewer")
+    count = _count(block, strategy)  # before drawing: a grid's combinations can be far too many to build
+    if count > limits.max_trials:
+        problems.append(f"search.trials: {count} trials, and the DAG's author allows at most {limits.max_trials} "
+                        "(search_limits.max_trials): ask for fewer")
     world_size = base.get("world_size", PARAMETERS["world_size"]["default"])
-    at_once = min(limits.concurrency, len(drawn)) * world_size
+    at_once = min(limits.concurrency, count) * world_size
     if limits.max_total_world_size is not None and at_once > limits.max_total_world_size:
-        problems.append(f"world_size: {min(limits.concurrency, len(drawn))} trials at once of {world_size} ranks "
+        problems.append(f"world_size: {min(limits.concurrency, count)} trials at once of {world_size} ranks "
                         f"each need {at_once} ranks, and the DAG's author allows {limits.max_total_world_size} in "
                         "all (search_limits.max_total_world_size): lower world_size")
+    if problems:
+        raise ConfigError("invalid search: " + "; ".join(problems))
+    drawn = _grid(block) if strategy == "grid" else _random(block)
     trials = []
     for number, params in enumerate(drawn, 1):
         trial = Trial(number, params)
@@ -158,9 +168,28 @@ def plan_search(block: Mapping[str, Any], base: Mapping[str, Any], limits: Searc
         except ConfigError as error:
             problems.append(f"search trial {number} ({describe(params)}): {error}")
         trials.append(trial)
+    if task == "regression" and metric == "val_loss" and len(
+            {(t.params["model"], t.params.get("standardize_target", base.get("standardize_target", True)))
+             for t in trials}) > 1:
+        problems.append("search.metric: val_loss is not comparable across these trials (the mlp's is on the "
+                        "standardized target, xgboost's the squared error in the target's units): choose by val_rmse "
+                        "or val_r2")
     if problems:
         raise ConfigError("invalid search: " + "; ".join(problems))
     return Search(tuple(trials), metric, METRICS[metric].higher_is_better, strategy)
+
+
+def choice_metric(block: Mapping[str, Any], base: Mapping[str, Any]) -> str:
+    """The validation metric the best trial is chosen by: the block's, else the run's early stopping metric, but
+    val_rmse for a regression's val_loss (trials' val_loss differ in scale: the mlp's is on the standardized
+    target, xgboost's in the target's units)."""
+    from pgtrain.config.params import PARAMETERS
+
+    if block.get("metric"):
+        return block["metric"]
+    metric = base.get("early_stopping_metric") or PARAMETERS["early_stopping_metric"]["default"]
+    task = base.get("task", PARAMETERS["task"]["default"])
+    return "val_rmse" if task == "regression" and metric == "val_loss" else metric
 
 
 def trial_config(base: Mapping[str, Any], trial: Trial) -> dict[str, Any]:
@@ -179,16 +208,30 @@ def describe(params: Mapping[str, Any]) -> str:
                      *(f"{k}={v}" for k, v in options.items())])
 
 
+def _knobs(candidate: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
+    return [("params", k, v) for k, v in candidate.get("params", {}).items()] + \
+           [("model_options", k, v) for k, v in candidate.get("model_options", {}).items()]
+
+
+def _count(block: Mapping[str, Any], strategy: str) -> int:
+    """How many trials ``block`` asks for, without drawing them."""
+    if strategy == "random":
+        return block.get("trials", DEFAULT_TRIALS)
+    combinations = sum(math.prod(len(v) for _, _, v in _knobs(c)) for c in block["candidates"])
+    return min(combinations, block["trials"]) if "trials" in block else combinations
+
+
 def _grid(block: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Every candidate's combinations in order (the last knob fastest), the first ``trials`` of them."""
-    combos = []
-    for candidate in block["candidates"]:
-        knobs = [("params", k, v) for k, v in candidate.get("params", {}).items()] + \
-                [("model_options", k, v) for k, v in candidate.get("model_options", {}).items()]
+    """Every candidate's combinations in order (the last knob fastest), the first ``trials`` of them (built lazily:
+    only those are)."""
+    def combos(candidate: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+        knobs = _knobs(candidate)
         for values in itertools.product(*(v for _, _, v in knobs)):
-            combos.append(_trial_params(candidate, [(part, name, value) for (part, name, _), value
-                                                    in zip(knobs, values, strict=True)]))
-    return combos[:block["trials"]] if "trials" in block else combos
+            yield _trial_params(candidate, [(part, name, value) for (part, name, _), value
+                                            in zip(knobs, values, strict=True)])
+
+    every = itertools.chain.from_iterable(combos(c) for c in block["candidates"])
+    return list(itertools.islice(every, block.get("trials")))
 
 
 def _random(block: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -198,8 +241,7 @@ def _random(block: Mapping[str, Any]) -> list[dict[str, Any]]:
     candidates = block["candidates"]
     for n in range(block.get("trials", DEFAULT_TRIALS)):
         candidate = candidates[n % len(candidates)]
-        knobs = [("params", k, _draw(rng, v)) for k, v in candidate.get("params", {}).items()] + \
-                [("model_options", k, _draw(rng, v)) for k, v in candidate.get("model_options", {}).items()]
+        knobs = [(part, name, _draw(rng, knob)) for part, name, knob in _knobs(candidate)]
         drawn.append(_trial_params(candidate, knobs))
     return drawn
 

@@ -4,7 +4,7 @@ what the tests' helper and the benchmarks call to plan a run the same way (no Ai
 ``admit_run``: the run checked against the author's settings (ownership, the launcher's capacity, the allow-lists),
 a scheduled run of an unchanged source skipped, the run recorded, its data identity checked. ``plan_shards_checked``:
 the source's rows checked and cut into shards, refusals recorded with the run. ``plan_training``: both, for a run
-triggered by hand.
+triggered by hand. ``plan_trials``: a search's trials over the planned run's plan (the DAG's ``plan_trials`` task).
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ import psycopg
 from psycopg import sql
 
 from pgtrain.config.params import CATEGORY_STORAGE, QUALITY_GATE, TrainingConfig, unknown_keys
+from pgtrain.config.search import MAX_TRIALS, SearchLimits, plan_search
 from pgtrain.config.settings import AuthorSettings
 from pgtrain.core.errors import ConfigError, PgtrainError
 from pgtrain.data import freshness, manifest, policy
 from pgtrain.launch import capacity
-from pgtrain.runs import record
+from pgtrain.runs import record, trials
 from pgtrain.store import identity
 
 
@@ -94,14 +95,52 @@ def plan_training(conn: psycopg.Connection, config: TrainingConfig, dag_id: str,
 
 
 def author_admitting(conn: psycopg.Connection, config: TrainingConfig) -> AuthorSettings:
-    """The author's settings that admit ``config`` as it is: its source (as the catalog resolves it now), its model,
-    its quality gate, category rules and threads. For planning a run outside a DAG (tests, benchmarks), where whoever
-    wrote the config is its author; capacity still applies."""
+    """The author's settings that admit ``config`` as it is: its source (as the catalog resolves it now), its models
+    (a search's too) and search, its quality gate, category rules and threads. For planning a run outside a DAG
+    (tests, benchmarks), where whoever wrote the config is its author; capacity still applies."""
     relation = policy.resolve_relation(conn, config.source_table)
     source = config.source_table if relation is None else sql.Identifier(*relation).as_string(conn)
+    models = [config.model, *(c["model"] for c in (config.search or {}).get("candidates", ()))]
     return AuthorSettings(
-        allowed_sources=(source,), allowed_models=(config.model,),
+        allowed_sources=(source,), allowed_models=tuple(dict.fromkeys(models)),
+        search_limits=None if config.search is None else {"max_trials": MAX_TRIALS},
         quality_gate={name: getattr(config, name) for name in QUALITY_GATE},
         categories={name: getattr(config, name)
                     for name in ("max_categories", "min_category_count", *CATEGORY_STORAGE)},
         intra_op_threads=config.intra_op_threads)
+
+
+def plan_trials(conn: psycopg.Connection, run_id: str, author: AuthorSettings) -> list[str]:
+    """The runs the train task is mapped over: the run itself when it has no search, else its trials (checked
+    against the author's caps, then created) that fit in this worker's memory. A trial too big to train here is
+    recorded 'refused' with the reason and not trained; the search goes on with the others. A search the author
+    does not allow, a bad one, or one no trial of which fits, marks the run 'refused' with the reason and raises
+    ConfigError: nothing has trained."""
+    run = record.get_run(conn, run_id)
+    if run.config.search is None:
+        return [run_id]
+    try:
+        search = plan_search(run.config.search, run.config.to_dict(), SearchLimits.from_dict(author.search_limits),
+                             author.allowed_models)
+        runs = [r for r in trials.create_trials(conn, run_id, search) if _trial_fits(conn, r)]
+        if not runs:
+            raise ConfigError(f"search {run_id}: no trial fits in this worker's memory (each trial's reason is its "
+                              "run's status): ask for smaller models or launcher=kubernetes")
+    except ConfigError as refused:
+        record.set_status(conn, run_id, "refused", str(refused))
+        raise
+    return runs
+
+
+def _trial_fits(conn: psycopg.Connection, run_id: str) -> bool:
+    """Whether the trial's model fits in this worker's memory (``capacity.check_model_size``, as plan_run checks a
+    run's); one that does not is recorded 'refused' with the reason. A trial that has trained already is kept."""
+    trial = record.get_run(conn, run_id)
+    if trial.status in ("trained", "committed"):
+        return True
+    try:
+        capacity.check_model_size(trial.config, trial.input_dim or 0, trial.output_dim or 1)
+    except ConfigError as refused:
+        record.set_status(conn, run_id, "refused", f"not trained: {refused}")
+        return False
+    return True

@@ -14,10 +14,8 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from pgtrain.config.params import TrainingConfig
-from pgtrain.config.search import Search, SearchLimits, plan_search, trial_config
-from pgtrain.config.settings import AuthorSettings
-from pgtrain.core.errors import ConfigError
-from pgtrain.runs.record import epoch_metrics, get_run, kept_epoch, set_status
+from pgtrain.config.search import Search, trial_config
+from pgtrain.runs.record import epoch_metrics, get_run, kept_epoch
 
 # A trial's run starts as a fresh planned run: these columns of the search run's record are its own, not copied.
 _FRESH = {"status": "sharded", "status_reason": None, "summary": None, "attempt": 0, "model_layout": None,
@@ -37,22 +35,6 @@ class Choice:
 
 def trial_run_id(search_run: str, number: int) -> str:
     return f"{search_run}/trial-{number}"
-
-
-def plan_trials(conn: psycopg.Connection, run_id: str, author: AuthorSettings) -> list[str]:
-    """The runs the train task is mapped over: the run itself when it has no search, else its trials (checked
-    against the author's caps, then created). A search the author does not allow, or a bad one, marks the run
-    'refused' with the reason and raises ConfigError: nothing has trained."""
-    run = get_run(conn, run_id)
-    if run.config.search is None:
-        return [run_id]
-    try:
-        search = plan_search(run.config.search, run.config.to_dict(), SearchLimits.from_dict(author.search_limits),
-                             author.allowed_models)
-    except ConfigError as refused:
-        set_status(conn, run_id, "refused", str(refused))
-        raise
-    return create_trials(conn, run_id, search)
 
 
 def create_trials(conn: psycopg.Connection, search_run: str, search: Search) -> list[str]:

@@ -34,6 +34,8 @@ def trainer_rank(run_id: str, rank: int) -> psutil.Process | None:
             environ = process.environ() if "trainer" in cmdline and run_id in cmdline else {}
             if str(rank) in (environ.get("HOROVOD_RANK"), environ.get("RANK")):  # horovod's ranks, torch's
                 return process
+            if rank == 0 and "--alone" in cmdline and run_id in cmdline:  # one rank, started without horovodrun
+                return process
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return None

@@ -16,6 +16,7 @@ from pgtrain.config.metrics import reported
 from pgtrain.config.settings import AuthorSettings
 from pgtrain.core.errors import CommitRejected, TrainingFailed
 from pgtrain.launch.attempt import training_claim
+from pgtrain.planning import plan
 from pgtrain.runs import record, trials
 from pgtrain.store.search_commit import commit_search
 from tests.db import test_models_catalog
@@ -61,9 +62,9 @@ def plan_rows(conn, run_id: str) -> tuple:
 def test_two_trials_of_two_kinds_over_one_plan_and_the_best_committed(autocommit, db_url, page_client_of):
     make_mixed_table(autocommit, 600)
     search = search_run(autocommit)
-    runs = trials.plan_trials(autocommit, search.run_id, AUTHOR)
+    runs = plan.plan_trials(autocommit, search.run_id, AUTHOR)
     assert runs == [f"{search.run_id}/trial-1", f"{search.run_id}/trial-2"]
-    assert trials.plan_trials(autocommit, search.run_id, AUTHOR) == runs  # a retried task plans no second set
+    assert plan.plan_trials(autocommit, search.run_id, AUTHOR) == runs  # a retried task plans no second set
     for run_id in runs:  # one plan: each trial reads exactly the search run's snapshot, ranges, batches, encoding
         assert plan_rows(autocommit, run_id) == plan_rows(autocommit, search.run_id)
     kinds = [record.get_run(autocommit, r).config.model for r in runs]
@@ -113,7 +114,7 @@ def test_two_trials_of_two_kinds_over_one_plan_and_the_best_committed(autocommit
 def test_a_failed_trial_does_not_fail_the_search(autocommit, db_url):
     make_mixed_table(autocommit, 400)
     search = search_run(autocommit, "failing")
-    first, second = trials.plan_trials(autocommit, search.run_id, AUTHOR)
+    first, second = plan.plan_trials(autocommit, search.run_id, AUTHOR)
     record.record_verdict(autocommit, first, "failed", "RuntimeError: the rank was killed")  # as its launcher does
     run_job(record.get_run(autocommit, second), db_url)
     result, choice = commit_search(autocommit, search.run_id, owner={"task_id": "test"})
@@ -125,7 +126,7 @@ def test_a_failed_trial_does_not_fail_the_search(autocommit, db_url):
 def test_no_trial_trained_fails_the_search_with_what_each_did(autocommit):
     make_mixed_table(autocommit, 300)
     search = search_run(autocommit, "none")
-    for run_id in trials.plan_trials(autocommit, search.run_id, AUTHOR):
+    for run_id in plan.plan_trials(autocommit, search.run_id, AUTHOR):
         record.record_verdict(autocommit, run_id, "refused", "bad input")
     with pytest.raises(CommitRejected, match="no trial trained .* trial 1 refused .*trial 2 refused"):
         commit_search(autocommit, search.run_id)
@@ -140,11 +141,11 @@ def test_a_search_beyond_the_authors_caps_is_refused_before_any_trial(autocommit
                             search_limits={"max_trials": 1, "concurrency": 2, "max_total_world_size": 2})
     with pytest.raises(Exception, match=r"2 trials, and the DAG's author allows at most 1.*"
                                         r"need 4 ranks, and the DAG's author allows 2 in all"):
-        trials.plan_trials(autocommit, search.run_id, narrow)
+        plan.plan_trials(autocommit, search.run_id, narrow)
     assert record.get_run(autocommit, search.run_id).status == "refused"
     assert trials.trial_runs(autocommit, search.run_id) == []
     with pytest.raises(Exception, match="allows no search"):
-        trials.plan_trials(autocommit, search.run_id, AuthorSettings(allowed_models=("mlp", "xgboost")))
+        plan.plan_trials(autocommit, search.run_id, AuthorSettings(allowed_models=("mlp", "xgboost")))
 
 
 def test_killing_one_trials_rank_fails_only_that_trial_and_its_retry_resumes(autocommit, db_url):
@@ -155,7 +156,7 @@ def test_killing_one_trials_rank_fails_only_that_trial_and_its_retry_resumes(aut
     search = planned_run(autocommit, "killed", world_size=1, epochs=5, batch_size=16, learning_rate=0.05,
                          checkpoint_every=1, early_stopping_patience=0,
                          search={"candidates": [{"model": "mlp", "params": {"hidden_sizes": [[8], [16]]}}]})
-    first, second = (record.get_run(autocommit, r) for r in trials.plan_trials(autocommit, search.run_id, AUTHOR))
+    first, second = (record.get_run(autocommit, r) for r in plan.plan_trials(autocommit, search.run_id, AUTHOR))
     owner = {"dag_id": "pgtrain_test", "task_id": "train"}
     with training_claim(db_url, first, owner), training_claim(db_url, second, owner), \
             psycopg.connect(db_url) as blocker:

@@ -23,11 +23,11 @@ def plan_trials(training_run: str, settings: dict[str, Any], conn_id: str = DEFA
     from pgtrain.config.settings import AuthorSettings
     from pgtrain.core.db import connect
     from pgtrain.core.errors import PgtrainError
-    from pgtrain.runs import trials
+    from pgtrain.planning import plan
 
     with connect(database_url(conn_id)) as conn:
         try:
-            runs = trials.plan_trials(conn, training_run, AuthorSettings.from_dict(settings))
+            runs = plan.plan_trials(conn, training_run, AuthorSettings.from_dict(settings))
         except PgtrainError as refused:
             ti.xcom_push(key=OUTCOME_KEY, value=f"search refused before training: {refused}")
             raise
