@@ -64,7 +64,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import bench_database, machine, report
+from common import bench_database, in_threads, machine, report
 
 LAYOUTS = ("float4_array", "bytea", "scalar_columns")
 FLOORS = ("copy_floor", "copy_floor_2", "c_floor", "c_floor_2", "server_floor")
@@ -123,28 +123,17 @@ def _halves(spec: dict) -> list:
 def _drain_in_parallel(conns: list, queries: list) -> int:
     """Each query's binary COPY on its own connection, in parallel threads, drained (nothing parsed); the bytes
     received. psycopg releases the GIL while it waits, so the threads overlap as two clients would."""
-    import threading
 
     from psycopg import sql
 
     received = [0] * len(queries)
-    errors: list[BaseException] = []
 
     def drain(i: int) -> None:
-        try:
-            with conns[i].cursor() as cur, cur.copy(
-                    sql.SQL("COPY ({}) TO STDOUT (FORMAT BINARY)").format(queries[i])) as copy:
-                received[i] = sum(map(len, copy))
-        except BaseException as error:  # re-raised below, in the measuring thread
-            errors.append(error)
+        with conns[i].cursor() as cur, cur.copy(
+                sql.SQL("COPY ({}) TO STDOUT (FORMAT BINARY)").format(queries[i])) as copy:
+            received[i] = sum(map(len, copy))
 
-    threads = [threading.Thread(target=drain, args=(i,)) for i in range(len(queries))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
+    in_threads(*(lambda i=i: drain(i) for i in range(len(queries))))
     return sum(received)
 
 
@@ -199,30 +188,19 @@ def _arrow_into(table, spec: dict, features, labels, at: int) -> int:  # noqa: A
 def _adbc(url: str, queries: list, spec: dict):  # noqa: ANN202 (numpy arrays)
     """ADBC's PostgreSQL driver: each query's Arrow table on its own connection (in threads when more than one),
     copied into one pair of arrays."""
-    import threading
 
     import adbc_driver_postgresql.dbapi as adbc
     import numpy as np
 
     features, labels = np.empty((spec["rows"], spec["dim"]), np.float32), np.empty(spec["rows"], np.int64)
     tables: list = [None] * len(queries)
-    errors: list[BaseException] = []
 
     def fetch(i: int) -> None:
-        try:
-            with adbc.connect(url) as conn, conn.cursor() as cur:
-                cur.execute(queries[i].as_string(None))
-                tables[i] = cur.fetch_arrow_table()
-        except BaseException as error:  # re-raised below, in the measuring thread
-            errors.append(error)
+        with adbc.connect(url) as conn, conn.cursor() as cur:
+            cur.execute(queries[i].as_string(None))
+            tables[i] = cur.fetch_arrow_table()
 
-    threads = [threading.Thread(target=fetch, args=(i,)) for i in range(len(queries))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
+    in_threads(*(lambda i=i: fetch(i) for i in range(len(queries))))
     at = 0
     for table in tables:
         at += _arrow_into(table, spec, features, labels, at)

@@ -42,11 +42,10 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 
-from common import bench_database, entry, interleaved, machine, report, size_and_rounds
+from common import bench_database, entry, in_threads, interleaved, machine, report, size_and_rounds
 
 CONTENDERS = ("floor", "predict", "predict_one_connection", "predict_small")
 TABLE, SMALL, MODEL = "bench_predict", "bench_predict_small", "bench_predict_model"
@@ -88,14 +87,6 @@ def _timed(what: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def _in_threads(*calls: Callable[[], object]) -> None:
-    threads = [threading.Thread(target=call) for call in calls]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-
-
 def floor(url: str, spec: dict) -> dict:
     """The floor's parts, each timed (see the module's docstring)."""
     import numpy as np
@@ -118,7 +109,7 @@ def floor(url: str, spec: dict) -> dict:
         result["read_1"] = _timed(lambda: _psql_drain(url, [_read(None, None)]))
         result["read_2"] = _timed(lambda: _psql_drain(url, [_read(lo, hi) for lo, hi in halves]))
         result["psycopg_read_1"] = _timed(lambda: _drain(url, None, None))
-        result["psycopg_read_2"] = _timed(lambda: _in_threads(*(lambda b=b: _drain(url, *b) for b in halves)))
+        result["psycopg_read_2"] = _timed(lambda: in_threads(*(lambda b=b: _drain(url, *b) for b in halves)))
         pages = range(0, rows, inference.DEFAULT_BATCH_ROWS)
         predictions = np.empty(rows, np.int32)
         start = time.perf_counter()

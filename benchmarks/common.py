@@ -7,6 +7,7 @@ import os
 import platform
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -110,3 +111,22 @@ def entry(main: Callable[[], None], measure: Callable[[str, str, dict], dict]) -
         print(json.dumps(measure(sys.argv[2], sys.argv[3], json.loads(sys.argv[4]))))
     else:
         main()
+
+
+def in_threads(*calls: Callable[[], object]) -> None:
+    """Run ``calls`` side by side, one thread each; the first error any raised is raised here, after all ended."""
+    errors: list[BaseException] = []
+
+    def run(call: Callable[[], object]) -> None:
+        try:
+            call()
+        except BaseException as error:  # re-raised below, in the measuring thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(call,)) for call in calls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]

@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from pgtrain.models.layers import hidden_layers
+
 AVERAGES = ("values", "probabilities")
 
 
@@ -63,16 +65,10 @@ class EnsembleMLP(nn.Module):
         if average not in AVERAGES:
             raise ValueError(f"average={average!r} should be one of {', '.join(AVERAGES)}")
         self.members, self.average = members, average
-        layers: list[nn.Module] = []
-        fan_in = input_dim
-        for index, width in enumerate(hidden_sizes):
-            layers.append(BatchEnsembleLinear(fan_in, width, members, random_signs=index == 0))
-            if normalization == "layer":
-                layers.append(nn.LayerNorm(width))
-            layers.append(nn.ReLU())
-            if dropout:
-                layers.append(nn.Dropout(dropout))
-            fan_in = width
+        layers, fan_in = hidden_layers(
+            input_dim, hidden_sizes,
+            lambda fan_in, width, index: BatchEnsembleLinear(fan_in, width, members, random_signs=index == 0),
+            normalization, dropout)
         self.hidden = nn.Sequential(*layers)
         self.output = MembersLinear(fan_in, output_dim, members)
 

@@ -31,6 +31,7 @@ from pgtrain.core.errors import ConfigError
 from pgtrain.core.memory import available_bytes
 from pgtrain.data.encoding import Layout, layout_of
 from pgtrain.models.ensemble import EnsembleMLP
+from pgtrain.models.layers import hidden_layers
 from pgtrain.models.spec import BUILTIN_MLP
 
 
@@ -160,16 +161,8 @@ def mlp(input_dim: int, output_dim: int, hidden_sizes: Sequence[int] = (50,), dr
         raise ConfigError(f"mlp: normalization={normalization!r} should be one of {', '.join(NORMALIZATIONS)}")
     if members > 1:
         return EnsembleMLP(input_dim, output_dim, hidden_sizes, members, dropout, normalization, average)
-    layers: list[nn.Module] = []
-    fan_in = input_dim
-    for width in hidden_sizes:
-        layers.append(nn.Linear(fan_in, width))
-        if normalization == "layer":
-            layers.append(nn.LayerNorm(width))
-        layers.append(nn.ReLU())
-        if dropout:
-            layers.append(nn.Dropout(dropout))
-        fan_in = width
+    layers, fan_in = hidden_layers(input_dim, hidden_sizes, lambda fan_in, width, _: nn.Linear(fan_in, width),
+                                   normalization, dropout)
     return nn.Sequential(*layers, nn.Linear(fan_in, output_dim))
 
 
