@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from pgtrain.config.kubernetes import schema_message
-from pgtrain.config.params import _MODEL_NAME, PARAMETERS, RANK_SETTINGS, param_problems, quality_gate_problems
+from pgtrain.config.param_checks import param_problems, quality_gate_problems
+from pgtrain.config.param_schemas import _MODEL_NAME, PARAMETERS, RANK_SETTINGS
 from pgtrain.config.search import schema_problems as search_schema_problems
 from pgtrain.config.settings import AUTHOR_PROPERTIES, AuthorSettings, author_file, rule
 from pgtrain.core.errors import ConfigError
