@@ -73,6 +73,12 @@ def kept_tensors(conn, run_id: str) -> tuple[int, bool]:
     return len(tensors.staged_layout(conn, run_id)), tensors.read_checkpoint(conn, run_id) is not None
 
 
+def test_the_latest_run_is_the_search_run_not_one_of_its_trials(autocommit):
+    # the trials' runs are planned after the search run; the report of "the most recent run" is the search's
+    search = trained_search(autocommit, [0.7, 0.9])
+    assert record.latest_run_id(autocommit) == search
+
+
 def test_a_rejected_choice_frees_the_other_trials_and_a_re_run_commits_no_runner_up(autocommit):
     search = trained_search(autocommit, [0.9, 0.8, 0.7], nan_trial=1)
     with pytest.raises(CommitRejected, match="not finite|non-finite|nonfinite|NaN"):

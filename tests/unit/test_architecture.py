@@ -165,6 +165,7 @@ TABLE_OWNERS = {
     "training_runs": ("pgtrain.runs",),
     "model_versions": ("pgtrain.runs.versions",),
     "model_heads": ("pgtrain.runs.versions",),
+    "model_head_history": ("pgtrain.runs.versions",),
 }
 
 

@@ -120,8 +120,11 @@ def recorded_runs(conn: psycopg.Connection, run_ids: Iterable[str | None]) -> di
 
 
 def latest_run_id(conn: psycopg.Connection) -> str | None:
-    """The most recently planned run."""
-    row = conn.execute("SELECT run_id FROM pgtrain.training_runs ORDER BY created_at DESC LIMIT 1").fetchone()
+    """The most recently planned run; a search's, never one of its trials (planned after it, part of it)."""
+    row = conn.execute(
+        """SELECT run_id FROM pgtrain.training_runs r
+           WHERE NOT EXISTS (SELECT FROM pgtrain.search_trials t WHERE t.run_id = r.run_id)
+           ORDER BY created_at DESC LIMIT 1""").fetchone()
     return row[0] if row else None
 
 

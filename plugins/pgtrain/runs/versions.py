@@ -1,5 +1,6 @@
-"""The owner of ``pgtrain.model_versions`` and ``pgtrain.model_heads``: every statement on the two tables is a
-function here, and the other modules call it (docs/architecture.md, "Who owns which table").
+"""The owner of ``pgtrain.model_versions``, ``pgtrain.model_heads`` and the heads' moves
+(``pgtrain.model_head_history``): every statement on the three tables is a function here, and the other modules call
+it (docs/architecture.md, "Who owns which table").
 
 It sits with the run ledger, the lowest layer that reads a version (``data.freshness`` asks for the head's
 watermark, ``data.manifest`` for a base version's spec, ``runs.record`` for the head a run starts from); the store
@@ -154,6 +155,24 @@ def point_head(conn: psycopg.Connection, model_name: str, version: int, token: i
     ).fetchone() is not None
 
 
+def record_head_move(conn: psycopg.Connection, model_name: str, version: int, previous_version: int | None,
+                     token: int, action: str, owner: dict[str, Any]) -> None:
+    """Add a move of the model's head (from ``previous_version`` to ``version``) to its history."""
+    conn.execute(
+        """INSERT INTO pgtrain.model_head_history
+           (model_name, version, previous_version, fencing_token, action, owner)
+           VALUES (%s, %s, %s, %s, %s, %s)""",
+        (model_name, version, previous_version, token, action, Jsonb(owner)),
+    )
+
+
+def ever_head(conn: psycopg.Connection, model_name: str) -> set[int]:
+    """Every version the model's head has pointed at (moved to or from)."""
+    return {v for row in conn.execute(
+        """SELECT version, previous_version FROM pgtrain.model_head_history
+           WHERE model_name = %s""", (model_name,)) for v in row if v is not None}
+
+
 def delete(conn: psycopg.Connection, model_name: str, doomed: list[int]) -> None:
     """Delete the version rows (their tensors first: the caller's)."""
     conn.execute("DELETE FROM pgtrain.model_versions WHERE model_name = %s AND version = ANY(%s)",
@@ -187,6 +206,16 @@ def listed(conn: psycopg.Connection, model_name: str | None) -> list[dict[str, A
                WHERE %(model)s::text IS NULL OR v.model_name = %(model)s
                ORDER BY v.model_name, v.version""",
             {"model": model_name},
+        ).fetchall()
+
+
+def head_moves(conn: psycopg.Connection, model_name: str) -> list[dict[str, Any]]:
+    """Every move of the model's head, oldest first."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            """SELECT version, previous_version, fencing_token, action, owner, moved_at
+               FROM pgtrain.model_head_history WHERE model_name = %s ORDER BY id""",
+            (model_name,),
         ).fetchall()
 
 

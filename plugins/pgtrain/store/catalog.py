@@ -48,12 +48,8 @@ def with_runs(conn: psycopg.Connection, rows: list[dict[str, Any]], fields: tupl
 
 def head_history(conn: psycopg.Connection, model_name: str) -> list[dict[str, Any]]:
     """Every move of the model's head, oldest first."""
-    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(
-            """SELECT version, previous_version, fencing_token, action, owner, moved_at
-               FROM pgtrain.model_head_history WHERE model_name = %s ORDER BY id""",
-            (model_name,),
-        ).fetchall()
+    with conn.transaction():
+        return version_rows.head_moves(conn, model_name)
 
 
 def run_overview(conn: psycopg.Connection, run_id: str) -> dict[str, Any]:

@@ -17,7 +17,6 @@ import numpy as np
 import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
 
 from pgtrain.config.metrics import FIGURES_FROM
 from pgtrain.core.errors import CommitRejected, PgtrainError, StaleLockToken
@@ -262,9 +261,7 @@ def collect_garbage(conn: psycopg.Connection, model_name: str, keep: int, force:
         head = _head_for_update(conn, model_name)
         kept = set(numbers[:keep]) | ({head["version"]} if head else set())
         if not force:
-            kept |= {v for row in conn.execute(
-                """SELECT version, previous_version FROM pgtrain.model_head_history
-                   WHERE model_name = %s""", (model_name,)) for v in row if v is not None}
+            kept |= versions.ever_head(conn, model_name)
         doomed = sorted(set(numbers) - kept)
         if doomed:
             # their blobs' chunks go with the model_tensors rows (004's drop_unreferenced_chunks trigger)
@@ -329,12 +326,8 @@ def _move_head(conn: psycopg.Connection, model_name: str, version: int, head: di
     if not versions.point_head(conn, model_name, version, lease.token):
         raise StaleLockToken(f"moving the head of {model_name!r} refused: it was moved with a newer token than "
                              f"yours ({lease.token})")
-    conn.execute(
-        """INSERT INTO pgtrain.model_head_history
-           (model_name, version, previous_version, fencing_token, action, owner)
-           VALUES (%s, %s, %s, %s, %s, %s)""",
-        (model_name, version, head["version"] if head else None, lease.token, action, Jsonb(lease.owner)),
-    )
+    versions.record_head_move(conn, model_name, version, head["version"] if head else None, lease.token, action,
+                              lease.owner)
 
 
 def _finite_or_none(value: Any) -> Any:
