@@ -10,7 +10,8 @@ connection before the clock), interleaved, their order rotated every round:
 
 - ``one_scan``: ``SELECT count(*), sum(cardinality(features))``, one (parallel) heap scan that reads every row's
   feature array: the floor every ratio divides by, same round;
-- ``plan``: ``plan_shards`` as compute_shards runs it (the key pass on a second connection while the check scans);
+- ``plan``: ``plan_shards`` as compute_shards runs it (the key pass, ``key_order.grid_walk``, on a second
+  connection while the check scans);
 - ``plan_one_connection``: the same with the key pass after the check on planning's own connection, as before
   (and as when a second connection is refused).
 
@@ -89,7 +90,8 @@ def counted(stats: psycopg.Connection, worker: psycopg.Connection, work: Callabl
 
 
 def config_for(world_size: int) -> TrainingConfig:
-    return TrainingConfig(world_size=world_size, source_table=TABLE, num_classes=10)
+    # launcher=kubernetes: planning is the same, and a local run would refuse more ranks than this machine's CPUs.
+    return TrainingConfig(world_size=world_size, source_table=TABLE, num_classes=10, launcher="kubernetes")
 
 
 def written_plan(conn: psycopg.Connection, run_id: str) -> str:
@@ -128,16 +130,19 @@ def parts_vs_one_scan(conn: psycopg.Connection, source: object, dim: int, rows: 
                       clock: object, repeats: int = 5) -> dict[str, float]:
     """Each pass of a plan alone, as a ratio to one scan timed beside it (interleaved, medians of ``repeats``), in
     the open snapshot: the check with the bad-row tests only, the check as plan_shards runs it (also hashing every
-    key for the validation split and collecting the validation keys), the key pass (count the keys, walk their
-    index: ``key_order.keys_at``) and, beside it, the key pass as it was (count the keys, sort them).
+    key for the validation split and collecting the validation keys), the key pass as planned (``key_order.grid_walk``:
+    one walk of the key index that counts the keys too), the key pass as before it (count the keys, then walk
+    their index: ``key_order.keys_at``) and the sort (count the keys, sort them: ``key_order.boundary_query``).
     Planning needs at least the second and the third: their sum, less one scan, bounds what any overlap can save."""
     split = manifest.folded_split(conn, source, 0.1, 0, 0.1)
     work = {
         "one_scan": lambda: conn.execute(sql.SQL("SELECT count(*), sum(cardinality(features)) FROM {}").format(T)),
         "check_bad_row_tests": lambda: row_check.check_rows(conn, source, dim, 10, clock, values=False),
         "check_as_planned": lambda: row_check.check_rows(conn, source, dim, 10, clock, values=False, split=split),
-        "key_pass": lambda: (conn.execute(sql.SQL("SELECT count(*) FROM {}").format(T)), key_order.keys_at(
-            conn, source, rows, key_order.shard_grid(rows, world_size, batch)[2])),
+        "key_pass": lambda: key_order.grid_walk(conn, source, world_size, batch),
+        "key_pass_count_then_walk": lambda: (conn.execute(sql.SQL("SELECT count(*) FROM {}").format(T)),
+                                             key_order.keys_at(conn, source, rows,
+                                                               key_order.shard_grid(rows, world_size, batch)[2])),
         "key_pass_sort": lambda: (conn.execute(sql.SQL("SELECT count(*) FROM {}").format(T)), conn.execute(
             key_order.boundary_query(source), (_fractions(rows, key_order.shard_grid(rows, world_size, batch)[2]),))),
     }
@@ -204,14 +209,16 @@ def run_benchmark(url: str, rows: int, world_size: int, dim: int, rounds: int) -
         print(f"  generated in {generating():.1f} s", flush=True)
         measured: dict[str, list[dict]] = {name: [] for name in CONTENDERS}
         postmaster = postmaster_of(conn)
+        loads = []  # the 1-minute load average after each round
         for round_ in range(rounds):
             shift = round_ % len(CONTENDERS)
             for name in CONTENDERS[shift:] + CONTENDERS[:shift]:
                 measured[name].append(in_subprocess(name, url, world_size, postmaster))
             seconds = {name: measured[name][-1]["seconds"] for name in CONTENDERS}
+            loads.append(os.getloadavg()[0])
             print(f"  round {round_ + 1}: " + ", ".join(f"{n} {v:.3f} s" for n, v in seconds.items())
                   + f" (plan {seconds['plan'] / seconds['one_scan']:.2f}x one scan), load average "
-                  f"{os.getloadavg()[0]:.1f}", flush=True)
+                  f"{loads[-1]:.1f}", flush=True)
         checksums = {name: {m["checksum"] if isinstance(m["checksum"], str) else tuple(m["checksum"])
                             for m in measured[name]} for name in CONTENDERS}
         if len(checksums["one_scan"]) != 1 or len(checksums["plan"] | checksums["plan_one_connection"]) != 1:
@@ -247,7 +254,7 @@ def run_benchmark(url: str, rows: int, world_size: int, dim: int, rounds: int) -
             with stopwatch() as checking_values:  # what bad_rows='exclude' pays: the NaN/infinity test in SQL
                 row_check.check_rows(conn, source, dim, 10, clock)
             with stopwatch() as key_pass:
-                keys = key_order.keys_at(conn, source, rows, key_order.shard_grid(rows, world_size, batch)[2])
+                keys = key_order.grid_walk(conn, source, world_size, batch).keys
             parts = parts_vs_one_scan(conn, source, dim, rows, world_size, batch, clock)
             with stopwatch() as cutting:
                 manifest.cut_shards(conn, source, rows, world_size, 0.1, 0, batch, None,
@@ -278,6 +285,7 @@ def run_benchmark(url: str, rows: int, world_size: int, dim: int, rounds: int) -
     plan_ratios = ratios("plan", "one_scan")
     return {
         "manifest.rows": rows, "manifest.world_size": world_size, "manifest.dim": dim, "manifest.rounds": rounds,
+        "manifest.load_average": f"{min(loads):.1f}-{max(loads):.1f}",
         "manifest.generate_seconds": round(generating(), 1),
         "manifest.plan_seconds": median_seconds("plan"),
         "manifest.plan_seconds_min": round(min(m["seconds"] for m in measured["plan"]), 3),

@@ -468,9 +468,14 @@ def test_the_key_pass_beside_the_check_cuts_the_plan_one_connection_cuts(ac, key
         ran_on.append(conn.info.backend_pid)
         return real(conn, *args, **kwargs)
 
-    real = key_order.keys_at
+    def grid_walk(conn, *args, **kwargs):
+        ran_on.append(("walk", conn.info.backend_pid))
+        return real_walk(conn, *args, **kwargs)
+
+    real, real_walk = key_order.keys_at, key_order.grid_walk
     monkeypatch.setattr(key_order, "keys_at", keys_at)
     monkeypatch.setattr(manifest, "keys_at", keys_at)
+    monkeypatch.setattr(key_order, "grid_walk", grid_walk)
 
     def planned(dag_run: str, beside: bool) -> tuple[list[record.Shard], list[tuple]]:
         monkeypatch.setattr(key_order, "KEY_PASS_BESIDE_MIN_BYTES", 0 if beside else 1 << 62)
@@ -480,7 +485,8 @@ def test_the_key_pass_beside_the_check_cuts_the_plan_one_connection_cuts(ac, key
 
     ran_on.clear()
     assert planned("beside", True) == planned("alone", False)
-    assert ran_on[0] != ac.info.backend_pid and ran_on[1:] == [ac.info.backend_pid]
+    # Beside: one grid walk (no count first) on another backend; alone: keys_at on planning's connection.
+    assert ran_on[0][0] == "walk" and ran_on[0][1] != ac.info.backend_pid and ran_on[1:] == [ac.info.backend_pid]
     ac.execute("UPDATE t SET features = NULL WHERE id IN (SELECT id FROM t ORDER BY id LIMIT 7)")
     ran_on.clear()
     with_bad_rows = planned("beside-bad", True)

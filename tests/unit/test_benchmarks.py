@@ -122,3 +122,20 @@ def test_a_network_reference_stops_on_its_validation_rows():
     assert info["epochs"] - info["best_epoch"] == refs.NETWORK_PATIENCE or info["time_limited"] or \
         info["epochs"] == refs.NETWORK_EPOCHS
     assert refs.classification_figures(y[250:], probabilities)["accuracy"] > 0.85
+
+
+def test_the_manifest_benchmark_s_run_is_admitted_on_any_machine(monkeypatch):
+    """bench_manifest plans 8 shards: its run must be admitted where fewer CPUs are than ranks (a local launcher
+    refuses world_size 8 on these 2 cores, and the benchmark then measured nothing)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import bench_manifest
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    from pgtrain.config.settings import AuthorSettings
+    from pgtrain.launch import capacity
+
+    monkeypatch.setattr(capacity, "local_slots", lambda: 2)
+    config = bench_manifest.config_for(8)
+    capacity.check_launch(config, AuthorSettings())
+    assert config.world_size == 8

@@ -1,7 +1,7 @@
 """The key pass of ``compute_shards`` (``pgtrain.data.manifest``): where each rank's rows and each of its batches
-begin and end in key order (``shard_grid``), and the keys at those positions (``keys_at``: a walk of the key's
-index, or one sort of the keys as ``percentile_disc`` does), on planning's connection or on a second one while
-the row check scans (``key_pass_beside``).
+begin and end in key order (``shard_grid``), and the keys at those positions: ``keys_at`` on planning's
+connection (a walk of the key's index, or one sort of the keys as ``percentile_disc`` does), or ``grid_walk`` on a
+second one while the row check scans (``key_pass_beside``: one walk that counts the rows too).
 """
 
 from __future__ import annotations
@@ -114,21 +114,53 @@ class SortedKeys:
 
 
 def key_pass_beside(conn: psycopg.Connection, source: Source, world_size: int, batch_rows: int) -> Beside | None:
-    """The key pass started on a second connection in the planning snapshot, so that the keys are sorted (on
-    another core) while the row check scans: every row counted (reading the key alone: its index) and numbered, as
-    if the check finds none bad; its result a ``SortedKeys``, None with fewer rows than ranks. None for a heap below
+    """The key pass started on a second connection in the planning snapshot, so that the keys are walked (on
+    another core) while the row check scans: every row counted and numbered as if the check finds none bad
+    (``grid_walk``); its result a ``SortedKeys``, None with fewer rows than ranks. None for a heap below
     KEY_PASS_BESIDE_MIN_BYTES (views too) and for scalar feature columns (their batch size follows their encoding,
     known after the check)."""
     if source.feature_format == COLUMNS or heap_of(conn, source)[1] < KEY_PASS_BESIDE_MIN_BYTES:
         return None
+    return Beside(conn, lambda other: grid_walk(other, source, world_size, batch_rows), "pgtrain-plan-keys",
+                  "planning's key pass")
 
-    def key_pass(other: psycopg.Connection) -> SortedKeys | None:
-        (rows,) = other.execute(sql.SQL("SELECT count(*) FROM {}").format(source.relation)).fetchone()
-        if rows < world_size:
-            return None
-        return SortedKeys(rows, batch_rows, keys_at(other, source, rows, shard_grid(rows, world_size, batch_rows)[2]))
 
-    return Beside(conn, key_pass, "pgtrain-plan-keys", "planning's key pass")
+def grid_walk(conn: psycopg.Connection, source: Source, world_size: int, batch_rows: int) -> SortedKeys | None:
+    """The keys at every position of ``shard_grid`` (None with fewer rows than ranks), in one walk of the key's index
+    that counts the rows too, so that no count has to come first: ``pgtrain.key_grid`` (sql/020) moves a cursor over
+    the keys in order to the end and returns the keys on the global batch grid (positions 1, b, b + 1, 2b, 2b + 1,
+    ...), which does not depend on the row count, and the count. The few positions off that grid (where a shard
+    begins or ends) are then read from the key index, each at most ``batch_rows`` keys past a grid key it follows.
+    Keys in their text form (``CAST(key AS text)``, as ``boundary_query`` gives them); NULL keys left out."""
+    with conn.transaction(), conn.cursor() as cur:
+        cur.execute(sql.SQL("DECLARE {} NO SCROLL CURSOR FOR SELECT {key} FROM {rel} WHERE {key} IS NOT NULL "
+                            "ORDER BY {key}").format(sql.Identifier(_WALK_CURSOR), key=source.key,
+                                                     rel=source.relation))
+        keys, rows = cur.execute("SELECT keys, row_count FROM pgtrain.key_grid(%s, %s)",
+                                 (_WALK_CURSOR, batch_rows)).fetchone()
+        cur.execute(sql.SQL("CLOSE {}").format(sql.Identifier(_WALK_CURSOR)))
+    if rows < world_size:
+        return None
+    on_grid = [1] + [p for step in range(batch_rows, rows + 1, batch_rows) for p in (step, step + 1) if p <= rows]
+    if len(on_grid) != len(keys):
+        raise SourceError(f"{source.qualified_name} changed while it was being planned; run compute_shards again")
+    at = dict(zip(on_grid, keys, strict=True))
+    wanted = shard_grid(rows, world_size, batch_rows)[2]
+    off_grid = [p for p in wanted if p not in at]
+    if off_grid:
+        # Each from the grid key at or before it (the first row of its batch), at most batch_rows - 1 keys on. The
+        # alias: ORDER BY a bare name would sort by the text of the output column of that name.
+        after = [(p - 1) // batch_rows * batch_rows + 1 for p in off_grid]
+        lookup = sql.SQL("(SELECT CAST({key} AS text) AS _pgtrain_key FROM {rel} WHERE {key} >= CAST(%s AS {type}) "
+                         "ORDER BY {key} OFFSET %s LIMIT 1)").format(key=source.key, rel=source.relation,
+                                                                     type=sql.SQL(source.key_type))
+        lookups = sql.SQL(", ").join([lookup] * len(off_grid))
+        params = [v for p, first in zip(off_grid, after, strict=True) for v in (at[first], p - first)]
+        (found,) = conn.execute(sql.SQL("SELECT ARRAY[{}]::text[]").format(lookups), params).fetchone()
+        if None in found:
+            raise SourceError(f"{source.qualified_name} changed while it was being planned; run compute_shards again")
+        at.update(zip(off_grid, found, strict=True))
+    return SortedKeys(rows, batch_rows, {p: at[p] for p in wanted})
 
 
 def heap_of(conn: psycopg.Connection, source: Source) -> tuple[str, int]:

@@ -6,10 +6,11 @@ Everything happens in one REPEATABLE READ snapshot:
    label range and counts the bad rows and the rows whose xmin needs noting; only when there are some, a
    second scan names every bad row's kind with example keys and notes those xmins. NaN/infinite/too large
    feature values are left to the loader with bad_rows='fail' (``source.LOAD_KINDS``);
-2. ``cut_shards``: one pass that sorts the keys (as ``percentile_disc`` does) and returns only those at the
-   shard and batch boundaries (``pgtrain.data.key_order``; array features: on a second connection while step 1
-   scans, used when step 1 finds no bad row), then each shard's validation and test rows: counted from the
-   keys step 1 collected (integer keys), else in one more pass.
+2. ``cut_shards``: the keys at the shard and batch boundaries (``pgtrain.data.key_order``: array features of a
+   large table, one walk of the key index on a second connection while step 1 scans, which counts the rows as it
+   goes (``grid_walk``), used when step 1 finds no bad row; else a walk or a sort after step 1), then each
+   shard's validation and test rows: counted from the keys step 1 collected (integer keys), else in one more
+   pass.
 
 The snapshot, the bad-row report and each rank's batch boundaries are stored with the manifest
 (``pgtrain.shard_plans`` / ``shard_batches``), so every rank reads exactly the planned rows, once.
@@ -249,12 +250,11 @@ def cut_shards(conn: psycopg.Connection, source: Source, rows: int, world_size: 
     edges = [(at[first], at[last]) for first, last in positions]
     if held_keys is not None:
         held = np.frombuffer(held_keys, HELD_KEY)
-        counted = []
-        for part in (VALIDATION, TEST):
-            keys_of_part = np.sort(held["key"][held["part"] == part])
-            counted.append([int(np.searchsorted(keys_of_part, int(hi), "right")
-                                - np.searchsorted(keys_of_part, int(lo), "left")) for lo, hi in edges])
-        validation, test = counted
+        # The shards cover every key the check saw, contiguously: a key's shard is the first whose last key is not
+        # below it (no sort of the held-out keys needed).
+        shard_of = np.searchsorted(np.array([int(hi) for _, hi in edges], np.int64), held["key"].astype(np.int64))
+        validation, test = (np.bincount(shard_of[held["part"] == part], minlength=len(edges)).tolist()
+                            for part in (VALIDATION, TEST))
     else:
         counts = conn.execute(validation_query(source, validation_fraction, seed, edges, exclude,
                                                test_fraction)).fetchone()
@@ -328,7 +328,10 @@ def _write_plan(conn: psycopg.Connection, run: record.Run, clock: XidClock, seen
 def text_array(values: list[str]) -> str:
     """A text[] literal of ``values`` (none of them None), every element quoted: built with str methods, where
     psycopg's list dumper tests each element with a regular expression (a few thousand keys a plan)."""
-    return "{" + ",".join(['"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values]) + "}"
+    joined = '","'.join(values)
+    if "\\" in joined or '"' in joined:  # rare (text keys): escape each value
+        joined = '","'.join([v.replace("\\", "\\\\").replace('"', '\\"') for v in values])
+    return '{"' + joined + '"}' if values else "{}"
 
 
 def _feature_width(conn: psycopg.Connection, source: Source, given: int | None) -> int:
