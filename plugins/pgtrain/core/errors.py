@@ -29,7 +29,12 @@ class CommitRejected(PgtrainError):
 
 
 class LockTimeout(PgtrainError):
-    """A lock could not be taken in time."""
+    """A lock could not be taken in time; ``holder``: the lock that kept it (its name, token, owner, acquired_at,
+    expires_at), when one was held."""
+
+    def __init__(self, message: str, holder: dict | None = None) -> None:
+        super().__init__(message)
+        self.holder = holder
 
 
 class StaleLockToken(PgtrainError):

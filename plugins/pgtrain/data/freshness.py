@@ -167,8 +167,8 @@ def _unchanged_since(conn: psycopg.Connection, version: int, run: record.Run, so
     if not same_source or run.config.key_column != key_column:
         return None
     counted = conn.execute(
-        """SELECT (SELECT sum(row_count) FROM pgtrain.shard_manifest WHERE run_id = %(run)s),
-                  (SELECT excluded_rows FROM pgtrain.shard_plans WHERE run_id = %(run)s)""",
+        """SELECT (SELECT sum(row_count) FROM pgtrain.shard_manifest WHERE run_id = pgtrain.plan_of(%(run)s)),
+                  (SELECT excluded_rows FROM pgtrain.shard_plans WHERE run_id = pgtrain.plan_of(%(run)s))""",
         {"run": run.run_id},
     ).fetchone()
     if counted[0] is None or counted[1] is None:

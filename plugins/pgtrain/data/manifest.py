@@ -284,19 +284,21 @@ def validation_query(source: Source, validation_fraction: float, seed: int, edge
 
 
 def read_plan(conn: psycopg.Connection, run_id: str) -> PlannedRows | None:
+    """The plan the run reads (``pgtrain.plan_of``: a search's trial reads its search run's), named by the run that
+    planned it; None before planning."""
     row = conn.execute(
-        """SELECT p.snapshot::text, pg_snapshot_xmin(p.snapshot)::text::bigint,
+        """SELECT p.run_id, p.snapshot::text, pg_snapshot_xmin(p.snapshot)::text::bigint,
                   pg_snapshot_xmax(p.snapshot)::text::bigint,
                   array(SELECT x::text::bigint FROM pg_snapshot_xip(p.snapshot) AS x ORDER BY 1),
                   p.seen_xmins::text[], p.xid_horizon, p.excluded_rows > 0, p.batch_rows, p.nullable_columns
-           FROM pgtrain.shard_plans p WHERE p.run_id = %s""",
+           FROM pgtrain.shard_plans p WHERE p.run_id = pgtrain.plan_of(%s)""",
         (run_id,),
     ).fetchone()
     if row is None:
         return None
-    snapshot, xmin, xmax, in_progress, seen, horizon, exclude, batch_rows, nullable = row
-    run = record.get_run(conn, run_id)  # what the plan recorded with the run: its widths and encoding
-    return PlannedRows(run_id, snapshot, xmin, xmax, tuple(x % (1 << 32) for x in in_progress),
+    planned, snapshot, xmin, xmax, in_progress, seen, horizon, exclude, batch_rows, nullable = row
+    run = record.get_run(conn, planned)  # what the plan recorded with the run: its widths and encoding
+    return PlannedRows(planned, snapshot, xmin, xmax, tuple(x % (1 << 32) for x in in_progress),
                        tuple(int(x) for x in seen), horizon, run.input_dim, run.num_classes, exclude, batch_rows,
                        run.output_dim, run.encoding, None if nullable is None else tuple(nullable))
 

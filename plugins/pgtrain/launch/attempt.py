@@ -3,7 +3,8 @@
 Both launchers start one right before their ranks start (the local one before horovodrun, the Kubernetes
 operator before it creates the MPIJob): the run's attempt number goes up, which fences every write of an
 older attempt's ranks (sql/007_verdicts.sql), and what an earlier attempt left behind is cleared. Before that, the
-run takes its model's training claim, so that a second run of the model launches nothing beside a running one.
+run takes its model's training claim, so that a second run of the model launches nothing beside a running one; the
+trials of one search train side by side, but beside no other run of the model (``training_claim``).
 """
 
 from __future__ import annotations
@@ -55,8 +56,15 @@ def start_attempt(conn: psycopg.Connection, run_id: str) -> int:
 
 def claim_name(model_name: str, trial: tuple[str, int] | None = None) -> str:
     """The lock (``pgtrain.locks``) a run of the model holds while its job trains; a search's trials (``trial``:
-    its search run and number) train side by side, each under a claim of its own."""
+    its search run and number) each hold a claim of their own. All of a model's claims are one lock family
+    (``claim_family``)."""
     return f"training:{model_name}" + (f"#{trial[0]}/trial-{trial[1]}" if trial else "")
+
+
+def claim_family(model_name: str, run_id: str, trial: tuple[str, int] | None = None) -> tuple[str, str]:
+    """The (family, group) of a run's claim (``LockManager.acquire_lock``): the claims of a model exclude each other,
+    but those of one search's trials (its group: the search run) are held side by side."""
+    return claim_name(model_name), trial[0] if trial else run_id
 
 
 @dataclass
@@ -86,14 +94,18 @@ def training_claim(conn: psycopg.Connection | str, run: record.Run, owner: Mappi
     Raises TrainingBusy, naming the run that holds it, when it is not free within ``wait`` seconds; nothing has
     been launched then. A claim of this same run is taken over at once: it is an earlier try's (Airflow starts a new
     try of a task once the earlier one has ended: killed, failed, or its trigger gone), whose job a Kubernetes retry
-    re-attaches to rather than launching another, and whose writes the new attempt fences off.
+    re-attaches to rather than launching another, and whose writes the new attempt fences off. The trials of one
+    search hold their claims side by side; a claim of a run of the model that is not of that search (a plain run,
+    another search's trial) is refused beside them, and theirs beside it (``claim_family``).
     """
-    name = claim_name(run.model_name, _trial_of(conn, run.run_id))
+    trial = _trial_of(conn, run.run_id)
+    name = claim_name(run.model_name, trial)
     with LockManager(conn, owner={**(owner or {}), "training_run": run.run_id}, heartbeat=True) as locks:
         try:
-            lease = locks.acquire_lock(name, timeout=wait, take_over={"training_run": run.run_id})
-        except LockTimeout:
-            holder = locks.holder(name) or {}
+            lease = locks.acquire_lock(name, timeout=wait, take_over={"training_run": run.run_id},
+                                       family=claim_family(run.model_name, run.run_id, trial))
+        except LockTimeout as busy:
+            holder = busy.holder or locks.holder(name) or {}
             who = holder.get("owner") or {}
             raise TrainingBusy(
                 f"model {run.model_name!r} is being trained by run {who.get('training_run', '?')} "

@@ -201,8 +201,12 @@ def write_manifest(conn: psycopg.Connection, run_id: str, shards: list[Shard], i
                    num_classes: int | None, output_dim: int | None = None,
                    encoding: dict[str, Any] | None = None) -> None:
     """Replace the run's manifest and its input encoding (``pgtrain.data.encoding``; same transaction as the
-    caller's snapshot, if any)."""
-    conn.execute("DELETE FROM pgtrain.shard_manifest WHERE run_id = %s", (run_id,))
+    caller's snapshot, if any). Raises PgtrainError for a plan that a search's trials read (sql/016_shared_plan.sql):
+    it is never planned again under them."""
+    try:
+        conn.execute("DELETE FROM pgtrain.shard_manifest WHERE run_id = %s", (run_id,))
+    except psycopg.errors.RestrictViolation as shared:
+        raise PgtrainError(str(shared.diag.message_primary)) from None
     with conn.cursor() as cur:
         cur.executemany(
             """INSERT INTO pgtrain.shard_manifest
@@ -221,7 +225,7 @@ def write_manifest(conn: psycopg.Connection, run_id: str, shards: list[Shard], i
 def get_manifest(conn: psycopg.Connection, run_id: str) -> list[Shard]:
     rows = conn.execute(
         """SELECT rank, world_size, key_lo, key_hi, row_count, train_count, val_count, test_count
-           FROM pgtrain.shard_manifest WHERE run_id = %s ORDER BY rank""",
+           FROM pgtrain.shard_manifest WHERE run_id = pgtrain.plan_of(%s) ORDER BY rank""",
         (run_id,),
     ).fetchall()
     if not rows:

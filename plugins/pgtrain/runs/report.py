@@ -22,13 +22,13 @@ def build_summary(conn: psycopg.Connection, run_id: str) -> dict[str, Any]:
                       extract(epoch FROM r.updated_at - r.created_at)::float8 AS wall_seconds,
                       p.excluded_rows, r.test_metrics
                FROM pgtrain.training_runs r
-               LEFT JOIN pgtrain.shard_plans p ON p.run_id = r.run_id
+               LEFT JOIN pgtrain.shard_plans p ON p.run_id = pgtrain.plan_of(r.run_id)
                WHERE r.run_id = %s""",
             (run_id,),
         ).fetchone()
         manifest = cur.execute(
-            "SELECT rank, row_count, train_count, val_count, test_count FROM pgtrain.shard_manifest WHERE run_id = %s "
-            "ORDER BY rank",
+            "SELECT rank, row_count, train_count, val_count, test_count FROM pgtrain.shard_manifest "
+            "WHERE run_id = pgtrain.plan_of(%s) ORDER BY rank",
             (run_id,),
         ).fetchall()
     if row is None:

@@ -1,5 +1,6 @@
-"""The trials ledger of a search (sql/015_search_trials.sql): each trial a training run of its own over a copy of
-the search run's plan, what each trial did, and which one was chosen and why."""
+"""The trials ledger of a search (sql/015_search_trials.sql): each trial a training run of its own that reads the
+search run's plan (``training_runs.plan_run``, sql/016_shared_plan.sql), what each trial did, and which one was chosen
+and why."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
@@ -20,8 +20,6 @@ from pgtrain.runs.record import epoch_metrics, get_run, kept_epoch
 # A trial's run starts as a fresh planned run: these columns of the search run's record are its own, not copied.
 _FRESH = {"status": "sharded", "status_reason": None, "summary": None, "attempt": 0, "model_layout": None,
           "init_version": None, "backend": None, "test_metrics": None}
-# Every table that holds a run's plan (its manifest first: shard_batches references it).
-_PLAN_TABLES = ("shard_manifest", "shard_plans", "shard_batches")
 
 
 @dataclass(frozen=True)
@@ -38,8 +36,9 @@ def trial_run_id(search_run: str, number: int) -> str:
 
 
 def create_trials(conn: psycopg.Connection, search_run: str, search: Search) -> list[str]:
-    """Each trial's run, planned by copying the search run's record and plan (one snapshot, manifest, batches and
-    encoding for all), in one transaction; the trials already created by an earlier try are kept as they are."""
+    """Each trial's run, a copy of the search run's record that reads the search run's plan (one snapshot,
+    manifest, batches and encoding for all: ``pgtrain.plan_of``), in one transaction; the trials already created by
+    an earlier try are kept as they are."""
     parent = get_run(conn, search_run)
     base = parent.config.to_dict()
     with conn.transaction():
@@ -51,19 +50,13 @@ def create_trials(conn: psycopg.Connection, search_run: str, search: Search) -> 
                    SELECT (jsonb_populate_record(NULL::pgtrain.training_runs,
                                                  to_jsonb(r) || %(fresh)s || jsonb_build_object(
                                                      'run_id', %(run)s::text, 'config', %(config)s::jsonb,
+                                                     'plan_run', coalesce(r.plan_run, r.run_id),
                                                      'created_at', now(), 'updated_at', now()))).*
                    FROM pgtrain.training_runs r WHERE r.run_id = %(parent)s
                    ON CONFLICT (run_id) DO NOTHING RETURNING run_id""",
                 {"fresh": Jsonb(_FRESH), "run": run_id, "config": Jsonb(config), "parent": search_run}).fetchone()
             if created is None:
                 continue
-            for table in _PLAN_TABLES:
-                conn.execute(sql.SQL(
-                    """INSERT INTO pgtrain.{table}
-                       SELECT (jsonb_populate_record(NULL::pgtrain.{table},
-                                                     to_jsonb(p) || jsonb_build_object('run_id', %s::text))).*
-                       FROM pgtrain.{table} p WHERE p.run_id = %s""").format(table=sql.Identifier(table)),
-                    (run_id, search_run))
             conn.execute("INSERT INTO pgtrain.search_trials (search_run, trial, run_id, params) "
                          "VALUES (%s, %s, %s, %s)", (search_run, trial.number, run_id, Jsonb(trial.params)))
     return trial_runs(conn, search_run)

@@ -228,12 +228,12 @@ def details(conn: psycopg.Connection, model_name: str, numbers: list[int]) -> li
                       m.rows, m.train_rows, m.val_rows, m.test_rows, m.world_size
                FROM pgtrain.model_versions v
                LEFT JOIN pgtrain.model_heads h ON h.model_name = v.model_name AND h.version = v.version
-               LEFT JOIN pgtrain.shard_plans p ON p.run_id = v.run_id
+               LEFT JOIN pgtrain.shard_plans p ON p.run_id = pgtrain.plan_of(v.run_id)
                LEFT JOIN LATERAL (
                    SELECT sum(row_count)::bigint AS rows, sum(train_count)::bigint AS train_rows,
                           sum(val_count)::bigint AS val_rows, sum(test_count)::bigint AS test_rows,
                           max(world_size) AS world_size
-                   FROM pgtrain.shard_manifest s WHERE s.run_id = v.run_id) m ON true
+                   FROM pgtrain.shard_manifest s WHERE s.run_id = pgtrain.plan_of(v.run_id)) m ON true
                WHERE v.model_name = %s AND v.version = ANY(%s)""",
             (model_name, numbers),
         ).fetchall()

@@ -66,9 +66,10 @@ def nonfinite_problems(infos: list[TensorInfo], counted: Mapping[str, int]) -> l
 def version_spec(conn: psycopg.Connection, run: Run) -> dict[str, Any]:
     """What rebuilding and using the version takes, and where it came from (stored as model_versions.spec)."""
     config = run.config
-    plan = conn.execute("SELECT snapshot::text FROM pgtrain.shard_plans WHERE run_id = %s", (run.run_id,)).fetchone()
-    last = conn.execute("SELECT key_hi FROM pgtrain.shard_manifest WHERE run_id = %s ORDER BY rank DESC LIMIT 1",
+    plan = conn.execute("SELECT snapshot::text FROM pgtrain.shard_plans WHERE run_id = pgtrain.plan_of(%s)",
                         (run.run_id,)).fetchone()
+    last = conn.execute("SELECT key_hi FROM pgtrain.shard_manifest WHERE run_id = pgtrain.plan_of(%s) "
+                        "ORDER BY rank DESC LIMIT 1", (run.run_id,)).fetchone()
     planned = input_record.of_run(run)
     return {
         "model": config.model,

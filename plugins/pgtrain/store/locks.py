@@ -38,26 +38,35 @@ DEFAULT_TIMEOUT = 60.0
 # dropped by a proxy); normal wake-ups are the NOTIFY on release and the lease's expiry.
 _MAX_WAIT = 5.0
 
+# A lock of a family (sql/016_shared_plan.sql) is not taken while another group's lock of the family is held (its
+# ``rival``); the caller serializes a family's acquisitions (``acquire_lock``), so two groups never both see none.
 _ACQUIRE = """
-WITH taken AS (
-    INSERT INTO pgtrain.locks AS l (name, token, owner, acquired_at, heartbeat_at, expires_at)
-    VALUES (%(name)s, nextval('pgtrain.fencing_tokens'), %(owner)s, clock_timestamp(), clock_timestamp(),
-            clock_timestamp() + %(ttl)s * interval '1 second')
+WITH rival AS (
+    SELECT name FROM pgtrain.locks
+    WHERE family = %(family)s AND lock_group IS DISTINCT FROM %(group)s AND name <> %(name)s
+      AND owner IS NOT NULL AND expires_at > clock_timestamp()
+    ORDER BY expires_at DESC LIMIT 1),
+taken AS (
+    INSERT INTO pgtrain.locks AS l (name, token, owner, acquired_at, heartbeat_at, expires_at, family, lock_group)
+    SELECT %(name)s::text, nextval('pgtrain.fencing_tokens'), %(owner)s::jsonb, clock_timestamp(), clock_timestamp(),
+           clock_timestamp() + %(ttl)s * interval '1 second', %(family)s::text, %(group)s::text
+    WHERE NOT EXISTS (SELECT FROM rival)
     ON CONFLICT (name) DO UPDATE
        -- nextval here (not in VALUES) runs once the row lock is held: tokens grow in acquisition order.
        SET token = greatest(nextval('pgtrain.fencing_tokens'), l.token + 1),
            owner = EXCLUDED.owner,
            acquired_at = clock_timestamp(),
            heartbeat_at = clock_timestamp(),
-           expires_at = clock_timestamp() + %(ttl)s * interval '1 second'
+           expires_at = clock_timestamp() + %(ttl)s * interval '1 second',
+           family = EXCLUDED.family, lock_group = EXCLUDED.lock_group
        WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp() OR l.owner @> %(take_over)s::jsonb
     RETURNING token, acquired_at, expires_at)
-SELECT true, token, NULL::jsonb, acquired_at, expires_at, NULL::float8 FROM taken
+SELECT true, token, NULL::jsonb, acquired_at, expires_at, NULL::float8, %(name)s::text FROM taken
 UNION ALL
--- not taken: who holds it (as of this statement's snapshot), and for how much longer
+-- not taken: who holds it or its rival (as of this statement's snapshot), for how much longer, and which lock
 SELECT false, token, owner, acquired_at, expires_at,
-       extract(epoch FROM expires_at - clock_timestamp())::float8
-FROM pgtrain.locks WHERE name = %(name)s AND NOT EXISTS (SELECT FROM taken)
+       extract(epoch FROM expires_at - clock_timestamp())::float8, name
+FROM pgtrain.locks WHERE name = coalesce((SELECT name FROM rival), %(name)s) AND NOT EXISTS (SELECT FROM taken)
 """
 
 _HOLDER = """
@@ -176,11 +185,12 @@ class LockManager:
 
     # -- acquire / release ----------------------------------------------------------------------
     def acquire_lock(self, name: str, timeout: float | None = None, ttl: float | None = None,
-                     take_over: Mapping[str, Any] | None = None) -> Lease:
+                     take_over: Mapping[str, Any] | None = None, family: tuple[str, str] | None = None) -> Lease:
         """Take ``name``, waiting up to ``timeout`` seconds (0: try once); raises LockTimeout naming the holder.
 
         ``take_over``: also take it, at once, from a holder whose owner record holds these fields (its lease ends:
-        its renewals find it lost, its release does nothing).
+        its renewals find it lost, its release does nothing). ``family``: (family, group): neither is it taken while
+        a lock of the family of another group is held (locks of one group are held side by side).
         """
         if not name:
             raise PgtrainError("lock name must be a non-empty string")
@@ -195,7 +205,8 @@ class LockManager:
             self._ctl.listen(CHANNEL)
             self._listening = True
         arguments = {"name": name, "owner": Jsonb(owner), "ttl": ttl,
-                     "take_over": Jsonb(take_over) if take_over else None}
+                     "take_over": Jsonb(take_over) if take_over else None,
+                     "family": family and family[0], "group": family and family[1]}
 
         def attempt(conn: psycopg.Connection) -> tuple | None:
             remaining_ms = max(1, int((deadline - time.monotonic()) * 1000))
@@ -205,10 +216,12 @@ class LockManager:
                 # connection later run without it.
                 with conn.transaction():
                     conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{remaining_ms}ms",))
+                    if family:  # in a statement of its own: _ACQUIRE's snapshot then sees the family's last taker
+                        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"pgtrain.locks:{family[0]}",))
                     return conn.execute(_ACQUIRE, arguments).fetchone()
             except psycopg.errors.LockNotAvailable:
                 busy = conn.execute(_HOLDER, (name,)).fetchone()
-                return (False, *busy) if busy else None
+                return (False, *busy, name) if busy else None
 
         while True:
             self._drain_notifications()
@@ -219,14 +232,14 @@ class LockManager:
                     self._held[name] = lease
                 self._start_heartbeat()
                 return lease
-            holder = row[1:] if row is not None else None
+            holder, blocking = (row[1:6], row[6]) if row is not None else (None, name)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise self._timeout_error(name, timeout, holder)
+                raise self._timeout_error(name, timeout, holder, blocking)
             if holder is None or holder[1] is None:
                 continue  # released or taken since our snapshot: look again at once
             until_expiry = holder[4] if holder[4] is not None else _MAX_WAIT
-            self._wait_for_release(name, min(remaining, max(until_expiry, 0.0) + 0.005, _MAX_WAIT))
+            self._wait_for_release(blocking, min(remaining, max(until_expiry, 0.0) + 0.005, _MAX_WAIT))
 
     def release_lock(self, name: str) -> bool:
         """Release ``name``. False (and a warning) when the lease had already been taken over.
@@ -338,16 +351,17 @@ class LockManager:
 
         self._ctl.run(wait)
 
-    def _timeout_error(self, name: str, timeout: float, holder: tuple | None) -> LockTimeout:
+    def _timeout_error(self, name: str, timeout: float, holder: tuple | None, blocking: str) -> LockTimeout:
         if holder is None or holder[1] is None:
             return LockTimeout(f"could not take lock {name!r} within {timeout:g}s (it was busy and has just "
                                "been released); try again or raise the timeout")
         token, owner, since, expires, _ = holder
+        held = "" if blocking == name else f" (its family's lock {blocking!r})"
         return LockTimeout(
-            f"could not take lock {name!r} within {timeout:g}s: held by {describe_owner(owner)} since "
+            f"could not take lock {name!r} within {timeout:g}s: held{held} by {describe_owner(owner)} since "
             f"{since.isoformat()} (token {token}), lease until {expires.isoformat()} unless renewed. "
-            "Wait for that holder to finish or raise the timeout; a dead holder's lease ends by itself."
-        )
+            "Wait for that holder to finish or raise the timeout; a dead holder's lease ends by itself.",
+            {"name": blocking, "token": token, "owner": owner, "acquired_at": since, "expires_at": expires})
 
     def _start_heartbeat(self) -> None:
         if not self.heartbeat or self._beater is not None:

@@ -13,7 +13,7 @@ import pytest
 from pgtrain.runs import record, trials
 from tests.conftest import REPO
 from tests.integration.horovod.test_real_tables import dags_test
-from tests.integration.horovod.test_search_trials import plan_rows
+from tests.integration.horovod.test_search_trials import own_plan_rows, plan_rows
 from tests.support import make_mixed_table, mixed_params
 
 pytestmark = [pytest.mark.airflow, pytest.mark.horovod]
@@ -46,7 +46,8 @@ def test_a_search_dag_run_commits_the_best_of_four_mapped_trials(airflow_env, db
             "SELECT run_id, dag_run_id FROM pgtrain.training_runs WHERE config->'search' <> 'null'::jsonb").fetchall()
         runs = trials.trial_runs(conn, search_run)
         assert len(runs) == 4
-        for run_id in runs:  # one plan for all trials
+        assert own_plan_rows(conn, runs) == 0  # one plan for all trials: the search run's, read by each
+        for run_id in runs:
             assert plan_rows(conn, run_id) == plan_rows(conn, search_run)
         ledger = trials.ledger(conn, search_run)
         assert [t["params"]["model"] for t in ledger] == ["mlp", "mlp", "xgboost",

@@ -15,11 +15,13 @@ import pytest
 from pgtrain.config.metrics import reported
 from pgtrain.config.settings import AuthorSettings
 from pgtrain.core.errors import CommitRejected, TrainingFailed
+from pgtrain.data import manifest
 from pgtrain.launch.attempt import training_claim
 from pgtrain.planning import plan
 from pgtrain.runs import record, trials
 from pgtrain.store.search_commit import commit_search
 from tests.db import test_models_catalog
+from tests.db.test_search_plan import copied_trial
 from tests.integration.horovod.test_resume import trainer_rank
 from tests.support import (
     job_in_background,
@@ -48,15 +50,17 @@ def search_run(conn, name: str = "search", **extra) -> record.Run:
 
 
 def plan_rows(conn, run_id: str) -> tuple:
-    """Everything a run's ranks read of its plan, without the run's own id."""
-    manifest = [s for s in record.get_manifest(conn, run_id)]
-    plan = conn.execute("SELECT snapshot::text, seen_xmins::text, batch_rows, nullable_columns "
-                        "FROM pgtrain.shard_plans WHERE run_id = %s", (run_id,)).fetchone()
-    batches = conn.execute("SELECT rank, batch_lo, batch_hi FROM pgtrain.shard_batches WHERE run_id = %s ORDER BY "
-                           "rank", (run_id,)).fetchall()
+    """Everything a run's ranks read of its plan, as they read it (a trial: its search run's plan), with the run that
+    planned it."""
     encoding = conn.execute("SELECT input_dim, num_classes, output_dim, encoding FROM pgtrain.training_runs "
                             "WHERE run_id = %s", (run_id,)).fetchone()
-    return manifest, plan, batches, encoding
+    return record.get_manifest(conn, run_id), manifest.read_plan(conn, run_id), encoding
+
+
+def own_plan_rows(conn, run_ids: list[str]) -> int:
+    """The rows the runs hold in the plan tables under their own ids (a trial: none, it reads its search's)."""
+    return sum(conn.execute(f"SELECT count(*) FROM pgtrain.{table} WHERE run_id = ANY(%s)",  # noqa: S608
+                            (run_ids,)).fetchone()[0] for table in ("shard_manifest", "shard_plans", "shard_batches"))
 
 
 def test_two_trials_of_two_kinds_over_one_plan_and_the_best_committed(autocommit, db_url, page_client_of):
@@ -65,7 +69,9 @@ def test_two_trials_of_two_kinds_over_one_plan_and_the_best_committed(autocommit
     runs = plan.plan_trials(autocommit, search.run_id, AUTHOR)
     assert runs == [f"{search.run_id}/trial-1", f"{search.run_id}/trial-2"]
     assert plan.plan_trials(autocommit, search.run_id, AUTHOR) == runs  # a retried task plans no second set
-    for run_id in runs:  # one plan: each trial reads exactly the search run's snapshot, ranges, batches, encoding
+    # one plan: each trial reads exactly the search run's snapshot, ranges, batches, encoding, and copies none of it
+    assert own_plan_rows(autocommit, runs) == 0
+    for run_id in runs:
         assert plan_rows(autocommit, run_id) == plan_rows(autocommit, search.run_id)
     kinds = [record.get_run(autocommit, r).config.model for r in runs]
     assert kinds == ["mlp", "xgboost"] and all(record.get_run(autocommit, r).config.search is None for r in runs)
@@ -182,3 +188,22 @@ def test_killing_one_trials_rank_fails_only_that_trial_and_its_retry_resumes(aut
     assert {t["status"] for t in trials.ledger(autocommit, search.run_id)} == {"trained", "committed"}
     assert result.created and choice.run_id in (first.run_id, second.run_id)
     assert choice.metric == "val_loss" and "lower is better" in choice.explanation
+
+
+def test_a_trial_planned_with_its_own_copy_of_the_plan_still_trains_and_commits(autocommit, db_url):
+    """A trial the copying code created before sql/016 (its own plan rows, no plan_run) reads its own copy: its ranks
+    train on it and its commit checks it, while the other trial reads the search run's plan."""
+    seed_samples(autocommit, rows=160, dim=6, classes=3, seed=7)
+    search = planned_run(autocommit, "copied", world_size=1, epochs=2, batch_size=16, test_fraction=0.2,
+                         search={"candidates": [{"model": "mlp", "params": {"hidden_sizes": [[8], [4]]}}]})
+    old, new = plan.plan_trials(autocommit, search.run_id, AUTHOR)
+    copied_trial(autocommit, search.run_id, old)
+    autocommit.execute("DELETE FROM pgtrain.training_runs WHERE run_id = %s", (new,))  # the search's plan: unread now
+    autocommit.execute("DELETE FROM pgtrain.shard_manifest WHERE run_id = %s", (search.run_id,))
+    run_job(record.get_run(autocommit, old), db_url)
+    result, choice = commit_search(autocommit, search.run_id, owner={"task_id": "test"})
+    assert result.created and choice.run_id == old
+    rows, watermark = autocommit.execute(
+        "SELECT (SELECT sum(row_count) FROM pgtrain.shard_manifest WHERE run_id = %s), spec->'watermark' "
+        "FROM pgtrain.model_versions WHERE version = %s", (old, result.version)).fetchone()
+    assert rows == 160 and watermark["max_key"] is not None

@@ -24,7 +24,7 @@ class PlannedRows:
     ``xid_horizon``; a load that starts later refuses.
     """
 
-    run_id: str
+    run_id: str  # the run that planned the rows (``pgtrain.plan_of``: a trial's is its search run)
     snapshot: str
     xmin: int  # 64-bit xmin of the planning snapshot
     xmax: int  # 64-bit xmax of the planning snapshot
