@@ -116,9 +116,14 @@ def test_a_killed_trials_task_instance_alone_fails_and_its_airflow_retry_resumes
         wait_for_checkpoint(url, first, 2)
         rank = wait_for(lambda: trainer_rank(first, 0), 60, "trial 1's rank process")
         os.kill(rank.pid, signal.SIGKILL)
-        wait_for(lambda: airflow_stack.mapped_states(DAG_ID, run_id, "train").get(0, (None,))[0] == "up_for_retry",
-                 180, "map index 0 to be up for retry")
+        rank.wait(60)
+        # The dead rank's backend still waits on the held row (holding the run's row for its fenced write), and
+        # the launcher's verdict behind it: let it go.
         blocker.rollback()
+    # The killed try fails (the trial's verdict 'failed': TrainingFailed, which the retry policy retries), and
+    # Airflow keeps the instance up for retry for the DAG's retry_delay.
+    after_kill = wait_for(lambda: ended_try(airflow_stack, run_id, 0), 180, "map index 0's killed try to end")
+    assert after_kill == ("up_for_retry", 1), airflow_stack.describe_failure(DAG_ID, run_id)
     state = airflow_stack.wait_for_run(DAG_ID, run_id, timeout=600)
     assert state == "success", airflow_stack.describe_failure(DAG_ID, run_id)
 
@@ -139,6 +144,12 @@ def test_a_killed_trials_task_instance_alone_fails_and_its_airflow_retry_resumes
         assert sorted(t["status"] for t in ledger) == ["committed", "trained"]
         assert committed_run(conn, search_run) in (first, second)
         assert trials.recorded_choice(conn, search_run).metric == "val_loss"  # the run's early stopping metric
+
+
+def ended_try(stack, run_id: str, map_index: int) -> tuple[str | None, int] | None:
+    """(state, try_number) of a train instance once its running try has ended; None while it runs."""
+    state = stack.mapped_states(DAG_ID, run_id, "train")[map_index]
+    return None if state[0] == "running" else state
 
 
 def _messages(ndjson: str) -> list[str]:
