@@ -63,8 +63,9 @@ def committed_run(conn: psycopg.Connection, search_run: str) -> str:
     return version_run
 
 
-def test_four_trials_run_two_at_once_in_the_real_scheduler(airflow_stack, search_table):
-    search = {"candidates": [{"model": FACTORY, "model_options": {"width": [4, 8, 12, 16]}}],
+def test_four_trials_of_mixed_kinds_run_two_at_once_in_the_real_scheduler(airflow_stack, search_table):
+    search = {"candidates": [{"model": FACTORY, "model_options": {"width": [4, 8, 12]}},
+                             {"model": "xgboost", "model_options": {"n_estimators": [20], "max_depth": [3]}}],
               "metric": "val_accuracy"}
     run_id = airflow_stack.trigger(DAG_ID, {"search": search})
     state = airflow_stack.wait_for_run(DAG_ID, run_id, timeout=600)
@@ -79,14 +80,14 @@ def test_four_trials_run_two_at_once_in_the_real_scheduler(airflow_stack, search
                             "ORDER BY at", (runs,)).fetchall()
         ledger = trials.ledger(conn, search_run)
         version_run = committed_run(conn, search_run)
-    # Every trial's rank recorded what it saw.
-    assert {r for r, _, _ in seen} == set(runs), seen
-    # Two trials were training at once: the first rank to pass saw itself and another trial in 'training'...
+    # Mixed kinds: three trials of the rendezvous mlp, each of whose ranks recorded what it saw, and a boosted one.
+    assert [t["params"]["model"] for t in ledger] == [FACTORY] * 3 + ["xgboost"]
+    assert {r for r, _, _ in seen} == {t["run_id"] for t in ledger[:3]}, seen
+    # Two trials were training at once (a rank saw itself and another trial in 'training'), and no rank saw more
+    # than the author's concurrency.
     assert max(count for _, count, _ in seen) == 2, seen
     together = next(training for _, count, training in seen if count == 2)
     assert len(set(together)) == 2 and set(together) <= set(runs)
-    # ...and never more than the author's concurrency.
-    assert all(count <= 2 for _, count, _ in seen), seen
     best = max(ledger, key=lambda t: (t["metrics"]["val_accuracy"], -t["trial"]))
     assert version_run == best["run_id"]
     assert sorted(t["status"] for t in ledger) == ["committed", "trained", "trained", "trained"]
