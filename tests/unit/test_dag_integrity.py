@@ -143,6 +143,23 @@ def test_the_kubernetes_launcher_trains_with_the_authors_cluster_settings(monkey
     assert (job.image, job.namespace, job.job_settings["gpus_per_worker"]) == ("registry.example/trainer:7", "ml", 4)
 
 
+def test_a_search_on_kubernetes_maps_the_train_task_with_the_authors_cluster_settings(monkeypatch, tmp_path):
+    """Each trial its own MPIJob task instance: the mapped train task's partial() takes the author's settings as
+    job_arguments (a partial() refuses keywords no operator names: the DAG did not parse)."""
+    from pgtrain.airflow.kubernetes.train import MPIJobTrainOperator
+
+    settings = tmp_path / "pgtrain.yaml"
+    settings.write_text("launcher: kubernetes\nkubernetes: {image: registry.example/trainer:7, namespace: ml, "
+                        "gpus_per_worker: 4}\nsearch_limits: {max_trials: 4, concurrency: 2}\n")
+    monkeypatch.setenv("PGTRAIN_SETTINGS", str(settings))
+    parsed = DagBag(dag_folder=str(REPO / "dags" / "pgtrain_training.py"))
+    assert not parsed.import_errors, parsed.import_errors
+    train = parsed.dags[DAG_ID].get_task("train")
+    assert train.operator_class is MPIJobTrainOperator and train.max_active_tis_per_dagrun == 2
+    job = MPIJobTrainOperator(task_id="train", job_arguments=train.partial_kwargs["job_arguments"]).job_operator()
+    assert (job.image, job.namespace, job.job_settings["gpus_per_worker"]) == ("registry.example/trainer:7", "ml", 4)
+
+
 def test_an_edited_settings_file_applies_at_the_next_parse_without_a_restart(monkeypatch, tmp_path):
     """Each task process parses its DAG file, and the DAG file reads the settings file then: editing the file is
     enough (docs/configuration.md), even in a process that parsed it before (nothing caches it)."""

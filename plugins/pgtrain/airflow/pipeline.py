@@ -63,7 +63,8 @@ def trial_tasks(trials: Any, settings: AuthorSettings) -> Any:
     if settings.launcher == "kubernetes":
         from pgtrain.airflow.kubernetes.train import MPIJobTrainOperator
 
-        return MPIJobTrainOperator.partial(**common, **settings.operator_arguments()).expand(training_run_id=trials)
+        return MPIJobTrainOperator.partial(**common, job_arguments=settings.operator_arguments()).expand(
+            training_run_id=trials)
     from pgtrain.airflow.local.operator import LocalTrainOperator
 
     return LocalTrainOperator.partial(**common).expand(training_run_id=trials)

@@ -88,13 +88,23 @@ class AirflowStack:
         return response.json()["dag_runs"]
 
     def task_states(self, dag_id: str, run_id: str) -> dict[str, str | None]:
-        response = self.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances")
-        return {ti["task_id"]: ti["state"] for ti in response.json().get("task_instances", [])}
+        return {ti["task_id"]: ti["state"] for ti in self.task_instances(dag_id, run_id)}
 
-    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str:
+    def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+        """The run's task instances as the API lists them (a mapped task's: one per map_index)."""
+        response = self.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances", params={"limit": 100})
+        assert response.status_code == 200, response.text
+        return response.json().get("task_instances", [])
+
+    def mapped_states(self, dag_id: str, run_id: str, task_id: str) -> dict[int, tuple[str | None, int]]:
+        """map_index -> (state, try_number) of a mapped task's instances."""
+        return {ti["map_index"]: (ti["state"], ti["try_number"]) for ti in self.task_instances(dag_id, run_id)
+                if ti["task_id"] == task_id}
+
+    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1, map_index: int = -1) -> str:
         """The task try's log as the API serves it: one JSON event a line (Airflow 3.3 answers text/plain 406)."""
         response = self.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}",
-                            headers={"Accept": "application/x-ndjson"})
+                            headers={"Accept": "application/x-ndjson"}, params={"map_index": map_index})
         assert response.status_code == 200, f"{task_id} log: {response.status_code} {response.text}"
         return response.text
 
@@ -114,9 +124,11 @@ class AirflowStack:
 
     def describe_failure(self, dag_id: str, run_id: str) -> str:
         """Task states and the failed tasks' logs, for an assertion message."""
-        states = self.task_states(dag_id, run_id)
-        logs = [f"--- {task} ---\n{self.task_log(dag_id, run_id, task)[-3000:]}"
-                for task, state in states.items() if state in ("failed", "upstream_failed", "up_for_retry")]
+        instances = self.task_instances(dag_id, run_id)
+        states = {(ti["task_id"], ti["map_index"]): ti["state"] for ti in instances}
+        logs = [f"--- {ti['task_id']} [{ti['map_index']}] ---\n"
+                f"{self.task_log(dag_id, run_id, ti['task_id'], max(ti['try_number'], 1), ti['map_index'])[-3000:]}"
+                for ti in instances if ti["state"] in ("failed", "up_for_retry")]
         return f"tasks: {states}\n" + "\n".join(logs)
 
     def close(self) -> None:

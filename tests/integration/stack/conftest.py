@@ -18,14 +18,18 @@ from typing import Any
 
 import psycopg
 import pytest
+import yaml
 from cryptography.fernet import Fernet
 from psycopg import sql
 
 from dev import devdb, devstack, examples
+from pgtrain.config.settings import SETTINGS_FILE_NAME
 from pgtrain.core.migrations import apply_migrations
 from tests.integration.stack.airflow_stack import AirflowStack
 
 STACK_MODELS = Path(__file__).resolve().parent / "stack_models.yaml"  # the stack's own models file
+# The stack's settings: the repository's (dags/pgtrain.yaml) with the test factories its search tests train allowed.
+TEST_MODELS = ("tests.integration.stack.trial_rendezvous:rendezvous_mlp",)
 STARTUP_TIMEOUT = 900.0  # seconds; a busy 2-core machine migrates and starts four services in one to three minutes
 
 
@@ -57,8 +61,9 @@ def _started_stack(metadata_url: str, training_url: str,
     # the stack's signing and encryption keys chosen here, so that a test can look for them where they must not be
     keys = {"AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(32),
             "AIRFLOW__CORE__FERNET_KEY": Fernet.generate_key().decode()}
-    extra_env = {**keys, **({"PGTRAIN_MODELS": str(STACK_MODELS)} if STACK_MODELS.exists() else {})}
     state_dir = tmp_path_factory.mktemp("airflow-stack")
+    extra_env = {**keys, "PGTRAIN_SETTINGS": str(stack_settings(state_dir)),
+                 **({"PGTRAIN_MODELS": str(STACK_MODELS)} if STACK_MODELS.exists() else {})}
     try:
         stack = devstack.start(state_dir, metadata_url=metadata_url, training_url=training_url,
                                extra_env=extra_env, timeout=STARTUP_TIMEOUT)
@@ -71,6 +76,15 @@ def _started_stack(metadata_url: str, training_url: str,
     finally:
         client.close()
         devstack.stop(state_dir)
+
+
+def stack_settings(state_dir: Path) -> Path:
+    """The repository's settings file with TEST_MODELS added to its allowed models, written into ``state_dir``."""
+    settings = yaml.safe_load((devstack.REPO / "dags" / SETTINGS_FILE_NAME).read_text())
+    settings["allowed_models"] = [*settings.get("allowed_models", []), *TEST_MODELS]
+    path = state_dir / SETTINGS_FILE_NAME
+    path.write_text(yaml.safe_dump(settings))
+    return path
 
 
 def _log_tails(logs_dir: Path, lines: int = 30) -> str:

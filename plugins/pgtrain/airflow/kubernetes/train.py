@@ -10,7 +10,7 @@ was planned.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
@@ -37,16 +37,19 @@ class MPIJobTrainOperator(BaseOperator):
 
     :param training_run_id: the run plan_run created (pass its XComArg); templated
     :param conn_id: Airflow connection of the training database; templated
-    :param job_arguments: every other keyword: the Kubernetes settings (``pgtrain.config.kubernetes``: namespace,
-        image, gpus_per_worker, database_secret, node_selector, tolerations, deferrable, ...), checked now, and
-        KubernetesPodOperator's other arguments, chosen by the DAG's author (``pgtrain.config.settings``), never by a
-        trigger's conf
+    :param job_arguments: (a mapping, or every other keyword) the Kubernetes settings (``pgtrain.config.kubernetes``:
+        namespace, image, gpus_per_worker, database_secret, node_selector, tolerations, deferrable, ...), checked
+        now, and KubernetesPodOperator's other arguments, chosen by the DAG's author (``pgtrain.config.settings``),
+        never by a trigger's conf
     """
 
     template_fields: Sequence[str] = ("training_run_id", "conn_id")
     ui_color = "#c6dbef"
 
-    def __init__(self, *, training_run_id: str | None = None, conn_id: str = DEFAULT_CONN_ID, **kwargs: Any) -> None:
+    def __init__(self, *, training_run_id: str | None = None, conn_id: str = DEFAULT_CONN_ID,
+                 job_arguments: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        # job_arguments by name too: a mapped task's partial() takes only the operators' named parameters
+        kwargs = {**(job_arguments or {}), **kwargs}
         task = {key: kwargs.pop(key) for key in list(kwargs) if key in _TASK_ARGUMENTS}
         problems = author_problems(kwargs)  # when the DAG is parsed, as the settings file's schema is checked
         if problems:
