@@ -9,13 +9,21 @@ import datetime
 import numpy as np
 import pytest
 
+from pgtrain.config.params import TrainingConfig
 from pgtrain.data import input_record
+from pgtrain.data.encoding import layout_of
 from pgtrain.data.source.resolve import CATEGORY
-from tests.db.test_input_record import commit
+from pgtrain.planning.plan import admit_run, author_admitting, plan_shards_checked
+from pgtrain.runs import record
+from pgtrain.store.inference import load_predictor
+from pgtrain.models.network import build_model, state_layout
+from pgtrain.store import model_store
+from pgtrain.store.tensors import write_staged
 from tests.support import make_mixed_table, mixed_params, mixed_rows, planned_run
 
 SPLIT = {"validation_fraction": 0.2, "test_fraction": 0.1, "seed": 5}
 BINS = 8
+COLUMNS = ("id", "island", "sex", "colour", "cut", "flagged", "body_mass", "bill", "seen", "species")
 # docs/configuration.md, "The split": the training rows are neither validation nor test rows.
 TRAINING_IDS = """SELECT id FROM public.penguins
                   WHERE abs(mod(hashtextextended(id::text, %(seed)s), 1000000))
@@ -26,6 +34,17 @@ def numpy_edges(values: list[float]) -> list[float]:
     """percentile_disc's quantiles (numpy's inverted CDF) at 0, 1/BINS, ..., 1, as float32, distinct."""
     quantiles = np.quantile(np.asarray(values, np.float64), np.linspace(0, 1, BINS + 1), method="inverted_cdf")
     return [float(v) for v in np.unique(quantiles.astype(np.float32))]
+
+
+def commit_built(conn, run: record.Run) -> None:
+    """Commit the run's model as built (untrained): a version that loads."""
+    model = build_model(run.config.model, run.input_dim, run.output_dim, run.config.model_options_for_build,
+                        run.config.seed, run.encoding)
+    record.set_model_layout(conn, run.run_id, state_layout(model))
+    write_staged(conn, run.run_id, {n: t.numpy() for n, t in model.state_dict().items()})
+    record.record_epoch(conn, run.run_id, 1, {"train_loss": 1.0, "val_loss": 1.0, "val_accuracy": 0.5,
+                                              "seconds": 0.1})
+    model_store.commit_run(conn, run.run_id, owner={"task_id": "test"})
 
 
 def test_the_recorded_edges_are_numpys_quantiles_of_the_training_rows(ac):
@@ -60,16 +79,24 @@ def test_a_plan_without_bins_records_no_edges(ac, params):
 def test_a_warm_start_keeps_its_parents_encoding_edges_or_none(ac):
     make_mixed_table(ac, 300)
     plain = planned_run(ac, "plain", **mixed_params(model_name="plain"))
-    commit(ac, plain)
+    commit_built(ac, plain)
     binned = planned_run(ac, "binned", **mixed_params(model_name="binned", numeric_bins=BINS))
-    commit(ac, binned)
+    commit_built(ac, binned)
     ac.execute("UPDATE public.penguins SET bill = bill * 3")  # the data moved: the parent's edges are kept all the same
 
-    from_plain = planned_run(ac, "from-plain", **mixed_params(model_name="plain", numeric_bins=BINS,
-                                                              init_from="head"))
+    config = TrainingConfig.from_mapping(mixed_params(model_name="plain", numeric_bins=BINS, init_from="head"))
+    author = author_admitting(ac, config)
+    admitted = admit_run(ac, config, author, "pgtrain_test", "from-plain")
+    warnings = plan_shards_checked(ac, admitted.run_id, author).warnings
+    from_plain = record.get_run(ac, admitted.run_id)
     from_binned = planned_run(ac, "from-binned", **mixed_params(model_name="binned", init_from="head"))
 
     # the parent's weights are for its inputs: its standardized values, or its bins
     assert all(not c.edges for c in input_record.of_run(from_plain).columns)
+    assert any("numeric_bins 8: the version this run starts from has standardized numeric inputs" in w
+               for w in warnings), warnings
+    old = load_predictor(ac, "plain")  # a version without edges loads and scores as before
+    assert old.model.normalizer.piecewise is None and old.model.net[0].in_features == layout_of(from_plain.encoding).encoded_width
+    assert len(old.predict([dict(zip(COLUMNS, mixed_rows(1)[0], strict=True))])) == 1
     assert input_record.of_run(from_binned).columns == input_record.of_run(binned).columns
     assert any(c.edges for c in input_record.of_run(from_binned).columns)
