@@ -13,11 +13,11 @@ from pgtrain.config.params import TrainingConfig
 from pgtrain.data import input_record
 from pgtrain.data.encoding import layout_of
 from pgtrain.data.source.resolve import CATEGORY
+from pgtrain.models.network import build_model, state_layout
 from pgtrain.planning.plan import admit_run, author_admitting, plan_shards_checked
 from pgtrain.runs import record
-from pgtrain.store.inference import load_predictor
-from pgtrain.models.network import build_model, state_layout
 from pgtrain.store import model_store
+from pgtrain.store.inference import load_predictor
 from pgtrain.store.tensors import write_staged
 from tests.support import make_mixed_table, mixed_params, mixed_rows, planned_run
 
