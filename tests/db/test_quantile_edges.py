@@ -96,7 +96,8 @@ def test_a_warm_start_keeps_its_parents_encoding_edges_or_none(ac):
     assert any("numeric_bins 8: the version this run starts from has standardized numeric inputs" in w
                for w in warnings), warnings
     old = load_predictor(ac, "plain")  # a version without edges loads and scores as before
-    assert old.model.normalizer.piecewise is None and old.model.net[0].in_features == layout_of(from_plain.encoding).encoded_width
+    assert old.model.normalizer.piecewise is None
+    assert old.model.net[0].in_features == layout_of(from_plain.encoding).encoded_width
     assert len(old.predict([dict(zip(COLUMNS, mixed_rows(1)[0], strict=True))])) == 1
     assert input_record.of_run(from_binned).columns == input_record.of_run(binned).columns
     assert any(c.edges for c in input_record.of_run(from_binned).columns)
