@@ -101,3 +101,15 @@ def test_a_warm_start_keeps_its_parents_encoding_edges_or_none(ac):
     assert len(old.predict([dict(zip(COLUMNS, mixed_rows(1)[0], strict=True))])) == 1
     assert input_record.of_run(from_binned).columns == input_record.of_run(binned).columns
     assert any(c.edges for c in input_record.of_run(from_binned).columns)
+
+
+def test_bad_rows_left_out_are_left_out_of_the_edges(ac):
+    make_mixed_table(ac, 300)
+    bad = [(1000 + i, *row[1:6], 1e6, *row[7:9], None) for i, row in enumerate(mixed_rows(40, seed=1))]
+    with ac.cursor() as cur:  # a NULL label makes a bad row; their body mass lies far above every other
+        cur.executemany("INSERT INTO public.penguins VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)", bad)
+
+    run = planned_run(ac, **mixed_params(numeric_bins=BINS, bad_rows="exclude", **SPLIT))
+
+    body_mass = {c.name: c for c in input_record.of_run(run).columns}["body_mass"]
+    assert len(body_mass.edges) == BINS + 1 and body_mass.edges[-1] < 1e5
