@@ -115,7 +115,7 @@ def test_no_import_circles():
 
 # The model builders are torch modules: imported by a rank, and lazily by store.inference when a version is used.
 TORCH_MODULES = ("pgtrain.models.network", "pgtrain.models.ensemble", "pgtrain.models.layers",
-                 "pgtrain.models.booster")
+                 "pgtrain.models.piecewise", "pgtrain.models.booster")
 
 
 def test_the_library_below_airflow_imports_no_airflow_and_no_torch_at_module_level():

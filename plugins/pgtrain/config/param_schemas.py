@@ -48,6 +48,10 @@ NORMALIZATIONS = ("none", "layer")
 # would refuse every existing model's warm start from its head (benchmarks/RESULTS.md, "The mlp as a shared-weight
 # ensemble").
 DEFAULT_ENSEMBLE_MEMBERS = 1
+# The mlp's numeric inputs: 0 = each value standardized (as before); B > 1 = through up to B quantile bins of the
+# training rows, piecewise-linear encoded (pgtrain.data.quantiles, pgtrain.models.piecewise).
+DEFAULT_NUMERIC_BINS = 0
+MAX_NUMERIC_BINS = 256
 # The mlp's model option that keeps a regression's outputs within its training targets' range (the bounds are the
 # state dict's target.low and target.high); versions without it predict unclamped, as they always did.
 CLAMP_TARGET = "clamp_target"
@@ -159,6 +163,10 @@ PARAMETERS: dict[str, dict[str, Any]] = {
                          "title": "Ensemble members",
                          "description": "mlp: members of a shared-weight ensemble (BatchEnsemble, as TabM), each "
                                         "trained on its own loss, their predictions averaged; 1 = one plain MLP"},
+    "numeric_bins": {"default": DEFAULT_NUMERIC_BINS, "type": "integer", "minimum": 0, "maximum": MAX_NUMERIC_BINS,
+                     "section": _MODEL, "title": "Numeric bins",
+                     "description": "mlp: each numeric column through up to this many quantile bins of the training "
+                                    "rows (piecewise-linear encoding); 0 = the standardized value"},
     "init_from": {"default": "scratch", "type": ["string", "integer"], "section": _MODEL, "title": "Start from",
                   "anyOf": [{"type": "string", "enum": list(INIT_FROM_WORDS)},
                             {"type": "string", "pattern": rf"^[1-9][0-9]{{0,8}}{END}"},

@@ -39,7 +39,7 @@ STRATEGIES = ("grid", "random")
 # the run's seed and fractions: a trial with another seed would count other rows than the plan's) or the author's.
 PLAN_PARAMS = ("source_table", "key_column", "features_column", "feature_columns", "exclude_columns",
                "categorical_columns", "hashed_columns", "max_clear_levels", "max_level_length", "label_column", "task",
-               "missing_values", "max_categories", "min_category_count", "input_dim", "num_classes",
+               "missing_values", "max_categories", "numeric_bins", "min_category_count", "input_dim", "num_classes",
                "validation_fraction", "test_fraction", "seed", "bad_rows",
                "model_name", "world_size", "launcher", "backend", "collective_timeout", "precision", "stall_timeout",
                "init_from", "force", "search")

@@ -48,6 +48,9 @@ class Layout:
 
     numeric: int
     sizes: tuple[int, ...]
+    # The quantile bin edges of each value column, the first of the numeric inputs (() for one without: its value
+    # is standardized); the built-in mlp encodes each value with edges piecewise-linearly (one input per bin).
+    edges: tuple[tuple[float, ...], ...] = ()
 
     @property
     def width(self) -> int:
@@ -56,14 +59,20 @@ class Layout:
 
     @property
     def encoded_width(self) -> int:
-        """Columns the network sees: numeric inputs plus every category's one-hot codes."""
-        return self.numeric + sum(self.sizes)
+        """Columns the network sees: numeric inputs (a value with edges: one per bin) plus every category's one-hot
+        codes."""
+        return self.numeric + sum(len(e) - 2 for e in self.edges if e) + sum(self.sizes)
+
+    def standardized(self) -> Layout:
+        """This layout with every value standardized (what a model other than the built-in mlp is given)."""
+        return replace(self, edges=())
 
 
 def layout(columns: Sequence[Column]) -> Layout:
     values = valued(columns)
+    edges = tuple(c.edges for c in values)
     return Layout(len(values) + sum(c.missing for c in values),
-                  tuple(FIRST_LEVEL + len(c.levels) for c in categories(columns)))
+                  tuple(FIRST_LEVEL + len(c.levels) for c in categories(columns)), edges if any(edges) else ())
 
 
 def inputs(columns: Sequence[Column]) -> list[tuple[str, Column]]:
@@ -75,7 +84,8 @@ def inputs(columns: Sequence[Column]) -> list[tuple[str, Column]]:
 
 def columns_of(encoding: Mapping[str, Any]) -> tuple[Column, ...]:
     return tuple(Column(c["name"], c["type"], c["kind"], c.get("mean"), bool(c.get("missing")),
-                        tuple(c.get("levels") or ()), tuple(int(h) for h in c.get("hashes") or ()))
+                        tuple(c.get("levels") or ()), tuple(int(h) for h in c.get("hashes") or ()),
+                        tuple(float(e) for e in c.get("edges") or ()))
                  for c in encoding.get("columns") or ())
 
 

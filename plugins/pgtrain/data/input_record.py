@@ -158,7 +158,9 @@ class InputRecord:
 
 
 def _column_json(column: Column) -> dict[str, Any]:
-    return {**asdict(column), "levels": list(column.levels), "hashes": list(column.hashes)}
+    found = {**asdict(column), "levels": list(column.levels), "hashes": list(column.hashes)}
+    del found["edges"]  # written only where there are some: a record without them encodes as before edges
+    return found | ({"edges": list(column.edges)} if column.edges else {})
 
 
 def of_version(spec: Mapping[str, Any], types: Mapping[str, str] | None = None) -> InputRecord:

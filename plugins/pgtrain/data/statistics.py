@@ -24,7 +24,7 @@ from psycopg import sql
 
 from pgtrain.config.params import MAX_CLASSES, TrainingConfig
 from pgtrain.core.errors import SourceError
-from pgtrain.data import level_storage
+from pgtrain.data import level_storage, quantiles
 from pgtrain.data.encoding import NULL_HASH
 from pgtrain.data.source.resolve import CATEGORY, LABEL_TYPES, Column, Source, categories, valued
 from pgtrain.data.source.rows import is_held_out, scalar_value
@@ -126,7 +126,13 @@ def encode(conn: psycopg.Connection, source: Source, config: TrainingConfig, max
     categorical = categories(source.feature_columns)
     if parent is not None:
         source = _from_parent(conn, source, parent, config, exclude)
-    elif categorical or wants_classes:
+        if quantiles.wanted(source, config) and not any(c.edges for c in source.feature_columns):
+            warnings.append(f"numeric_bins {config.numeric_bins}: the version this run starts from has standardized "
+                            "numeric inputs, which a warm start keeps (its weights are for them); train from scratch "
+                            "(init_from='scratch') for quantile bins")
+    else:
+        source = quantiles.with_edges(conn, source, config, exclude)
+    if parent is None and (categorical or wants_classes):
         if counted is None or (wants_classes and None not in counted):
             counted = vocabularies(conn, source, categorical, wants_classes, config, exclude)
         columns = []

@@ -32,6 +32,7 @@ from pgtrain.core.memory import available_bytes
 from pgtrain.data.encoding import Layout, layout_of
 from pgtrain.models.ensemble import EnsembleMLP
 from pgtrain.models.layers import hidden_layers
+from pgtrain.models.piecewise import PiecewiseLinear
 from pgtrain.models.spec import BUILTIN_MLP
 
 
@@ -53,25 +54,39 @@ class Standardize(_Scale):
 
 class Encode(_Scale):
     """An input row of ``numeric`` values then one code per category (``sizes`` codes each) -> the standardized
-    values, then each category one-hot. One-hot rather than a learned embedding: the first Linear layer over a
-    one-hot block *is* an embedding (its weight column for a code is that code's vector), with max_categories
-    bounding the width."""
+    values (those with quantile ``edges``: piecewise-linear encoded, ``pgtrain.models.piecewise``), then each
+    category one-hot. One-hot rather than a learned embedding: the first Linear layer over a one-hot block *is* an
+    embedding (its weight column for a code is that code's vector), with max_categories bounding the width."""
 
-    def __init__(self, numeric: int, sizes: Sequence[int]) -> None:
+    def __init__(self, numeric: int, sizes: Sequence[int], edges: Sequence[Sequence[float]] = ()) -> None:
         super().__init__(numeric)
         self.numeric, self.sizes = numeric, tuple(sizes)
         starts = torch.tensor([0, *sizes[:-1]], dtype=torch.long).cumsum(0)
         self.register_buffer("starts", starts, persistent=False)  # derived from the layout: not in the state dict
+        self.piecewise = PiecewiseLinear(edges, numeric) if any(edges) else None
 
     @property
     def width(self) -> int:
-        return self.numeric + sum(self.sizes)
+        return self.dense_width + sum(self.sizes)
+
+    @property
+    def dense_width(self) -> int:
+        """Columns of ``dense``'s output."""
+        return self.piecewise.width_out if self.piecewise is not None else self.numeric
+
+    def dense(self, x: torch.Tensor) -> torch.Tensor:
+        """The numeric part of the encoded input (the categories' one-hot codes follow it)."""
+        raw = x[:, :self.numeric]
+        values = (raw - self.mean) / self.std
+        return values if self.piecewise is None else self.piecewise(raw, values)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        values = (x[:, :self.numeric] - self.mean) / self.std
+        dense = self.dense(x)
+        if not self.sizes:
+            return dense
         codes = x[:, self.numeric:].long() + self.starts
         one_hot = x.new_zeros(len(x), sum(self.sizes)).scatter_(1, codes, 1.0)
-        return torch.cat([values, one_hot], 1)
+        return torch.cat([dense, one_hot], 1)
 
 
 class Unstandardize(_Scale):
@@ -111,8 +126,8 @@ class PgtrainModel(nn.Module):
         super().__init__()
         self.input_dim = input_dim
         self.output_dim = output_dim
-        categories = layout is not None and bool(layout.sizes)
-        self.normalizer = Encode(layout.numeric, layout.sizes) if categories else Standardize(input_dim)
+        encoded = layout is not None and bool(layout.sizes or layout.edges)
+        self.normalizer = Encode(layout.numeric, layout.sizes, layout.edges) if encoded else Standardize(input_dim)
         self.net = net
         self.target = ClampedUnstandardize(output_dim) if clamp_target else Unstandardize(output_dim)
 
@@ -128,8 +143,8 @@ class PgtrainModel(nn.Module):
         return self.target.clamp_standardized(out) if isinstance(self.target, ClampedUnstandardize) else out
 
     def _standardized(self, x: torch.Tensor) -> torch.Tensor:
-        if isinstance(self.normalizer, Encode) and isinstance(self.net, nn.Sequential) and isinstance(
-                self.net[0], nn.Linear):
+        if isinstance(self.normalizer, Encode) and self.normalizer.sizes and isinstance(
+                self.net, nn.Sequential) and isinstance(self.net[0], nn.Linear):
             return self._sparse_first_layer(x)
         return self.net(self.normalizer(x))
 
@@ -138,11 +153,10 @@ class PgtrainModel(nn.Module):
         the weight columns of the codes present, one ``embedding_bag`` (the same parameters, the same result up
         to the order of a sum; a tenth of the time with 5 categories of 100 levels)."""
         encode, first = self.normalizer, self.net[0]
-        n = encode.numeric
-        values = (x[:, :n] - encode.mean) / encode.std
+        n, d = encode.numeric, encode.dense_width
         codes = x[:, n:].long() + encode.starts
-        h = F.linear(values, first.weight[:, :n], first.bias) + F.embedding_bag(
-            codes, first.weight[:, n:].t(), mode="sum")
+        h = F.linear(encode.dense(x), first.weight[:, :d], first.bias) + F.embedding_bag(
+            codes, first.weight[:, d:].t(), mode="sum")
         for layer in list(self.net)[1:]:
             h = layer(h)
         return h
@@ -210,6 +224,8 @@ def build_model(model_ref: str, input_dim: int, output_dim: int, options: Mappin
     # the built-in's own option, of the wrapper rather than the network
     clamp_target = bool(options.pop(CLAMP_TARGET, False)) if model_ref == BUILTIN_MLP else False
     layout = layout_of(encoding)
+    if layout is not None and model_ref != BUILTIN_MLP:  # quantile bins are the built-in mlp's input encoding
+        layout = layout.standardized()
     if layout is not None and layout.width != input_dim:
         raise ConfigError(f"the encoding has input rows of {layout.width} columns, the model {input_dim}")
     net_input = layout.encoded_width if layout is not None else input_dim

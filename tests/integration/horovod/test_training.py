@@ -237,8 +237,10 @@ def test_two_rank_regression_equals_single_process_and_reports_its_metrics(autoc
     assert any("epoch 2/2" in line and "val rmse" in line and "samples/s" in line for line in output)
 
 
-def test_two_rank_sgd_on_scalar_feature_columns_equals_single_process(autocommit, db_url):
-    """Features from scalar columns of mixed types (in feature_columns order), an integer label."""
+@pytest.mark.parametrize("numeric_bins", [0, 8])
+def test_two_rank_sgd_on_scalar_feature_columns_equals_single_process(autocommit, db_url, numeric_bins):
+    """Features from scalar columns of mixed types (in feature_columns order), an integer label; with numeric_bins,
+    each value through its quantile bins (issue 31)."""
     rng = np.random.default_rng(8)
     rows = 90
     size = rng.normal(100.0, 30.0, rows)
@@ -253,8 +255,10 @@ def test_two_rank_sgd_on_scalar_feature_columns_equals_single_process(autocommit
     run = planned_run(autocommit, world_size=2, epochs=2, batch_size=8, hidden_sizes=[6], validation_fraction=0.2,
                       learning_rate=0.1, seed=4, source_table="public.flats", features_column=None,
                       early_stopping_patience=0,
-                      feature_columns=["rooms", "age", "size"], label_column="kind", model_name="flats")
+                      feature_columns=["rooms", "age", "size"], label_column="kind", model_name="flats",
+                      numeric_bins=numeric_bins)
     assert (run.input_dim, run.output_dim) == (3, 3)
+    assert [len(c.get("edges", ())) for c in run.encoding["columns"]] == ([5, 9, 9] if numeric_bins else [0, 0, 0])
     run_job(run, db_url)
     distributed = tensors.read_staged(autocommit, run.run_id)
 

@@ -54,6 +54,9 @@ class Column:
     missing: bool = False  # NUMBER, DATE: a 0/1 "was missing" input follows (the column had NULLs in training)
     levels: tuple[str, ...] = ()  # CATEGORY: the kept levels as text, codes 2.. (0: other, 1: NULL)
     hashes: tuple[int, ...] = ()  # CATEGORY: hashtextextended(level, 0) of each level
+    # NUMBER, DATE: the training rows' quantile bin edges (float32 values, ascending, at least 2) the built-in mlp
+    # encodes the value with (``pgtrain.data.quantiles``); (): the standardized value, as before edges
+    edges: tuple[float, ...] = ()
 
     @property
     def wire(self) -> str:
