@@ -110,6 +110,19 @@ def test_an_mlp_too_big_for_this_machine_is_refused_while_planning():
     capacity.check_model_size(TrainingConfig.from_mapping({"hidden_sizes": [50]}), 64, 10)
 
 
+def test_the_mlp_is_sized_by_the_width_its_first_layer_sees_not_the_input_rows():
+    """One category column is one column of an input row but one input per level in the mlp's first layer (as a
+    value column with quantile bins is one per bin): the memory check counts those."""
+    from pgtrain.launch import capacity
+
+    config = TrainingConfig.from_mapping({"hidden_sizes": [16384], "world_size": 1})
+    encoding = {"columns": [{"name": "city", "type": "text", "kind": "category",
+                             "levels": [f"city {i}" for i in range(300_000)]}]}
+    capacity.check_model_size(config, 1, 10)  # 1 input column: a small mlp
+    with pytest.raises(ConfigError, match=r"hidden_sizes \[16384\] make an mlp of 4,9\d{2},\d{3},\d{3} param"):
+        capacity.check_model_size(config, 1, 10, encoding)
+
+
 @pytest.mark.parametrize("key", ["max_accuracy_drop", "min_val_accuracy", "max_rmse_rise", "max_val_rmse",
                                  "metric", "max_drop", "floor"])
 def test_the_quality_gate_is_the_authors_not_a_param(key):

@@ -10,6 +10,8 @@ placed fails at its startup timeout.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 from pgtrain.config.kubernetes import default
 from pgtrain.config.params import TrainingConfig
@@ -18,6 +20,7 @@ from pgtrain.config.settings import AuthorSettings
 from pgtrain.core.cpus import usable_cpus
 from pgtrain.core.errors import ConfigError
 from pgtrain.core.memory import TRAINING_BYTES_PER_PARAMETER, available_bytes
+from pgtrain.data.encoding import layout_of
 from pgtrain.launch.mpijob.spec import layout
 
 
@@ -52,11 +55,16 @@ def check_world_size(config: TrainingConfig) -> None:
         )
 
 
-def check_model_size(config: TrainingConfig, input_dim: int, output_dim: int) -> None:
-    """The mlp's training memory on all local ranks must fit in the memory available now."""
+def check_model_size(config: TrainingConfig, input_dim: int, output_dim: int,
+                     encoding: Mapping[str, Any] | None = None) -> None:
+    """The mlp's training memory on all local ranks must fit in the memory available now. ``encoding``: the run's
+    recorded input encoding, whose one-hot categories and quantile bins make the network's first layer wider than
+    the input rows (``input_dim``)."""
     if config.launcher != "local" or config.model != "mlp":
         return
-    parameters = mlp_parameter_count(input_dim, tuple(config.hidden_sizes), output_dim)
+    inputs = layout_of(encoding)
+    width = input_dim if inputs is None or inputs.width != input_dim else inputs.encoded_width
+    parameters = mlp_parameter_count(width, tuple(config.hidden_sizes), output_dim)
     needed = parameters * TRAINING_BYTES_PER_PARAMETER * config.world_size
     available = available_bytes()
     if available and needed > available:

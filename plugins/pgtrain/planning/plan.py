@@ -76,7 +76,8 @@ def plan_shards_checked(conn: psycopg.Connection, run_id: str, author: AuthorSet
     try:
         policy.check_run(conn, run.config, author)
         plan = manifest.plan_shards(conn, run)
-        capacity.check_model_size(run.config, plan.input_dim, plan.output_dim)
+        capacity.check_model_size(run.config, plan.input_dim, plan.output_dim,
+                                  record.get_run(conn, run_id).encoding)
     except PgtrainError as refused:
         record.set_status(conn, run_id, "refused", str(refused))
         raise
@@ -139,7 +140,7 @@ def _trial_fits(conn: psycopg.Connection, run_id: str) -> bool:
     if trial.status in ("trained", "committed"):
         return True
     try:
-        capacity.check_model_size(trial.config, trial.input_dim or 0, trial.output_dim or 1)
+        capacity.check_model_size(trial.config, trial.input_dim or 0, trial.output_dim or 1, trial.encoding)
     except ConfigError as refused:
         record.set_status(conn, run_id, "refused", f"not trained: {refused}")
         return False
