@@ -33,7 +33,7 @@ from pgtrain.models.ensemble import member_loss, trained_output
 from pgtrain.models.network import ClampedUnstandardize, PgtrainModel, build_model, state_layout, writable_tensor
 from pgtrain.runs import record
 from pgtrain.store import tensors
-from trainer import boosted, collectives
+from trainer import collectives
 from trainer.device import (
     Cuda,
     device_line,
@@ -255,6 +255,8 @@ def train(args: argparse.Namespace, cuda: Cuda = torch.cuda) -> int:
             f"launch it with -np {len(shards)}"
         )
     if config.model == BOOSTED:  # trees grown across the same ranks from the same rows (trainer.boosted)
+        from trainer import boosted  # only here: a rank of a network never loads the booster's module
+
         return boosted.train_rank(conn, run, shards, ranks.local_size(), device,
                                   lambda: load_rows(conn, run, shards, rank, size, imports))
     planned = input_record.of_run(run)
