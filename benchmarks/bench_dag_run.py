@@ -51,6 +51,8 @@ from dev import examples
 ROUNDS = int(os.environ.get("PGTRAIN_BENCH_DAG_ROUNDS", "3"))
 AIRFLOW = str(Path(sys.executable).parent / "airflow")
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)Z")
+# A rank's line in the task log: under horovodrun "[0]<stdout>:...", a rank started alone (one rank) as it is
+RANK_LINE = r"(?:<stdout>:|\]\s+)"
 TASKS = ("provision_tables", "plan_run", "compute_shards", "train", "commit_parameters", "report")
 
 
@@ -105,7 +107,7 @@ def split_run(lines: list[str], started: float, ended: float, epoch_seconds: flo
             done[current] = at
         elif re.search(r"starting \d+ \w+ ranks \(attempt", line):  # the local launcher, right before it starts them
             hvd_start = at
-        elif re.search(r"<stdout>:rank \d+/\d+: ", line):
+        elif re.search(RANK_LINE + r"rank \d+/\d+: ", line):
             rank_ready = at if rank_ready is None else max(rank_ready, at)
             loaded = re.search(r"loaded in ([\d.]+) s", line)
             if loaded:
@@ -113,7 +115,7 @@ def split_run(lines: list[str], started: float, ended: float, epoch_seconds: flo
             imported = re.search(r": imports ([\d.]+) s", line)
             if imported:
                 imports.append(float(imported.group(1)))
-        elif first_batch is None and re.search(r"<stdout>:\w+ at learning rate ", line):
+        elif first_batch is None and re.search(RANK_LINE + r"\w+ at learning rate ", line):
             first_batch = at
     missing = [t for t in TASKS if t not in begin or t not in code or t not in done]
     if missing or hvd_start is None or rank_ready is None or first_batch is None:
