@@ -110,7 +110,7 @@ def split_run(lines: list[str], started: float, ended: float, epoch_seconds: flo
         elif re.search(RANK_LINE + r"rank \d+/\d+: ", line):
             rank_ready = at if rank_ready is None else max(rank_ready, at)
             loaded = re.search(r"loaded in ([\d.]+) s", line)
-            if loaded:
+            if loaded and "while torch was imported" not in line:  # rows read early are inside the imports
                 loads.append(float(loaded.group(1)))
             imported = re.search(r": imports ([\d.]+) s", line)
             if imported:
