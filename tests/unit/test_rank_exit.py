@@ -36,3 +36,14 @@ def test_exit_now_flushes_runs_atexit_and_skips_the_teardown():
     assert done.stderr == "said on stderr"
     assert "torn down" not in done.stdout
 
+
+
+def test_under_a_profiler_the_rank_exits_the_usual_way(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TRAINER_IMAGE), os.environ.get("PYTHONPATH", "")])}
+    script = tmp_path / "rank.py"
+    script.write_text(CHILD)
+    stats = tmp_path / "rank.prof"
+    done = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(stats), str(script)], capture_output=True,
+                          text=True, env=env, timeout=60)
+    assert "work done" in done.stdout, done.stderr  # cProfile ends the run itself (its exit status is its own)
+    assert stats.stat().st_size > 0  # it wrote its figures: the process was not cut short

@@ -17,7 +17,11 @@ from typing import NoReturn
 
 
 def exit_now(code: int) -> NoReturn:
-    """Flush stdout and stderr, run the ``atexit`` handlers, end the process with ``code``."""
+    """Flush stdout and stderr, run the ``atexit`` handlers, end the process with ``code``; under a profiler or a
+    tracer (``python -m cProfile``, a debugger), which write their results after the program returns, the usual
+    way."""
+    if sys.getprofile() is not None or sys.gettrace() is not None:
+        sys.exit(code)
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
