@@ -12,18 +12,20 @@ lines, the trainer's own lines and pgtrain's tables:
 - ``airflow_task_start``: every task's start until its code runs (the in-process execution API: the first
   task pays its set-up) plus the gaps between tasks and the process's exit after the last one;
 - ``provision``, ``planning`` (plan_run + compute_shards), ``commit``, ``report``: those tasks' code;
-- ``train``, from its code's start: ``launcher`` (until horovodrun starts: the claim, the passfile),
-  ``ranks_start`` (horovodrun starting the ranks, their rendezvous, ``hvd.init`` and connections: the rank's
-  start but its imports and its load), ``rank_imports`` (torch's and the trainer's, the slowest rank's own
-  figure), ``loading`` (the ranks' ``load_shard``, the slowest rank), ``first_batch`` (statistics, the model
-  broadcast, the optimizer: until rank 0 says its learning rate, right before the first step), ``training``
-  (the epochs, from ``pgtrain.run_metrics``) and ``train_other`` (staging the parameters, Horovod's shutdown).
+- ``train``, from its code's start: ``launcher`` (until it starts the ranks: the claim, the passfile),
+  ``ranks_start`` (the ranks' processes, for several ranks horovodrun and their rendezvous, the collectives and
+  connections: the rank's start but its imports and its load), ``rank_imports`` (torch's and the trainer's, the
+  slowest rank's own figure), ``loading`` (the ranks' ``load_shard``, the slowest rank), ``first_batch``
+  (statistics, the model broadcast, the optimizer: until rank 0 says its learning rate, right before the first
+  step), ``training`` (the epochs, from ``pgtrain.run_metrics``) and ``train_other`` (staging the parameters, the
+  collectives' shutdown, the rank's exit).
 
-``ranks_ready`` is the train task's start (its code) to the first batch; ``import_torch`` is ``python -c "import
-torch"`` measured before each round on the same machine, and ``ranks_ready_over_import_torch`` the difference
-(issue 32's target: <= 2 s). Figures are medians over rounds (``dag_run.*``), each also as a share of the wall
-time; ``_min`` beside the wall time and ``ranks_ready``. Each round also runs the same without ``-f`` (Airflow
-parses and stores every DAG of the folder first, as ``make demo`` does): ``whole_folder_*``.
+``ranks_ready`` is the train task's start to the first batch, from the records: Airflow's (the task instance's
+``start_date``) to pgtrain's (the first epoch's ``run_metrics`` row less its own seconds); ``import_torch`` is
+``python -c "import torch"`` measured before each round on the same machine, and ``ranks_ready_over_import_torch``
+the difference (issue 32's target: <= 2 s). Figures are medians over rounds (``dag_run.*``), each also as a share of
+the wall time; ``_min`` beside the wall time and ``ranks_ready``. Each round also runs the same without ``-f``
+(Airflow parses and stores every DAG of the folder first, as ``make demo`` does): ``whole_folder_*``.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg
@@ -49,6 +51,8 @@ from dev import examples
 ROUNDS = int(os.environ.get("PGTRAIN_BENCH_DAG_ROUNDS", "3"))
 AIRFLOW = str(Path(sys.executable).parent / "airflow")
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)Z")
+# A rank's line in the task log: under horovodrun "[0]<stdout>:...", a rank started alone (one rank) as it is
+RANK_LINE = r"(?:<stdout>:|\]\s+)"
 TASKS = ("provision_tables", "plan_run", "compute_shards", "train", "commit_parameters", "report")
 
 
@@ -78,8 +82,10 @@ def stamp(line: str) -> float | None:
     return datetime.fromisoformat(match.group(1) + "+00:00").timestamp() if match else None
 
 
-def split_run(lines: list[str], started: float, ended: float, epoch_seconds: float) -> dict[str, float]:
-    """The phases of one ``airflow dags test`` run from its log lines (wall-clock times in seconds)."""
+def split_run(lines: list[str], started: float, ended: float, epoch_seconds: float,
+              ready: tuple[float, float] | None = None) -> dict[str, float]:
+    """The phases of one ``airflow dags test`` run from its log lines (wall-clock times in seconds); ``ready``: the
+    train task's start and the first batch from the records (train_records), which ``ranks_ready`` is then."""
     begin: dict[str, float] = {}
     code: dict[str, float] = {}
     done: dict[str, float] = {}
@@ -99,17 +105,17 @@ def split_run(lines: list[str], started: float, ended: float, epoch_seconds: flo
             code[current] = at
         elif current and "new_state=success" in line and current not in done:
             done[current] = at
-        elif "Horovod ranks (attempt" in line:
+        elif re.search(r"starting \d+ \w+ ranks \(attempt", line):  # the local launcher, right before it starts them
             hvd_start = at
-        elif re.search(r"<stdout>:rank \d+/\d+: ", line):
+        elif re.search(RANK_LINE + r"rank \d+/\d+: ", line):
             rank_ready = at if rank_ready is None else max(rank_ready, at)
             loaded = re.search(r"loaded in ([\d.]+) s", line)
-            if loaded:
+            if loaded and "while torch was imported" not in line:  # rows read early are inside the imports
                 loads.append(float(loaded.group(1)))
             imported = re.search(r": imports ([\d.]+) s", line)
             if imported:
                 imports.append(float(imported.group(1)))
-        elif first_batch is None and re.search(r"<stdout>:\w+ at learning rate ", line):
+        elif first_batch is None and re.search(RANK_LINE + r"\w+ at learning rate ", line):
             first_batch = at
     missing = [t for t in TASKS if t not in begin or t not in code or t not in done]
     if missing or hvd_start is None or rank_ready is None or first_batch is None:
@@ -123,7 +129,7 @@ def split_run(lines: list[str], started: float, ended: float, epoch_seconds: flo
     loading = max(loads) if loads else 0.0
     rank_imports = max(imports) if imports else 0.0
     ranks_start = rank_ready - hvd_start - loading - rank_imports
-    ranks_ready = first_batch - code["train"]
+    ranks_ready = first_batch - code["train"] if ready is None else ready[1] - ready[0]
     train_other = run_of("train") - ranks_ready - epoch_seconds
     return {
         "wall": ended - started,
@@ -162,14 +168,27 @@ def one_run(env: dict[str, str], url: str, log_path: Path, one_file: bool) -> di
     if proc.returncode != 0:
         raise RuntimeError(f"airflow dags test failed (log: {log_path}):\n" + proc.stdout[-3000:])
     with psycopg.connect(url) as conn:
-        run_id, epochs, accuracy = conn.execute(
-            "SELECT r.run_id, sum(e.seconds), (array_agg(e.val_accuracy ORDER BY e.epoch DESC))[1] "
+        run_id, epochs, accuracy, first_batch = conn.execute(
+            "SELECT r.run_id, sum(e.seconds), (array_agg(e.val_accuracy ORDER BY e.epoch DESC))[1], "
+            # the first epoch's record, less its own seconds: when its first batch was taken
+            "extract(epoch FROM min(e.recorded_at) FILTER (WHERE e.epoch = 1)) "
+            "- min(e.seconds) FILTER (WHERE e.epoch = 1) "
             "FROM pgtrain.training_runs r JOIN pgtrain.run_metrics e USING (run_id) "
             "GROUP BY r.run_id, r.created_at ORDER BY r.created_at DESC LIMIT 1").fetchone()
-    phases = split_run(proc.stdout.splitlines(), started, ended, float(epochs))
+    ready = (train_task_start(env["AIRFLOW_HOME"]), float(first_batch))
+    phases = split_run(proc.stdout.splitlines(), started, ended, float(epochs), ready)
     print(f"  {'-f ' if one_file else ''}{run_id}: " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items())
           + f"; val_accuracy {accuracy:.4f}", flush=True)
     return {**phases, "val_accuracy": accuracy}
+
+
+def train_task_start(home: str) -> float:
+    """When the latest train task started (Airflow's own record of it: task_instance.start_date)."""
+    with sqlite3.connect(os.path.join(home, "airflow.db")) as db:
+        (start,) = db.execute("SELECT max(start_date) FROM task_instance WHERE dag_id = 'pgtrain_training' "
+                              "AND task_id = 'train'").fetchone()
+    at = datetime.fromisoformat(str(start))
+    return (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()
 
 
 def import_torch_seconds(env: dict[str, str]) -> float:

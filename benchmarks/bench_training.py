@@ -83,7 +83,8 @@ def horovod_run(conn: psycopg.Connection, url: str, name: str, **params: object)
     speeds = [m["samples_per_second"] for m in record.epoch_metrics(conn, run.run_id)]
     shards = record.get_manifest(conn, run.run_id)
     batch, rate = batch_and_rate(config, shards)
-    said = next((line.partition(":")[2] for line in lines if "<stdout>:" in line and " rows per rank " in line), "")
+    # rank 0's line of its optimizer: "[0]<stdout>:..." under a launcher, as it is from a rank alone
+    said = next((line.rpartition("<stdout>:")[2] for line in lines if " rows per rank " in line), "")
     print(f"  {name:<12} {statistics.median(speeds):>10.0f} samples/s  epochs {[round(s) for s in speeds]}  "
           f"job {wall:.1f} s  [{said}]", flush=True)
     return {"samples_per_s": statistics.median(speeds), "batch": batch, "world_size": config.world_size,

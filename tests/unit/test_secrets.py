@@ -52,13 +52,15 @@ def test_the_ranks_get_the_url_without_its_password(sentinel):
 
 def test_the_ranks_environment_is_allow_listed(sentinel):
     worker = {"PATH": "/usr/bin", "HOME": "/home/a", "LC_ALL": "C.UTF-8", "OMP_NUM_THREADS": "2",
-              "HOROVOD_LOG_LEVEL": "info", "PGHOST": "db", "PGPASSWORD": sentinel, "AWS_SECRET_ACCESS_KEY": sentinel,
+              "GOMP_SPINCOUNT": "10000", "HOROVOD_LOG_LEVEL": "info", "PGHOST": "db", "PGPASSWORD": sentinel,
+              "AWS_SECRET_ACCESS_KEY": sentinel,
               "AIRFLOW_CONN_PGTRAIN_DB": f"postgresql://u:{sentinel}@db/x", "PGTRAIN_DATABASE_URL": sentinel}
     passfile = launch_local.Passfile({"PGPASSFILE": "/tmp/x/pgpass"})
     env = launch_local.rank_environment(worker, "host=db user=u", passfile)
     assert sentinel not in repr(env)
     assert env == {"PATH": "/usr/bin", "HOME": "/home/a", "LC_ALL": "C.UTF-8", "OMP_NUM_THREADS": "2",
-                   "HOROVOD_LOG_LEVEL": "info", "PGHOST": "db", "PGTRAIN_DATABASE_URL": "host=db user=u",
+                   "GOMP_SPINCOUNT": "10000", "HOROVOD_LOG_LEVEL": "info", "PGHOST": "db",
+                   "PGTRAIN_DATABASE_URL": "host=db user=u",
                    "PYTHONUNBUFFERED": "1", "PGPASSFILE": "/tmp/x/pgpass"}
 
 

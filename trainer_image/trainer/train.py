@@ -23,17 +23,18 @@ import torch
 
 import trainer
 from pgtrain.config.boosted import BOOSTED
-from pgtrain.config.params import DEFAULT_COLLECTIVE_TIMEOUT, TrainingConfig
+from pgtrain.config.params import TrainingConfig
 from pgtrain.core.db import connect, connect_retrying
 from pgtrain.core.errors import PgtrainError
-from pgtrain.data import input_record, loader, manifest
+from pgtrain.data import input_record, loader
 from pgtrain.launch.horovodrun import name_passfile
 from pgtrain.launch.lifetime import die_with_parent
 from pgtrain.models.ensemble import member_loss, trained_output
 from pgtrain.models.network import ClampedUnstandardize, PgtrainModel, build_model, state_layout, writable_tensor
 from pgtrain.runs import record
 from pgtrain.store import tensors
-from trainer import boosted, collectives
+from trainer import collectives, prefetch
+from trainer.args import parse_args
 from trainer.device import (
     Cuda,
     device_line,
@@ -52,23 +53,6 @@ from trainer.optim import Schedule, load_optimizer_arrays, make_optimizer
 from trainer.start import Start, agree_on_start, check_encoding_parent, plan_fingerprint, write_checkpoint
 from trainer.stopping import BEST_EPOCH, EarlyStopping
 from trainer.threads import set_up_threads, thread_summary
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.splitlines()[0])
-    parser.add_argument("--run-id", required=True, help="the training run (pgtrain.training_runs.run_id)")
-    # Required: an unfenced trainer (started by hand) could overwrite a newer attempt's output.
-    parser.add_argument("--attempt", type=int, required=True,
-                        help="the train attempt (pgtrain.runs.record.begin_attempt); a stale attempt cannot write")
-    # The launcher's choice: it started the ranks the way this backend needs (pgtrain.launch.backends).
-    parser.add_argument("--backend", choices=("horovod", "torch"), default="horovod",
-                        help="the ranks' collectives (trainer.collectives)")
-    parser.add_argument("--collective-timeout", type=float, default=DEFAULT_COLLECTIVE_TIMEOUT,
-                        help="torch backend: seconds a rank waits in one collective before the job fails")
-    parser.add_argument("--alone", action="store_true",
-                        help="the run's only rank, started by the local launcher itself: no horovodrun, no "
-                             "rendezvous (trainer.collectives.solo)")
-    return parser.parse_args(argv)
 
 
 def steps_per_epoch(manifest_rows: list[record.Shard], batch_size: int) -> int:
@@ -255,6 +239,8 @@ def train(args: argparse.Namespace, cuda: Cuda = torch.cuda) -> int:
             f"launch it with -np {len(shards)}"
         )
     if config.model == BOOSTED:  # trees grown across the same ranks from the same rows (trainer.boosted)
+        from trainer import boosted  # only here: a rank of a network never loads the booster's module
+
         return boosted.train_rank(conn, run, shards, ranks.local_size(), device,
                                   lambda: load_rows(conn, run, shards, rank, size, imports))
     planned = input_record.of_run(run)
@@ -314,18 +300,19 @@ def load_rows(conn: psycopg.Connection, run: record.Run, shards: list[record.Sha
               size: int, imports: float) -> loader.ShardData:
     """This rank's rows of its manifest row, streamed with COPY (validation rows last); the connection of a rank
     but 0 is closed after (rank 0 records)."""
-    load_started = time.perf_counter()
-    # A manifest from before the test part has no test rows: its rows are split as they were planned.
-    test_fraction = run.config.test_fraction if any(s.test_count for s in shards) else 0.0
-    data = loader.load_shard(conn, manifest.source_for(conn, run), shards[rank], run.input_dim,
-                             run.config.validation_fraction, run.config.seed, streams=loader.streams_for(size),
-                             validation_last=True, test_fraction=test_fraction)
-    load_seconds = time.perf_counter() - load_started
+    read = prefetch.take(shards)  # read while torch was imported (a rank alone), else now
+    if read is None:
+        load_started = time.perf_counter()
+        data = prefetch.read_shard(conn, run, shards, rank, size)
+        load_seconds = time.perf_counter() - load_started
+    else:
+        data, load_seconds = read
     if rank != 0:
         conn.close()
     print(f"rank {rank}/{size}: imports {imports:.2f} s, {len(data.labels)} rows ({shards[rank].val_count} "
           f"validation, {shards[rank].test_count} test) keys {shards[rank].key_lo}..{shards[rank].key_hi}, "
-          f"loaded in {load_seconds:.2f} s on {data.streams} connection{'s' if data.streams > 1 else ''}", flush=True)
+          f"loaded in {load_seconds:.2f} s on {data.streams} connection{'s' if data.streams > 1 else ''}"
+          + (f" {prefetch.EARLY}" if read is not None else ""), flush=True)
     return data
 
 

@@ -1,5 +1,6 @@
 """A one-rank local run starts the trainer alone (no horovodrun, no pgtrain.launch.ranks, no rendezvous) and trains
-exactly as that one rank does under the backend's launcher: the same parameters, bit for bit, the backend recorded."""
+exactly as that one rank does under the backend's launcher: the same parameters, bit for bit, the backend recorded;
+its rows are read while it imports torch."""
 
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ def test_one_rank_alone_trains_as_one_rank_under_its_launcher(autocommit, db_url
     alone = planned_run(autocommit, "alone", **params)
     output = run_job(alone, db_url)
     assert any("collectives: " + backend + " (1 rank)" in line for line in output), output
+    # started alone, the rank read its rows in a thread while it imported torch (trainer.prefetch)
+    assert any("rank 0/1: " in line and line.endswith(" while torch was imported") for line in output), output
     assert not any("horovodrun" in line or "pgtrain.launch.ranks" in line for line in output)
     assert autocommit.execute("SELECT backend FROM pgtrain.training_runs WHERE run_id = %s",
                               (alone.run_id,)).fetchone() == (backend,)
@@ -50,6 +53,7 @@ def test_one_rank_alone_trains_as_one_rank_under_its_launcher(autocommit, db_url
     output = run_job(launched_run, db_url)
     assert any("starting 1 " + backend + " ranks" in line and ("horovodrun" in line or "ranks 1" in line)
                for line in output), output
+    assert any("rank 0/1: " in line and "loaded in" in line and "while torch" not in line for line in output)
     one, other = tensors.read_staged(autocommit, alone.run_id), tensors.read_staged(autocommit, launched_run.run_id)
     assert one.keys() == other.keys()
     for name in one:

@@ -1,4 +1,5 @@
-"""A real rank's start: the author's threads per rank reach it, and its training path never imports torch._dynamo."""
+"""A real rank's start: the author's threads per rank reach it, and its training path imports neither torch._dynamo
+nor what only other runs need (Horovod for one rank, the booster for a network)."""
 
 from __future__ import annotations
 
@@ -64,3 +65,5 @@ def test_a_rank_trains_without_importing_torch_dynamo(autocommit, db_url, tmp_pa
         # The one-rank run's trainer started alone: no Horovod at all (trainer.collectives.solo).
         assert ("horovod.torch" in rank["modules"]) == ("--alone" not in rank["argv"]), rank["argv"]
         assert "torch._dynamo" not in rank["modules"]
+        # A network's rank loads neither the booster's module nor a boosting library (only a boosted run does).
+        assert not [m for m in rank["modules"] if m == "trainer.boosted" or m.startswith(("xgboost", "lightgbm"))]
