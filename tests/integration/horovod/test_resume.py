@@ -137,7 +137,7 @@ def test_warm_start_from_the_head(autocommit, db_url):
         np.testing.assert_array_equal(staged[name], parent_arrays[name])
 
 
-def test_a_warm_start_that_does_not_fit_is_refused_before_any_data_is_read(autocommit, db_url):
+def test_a_warm_start_that_does_not_fit_is_refused_before_the_trainer_takes_any_rows(autocommit, db_url):
     seed_samples(autocommit, rows=80, dim=6, classes=3, seed=2)
     parent = planned_run(autocommit, "parent", world_size=1, epochs=1, hidden_sizes=[5], model_name="fit")
     run_job(parent, db_url)
