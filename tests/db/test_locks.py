@@ -469,3 +469,24 @@ def test_a_release_that_cannot_complete_fails_no_job_and_hides_no_error(db_url, 
     if failing:
         assert any(warning in note for note in raised.value.__notes__)
     assert lock_holder(aconn, claim_name(MODEL))["token"] == claim.lease.token, "left to its lease, not released"
+
+
+def test_an_expired_lease_of_a_family_ends_when_another_group_takes_the_family(db_url):
+    """A trial's lease ran out (its heartbeat stalled) and a plain run of the model took the family: the trial's late
+    renewal and fenced write are refused, so never do two groups hold the model's training at once."""
+    family = "training:m"
+    with LockManager(db_url, ttl=1, heartbeat=False, owner={"task_id": "stalled trial"}) as stalled, \
+            psycopg.connect(db_url, autocommit=True) as conn:
+        lease = stalled.acquire_lock(f"{family}#s/trial-1", timeout=0, family=(family, "s"))
+        while not conn.execute("SELECT expires_at <= clock_timestamp() FROM pgtrain.locks WHERE name = %s",
+                               (lease.name,)).fetchone()[0]:
+            time.sleep(0.1)
+        with LockManager(db_url, ttl=30, heartbeat=False, owner={"task_id": "plain run"}) as plain:
+            plain.acquire_lock(family, timeout=0, family=(family, "plain"))
+            with pytest.raises(StaleLockToken):
+                stalled.renew(lease)
+            with pytest.raises(StaleLockToken), fenced(conn, lease):
+                pytest.fail("a fenced write of the ended lease went ahead")
+            live = conn.execute("SELECT array_agg(lock_group) FROM pgtrain.locks WHERE family = %s AND owner IS NOT "
+                                "NULL AND expires_at > clock_timestamp()", (family,)).fetchone()[0]
+            assert live == ["plain"]

@@ -60,7 +60,15 @@ taken AS (
            expires_at = clock_timestamp() + %(ttl)s * interval '1 second',
            family = EXCLUDED.family, lock_group = EXCLUDED.lock_group
        WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp() OR l.owner @> %(take_over)s::jsonb
-    RETURNING token, acquired_at, expires_at)
+    RETURNING token, acquired_at, expires_at),
+-- the expired leases of the family's other groups end with this take (a new token, as a taker gives): a stale
+-- holder's late renewal or fenced write fails, rather than its group holding the family beside this one
+ended AS (
+    UPDATE pgtrain.locks
+       SET token = nextval('pgtrain.fencing_tokens'), owner = NULL, acquired_at = NULL, heartbeat_at = NULL,
+           expires_at = NULL
+     WHERE family = %(family)s AND lock_group IS DISTINCT FROM %(group)s AND name <> %(name)s
+       AND owner IS NOT NULL AND expires_at <= clock_timestamp() AND EXISTS (SELECT FROM taken))
 SELECT true, token, NULL::jsonb, acquired_at, expires_at, NULL::float8, %(name)s::text FROM taken
 UNION ALL
 -- not taken: who holds it or its rival (as of this statement's snapshot), for how much longer, and which lock
