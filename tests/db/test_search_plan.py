@@ -83,6 +83,12 @@ def test_a_plan_its_trials_read_is_neither_planned_again_nor_deleted(autocommit)
         autocommit.execute("DELETE FROM pgtrain.training_runs WHERE run_id = %s", (search.run_id,))
     assert plan_row_counts(autocommit, [search.run_id]) == before
     assert record.get_manifest(autocommit, search.run_id) == shards
+    # compute_shards run again (its DAG run cleared once the search committed): refused, the verdict kept
+    record.set_status(autocommit, search.run_id, "committed")
+    with pytest.raises(PgtrainError, match=rf"run {search.run_id} is planned already and its plan is read by 3 "
+                                           r"trial\(s\) of its search .*start a new DAG run"):
+        plan.plan_shards_checked(autocommit, search.run_id, AUTHOR)
+    assert record.get_run(autocommit, search.run_id).status == "committed"
 
 
 def copied_trial(conn, search_run_id: str, run_id: str) -> None:

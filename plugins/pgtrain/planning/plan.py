@@ -71,8 +71,13 @@ def admit_run(conn: psycopg.Connection, config: TrainingConfig, author: AuthorSe
 def plan_shards_checked(conn: psycopg.Connection, run_id: str, author: AuthorSettings) -> manifest.Plan:
     """Plan the run's shards (``data.manifest.plan_shards``) after checking it against the author's settings again
     (they may have changed since the run was recorded), and the mlp it makes against this worker's memory. A
-    refusal is recorded with the run ('refused', with the reason; not left 'planned') and raised."""
+    refusal is recorded with the run ('refused', with the reason; not left 'planned') and raised. A run whose plan a
+    search's trials read is refused before anything is scanned, its status left as it is."""
     run = record.get_run(conn, run_id)
+    readers = record.plan_readers(conn, run_id)
+    if readers:  # a retried or cleared compute_shards of a search: its run's verdict stands, nothing is scanned
+        raise PgtrainError(f"run {run_id} is planned already and its plan is read by {len(readers)} trial(s) of its "
+                           f"search ({readers[0]}, ...): it is never planned again; start a new DAG run to plan anew")
     try:
         policy.check_run(conn, run.config, author)
         plan = manifest.plan_shards(conn, run)

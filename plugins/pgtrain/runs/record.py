@@ -222,6 +222,12 @@ def write_manifest(conn: psycopg.Connection, run_id: str, shards: list[Shard], i
     set_status(conn, run_id, "sharded")
 
 
+def plan_readers(conn: psycopg.Connection, run_id: str) -> list[str]:
+    """The runs besides ``run_id`` that read its plan (a search's trials: sql/016_shared_plan.sql)."""
+    return [row[0] for row in conn.execute(
+        "SELECT run_id FROM pgtrain.training_runs WHERE plan_run = %s ORDER BY run_id", (run_id,))]
+
+
 def get_manifest(conn: psycopg.Connection, run_id: str) -> list[Shard]:
     rows = conn.execute(
         """SELECT rank, world_size, key_lo, key_hi, row_count, train_count, val_count, test_count
