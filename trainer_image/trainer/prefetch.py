@@ -23,6 +23,7 @@ import psycopg
 from pgtrain.core.db import connect
 from pgtrain.core.errors import PgtrainError
 from pgtrain.data import loader, manifest
+from pgtrain.launch.horovodrun import name_passfile
 from pgtrain.runs import record
 
 
@@ -53,6 +54,7 @@ def start(args: argparse.Namespace) -> None:
     """For a rank alone: read its rows in a thread, now (before ``import torch``)."""
     if not args.alone:
         return
+    name_passfile()  # before the read connects (the trainer's own call then finds it named)
     read = _Read(threading.Event())
     _pending[:] = [read]
     threading.Thread(target=_read, args=(read, args.run_id, args.attempt), name="pgtrain-prefetch",
