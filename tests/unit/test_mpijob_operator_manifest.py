@@ -183,3 +183,8 @@ def test_bad_job_arguments_fail_the_train_task_for_good_with_what_to_fix(monkeyp
     train = MPIJobTrainOperator(task_id="train", training_run_id="pgtrain_test/bad", namspace="typo")
     with pytest.raises(AirflowFailException, match=r"(?s)Kubernetes arguments are invalid: .*namspace.*settings file"):
         train.execute(task_context("pgtrain_test", "bad"))
+
+
+def test_a_setting_given_both_in_job_arguments_and_as_a_keyword_is_refused_naming_it():
+    with pytest.raises(ConfigError, match=r"namespace given both in job_arguments and as a keyword"):
+        MPIJobTrainOperator(task_id="train", job_arguments={"namespace": "ml"}, namespace="other")

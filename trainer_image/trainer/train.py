@@ -246,8 +246,8 @@ def train(args: argparse.Namespace, cuda: Cuda = torch.cuda) -> int:
     planned = input_record.of_run(run)
     regression, output_dim = planned.task == "regression", planned.output_dim
 
-    # The model and its starting weights are settled before any data is read: a bad model reference,
-    # factory or init_from costs no data load.
+    # The model and its starting weights are settled before the rows are taken: a bad model reference, factory or
+    # init_from is refused first (a rank alone may have begun reading them meanwhile: that read is dropped).
     model = build_model(config.model, planned.input_dim, output_dim, config.model_options_for_build, config.seed,
                         run.encoding)
     fingerprint = plan_fingerprint(shards)

@@ -14,7 +14,8 @@ PostgreSQL sends a categorical value as the 64-bit ``hashtextextended(value::tex
 its code with one vectorized search among the levels' hashes (``codes``): no text crosses the wire and no Python
 touches a row. ``load_predictor`` computes the same hash of a Python value (``pgtrain.data.text_hash``) and looks
 it up among the same hashes, so a level stored only as its hash (``pgtrain.data.level_storage``) scores as one
-stored in clear. The model standardizes parts 1-2 and one-hot encodes part 3 (``pgtrain.models.network``). Class
+stored in clear. The model standardizes parts 1-2 (the built-in mlp encodes a value with quantile edges
+piecewise-linearly instead, ``pgtrain.models.piecewise``) and one-hot encodes part 3 (``pgtrain.models.network``). Class
 labels of any type travel the same way and map to class numbers in the recorded class order (-1: a class never seen in
 training).
 """

@@ -253,6 +253,9 @@ def cut_shards(conn: psycopg.Connection, source: Source, rows: int, world_size: 
         # The shards cover every key the check saw, contiguously: a key's shard is the first whose last key is not
         # below it (no sort of the held-out keys needed).
         shard_of = np.searchsorted(np.array([int(hi) for _, hi in edges], np.int64), held["key"].astype(np.int64))
+        if shard_of.size and shard_of.max() >= len(edges):  # both passes read one snapshot: never, unless a bug
+            raise PgtrainError(f"planning saw a held-out key above the last shard's key {edges[-1][1]} (the key pass "
+                               "and the check disagree); plan the run again, and report this if it repeats")
         validation, test = (np.bincount(shard_of[held["part"] == part], minlength=len(edges)).tolist()
                             for part in (VALIDATION, TEST))
     else:

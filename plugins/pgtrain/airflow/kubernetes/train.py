@@ -49,6 +49,10 @@ class MPIJobTrainOperator(BaseOperator):
     def __init__(self, *, training_run_id: str | None = None, conn_id: str = DEFAULT_CONN_ID,
                  job_arguments: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         # job_arguments by name too: a mapped task's partial() takes only the operators' named parameters
+        twice = sorted(set(job_arguments or {}) & set(kwargs))
+        if twice:
+            raise ConfigError(f"MPIJobTrainOperator: {', '.join(twice)} given both in job_arguments and as a keyword; "
+                              "give each setting once")
         kwargs = {**(job_arguments or {}), **kwargs}
         task = {key: kwargs.pop(key) for key in list(kwargs) if key in _TASK_ARGUMENTS}
         problems = author_problems(kwargs)  # when the DAG is parsed, as the settings file's schema is checked
