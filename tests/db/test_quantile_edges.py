@@ -50,7 +50,7 @@ def commit_built(conn, run: record.Run) -> None:
 
 
 def training_values(conn) -> dict[str, list[float]]:
-    """The values of each numeric or date column of public.penguins' training rows (``SPLIT``), as planning sees them."""
+    """Each numeric or date column's values in public.penguins' training rows (``SPLIT``), as planning sees them."""
     training = {i for (i,) in conn.execute(TRAINING_IDS, SPLIT)}
     rows = [r for r in mixed_rows(400) if r[0] in training]
     assert 250 < len(rows) < 320
