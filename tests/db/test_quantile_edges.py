@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 
 from pgtrain.config.params import TrainingConfig
+from pgtrain.config.settings import AuthorSettings
 from pgtrain.data import input_record
 from pgtrain.data.encoding import layout_of
 from pgtrain.data.source.resolve import CATEGORY
 from pgtrain.models.network import build_model, state_layout
+from pgtrain.planning import plan
 from pgtrain.planning.plan import admit_run, author_admitting, plan_shards_checked
 from pgtrain.runs import record
 from pgtrain.store import model_store
@@ -30,9 +32,9 @@ TRAINING_IDS = """SELECT id FROM public.penguins
                         >= round((%(validation_fraction)s + %(test_fraction)s) * 1000000)"""
 
 
-def numpy_edges(values: list[float]) -> list[float]:
-    """percentile_disc's quantiles (numpy's inverted CDF) at 0, 1/BINS, ..., 1, as float32, distinct."""
-    quantiles = np.quantile(np.asarray(values, np.float64), np.linspace(0, 1, BINS + 1), method="inverted_cdf")
+def numpy_edges(values: list[float], bins: int = BINS) -> list[float]:
+    """percentile_disc's quantiles (numpy's inverted CDF) at 0, 1/bins, ..., 1, as float32, distinct."""
+    quantiles = np.quantile(np.asarray(values, np.float64), np.linspace(0, 1, bins + 1), method="inverted_cdf")
     return [float(v) for v in np.unique(quantiles.astype(np.float32))]
 
 
@@ -47,17 +49,22 @@ def commit_built(conn, run: record.Run) -> None:
     model_store.commit_run(conn, run.run_id, owner={"task_id": "test"})
 
 
-def test_the_recorded_edges_are_numpys_quantiles_of_the_training_rows(ac):
-    make_mixed_table(ac, 400)
-    run = planned_run(ac, **mixed_params(numeric_bins=BINS, **SPLIT))
-    training = {i for (i,) in ac.execute(TRAINING_IDS, SPLIT)}
+def training_values(conn) -> dict[str, list[float]]:
+    """Each numeric or date column's values in public.penguins' training rows (``SPLIT``), as planning sees them."""
+    training = {i for (i,) in conn.execute(TRAINING_IDS, SPLIT)}
     rows = [r for r in mixed_rows(400) if r[0] in training]
     assert 250 < len(rows) < 320
     # the table's columns: id, island, sex, colour, cut, flagged, body_mass, bill, seen, species
-    values = {"flagged": [float(r[5]) for r in rows],
-              "body_mass": [r[6] for r in rows if r[6] is not None],  # a NULL is no value (its mean is imputed)
-              "bill": [float(np.float32(r[7])) for r in rows],  # a real column, read as stored
-              "seen": [float((r[8] - datetime.date(1970, 1, 1)).days) for r in rows]}
+    return {"flagged": [float(r[5]) for r in rows],
+            "body_mass": [r[6] for r in rows if r[6] is not None],  # a NULL is no value (its mean is imputed)
+            "bill": [float(np.float32(r[7])) for r in rows],  # a real column, read as stored
+            "seen": [float((r[8] - datetime.date(1970, 1, 1)).days) for r in rows]}
+
+
+def test_the_recorded_edges_are_numpys_quantiles_of_the_training_rows(ac):
+    make_mixed_table(ac, 400)
+    run = planned_run(ac, **mixed_params(numeric_bins=BINS, **SPLIT))
+    values = training_values(ac)
 
     columns = {c.name: c for c in input_record.of_run(run).columns}
 
@@ -66,6 +73,34 @@ def test_the_recorded_edges_are_numpys_quantiles_of_the_training_rows(ac):
     assert len(columns["body_mass"].edges) == BINS + 1 and columns["flagged"].edges == (0.0, 1.0)
     assert all(not c.edges for c in columns.values() if c.kind == CATEGORY)
     assert run.input_dim == len(columns) + 1  # the input row is as wide as before: body_mass's "was missing" added
+
+
+def test_a_searchs_trials_each_record_exactly_the_edges_of_their_own_numeric_bins(ac):
+    """One plan for trials of numeric_bins 0, 5 and 8 (5 does not divide 8): each trial's record holds numpy's edges of
+    its own B (what a plan of that B alone records), none for 0 nor for xgboost, and nothing of the others'."""
+    make_mixed_table(ac, 400)
+    search = {"candidates": [{"model": "mlp", "params": {"numeric_bins": [0, 5, BINS]}}, {"model": "xgboost"}]}
+    run = planned_run(ac, "search", **mixed_params(model_name="binned-search", search=search, **SPLIT))
+    author = AuthorSettings(allowed_models=("mlp", "xgboost"), search_limits={"max_trials": 4})
+    runs = plan.plan_trials(ac, run.run_id, author)
+    values = training_values(ac)
+    alone = planned_run(ac, "alone", **mixed_params(model_name="alone", numeric_bins=5, **SPLIT))
+
+    records = [record.get_run(ac, r).encoding for r in runs]
+    for encoding, bins in zip(records, [0, 5, BINS, 0], strict=True):
+        columns = {c["name"]: c for c in encoding["columns"]}
+        assert all("bin_edges" not in c for c in columns.values())
+        if not bins:
+            assert all("edges" not in c for c in columns.values())
+            continue
+        for name, found in values.items():
+            assert columns[name]["edges"] == numpy_edges(found, bins), (bins, name)
+        assert {n for n, c in columns.items() if "edges" in c} == set(values)
+    assert records[1] == alone.encoding  # the 5-bin trial's record is a 5-bin plan's own
+    assert records[0] == {**records[1], "columns": records[3]["columns"]}  # the rest of the record: the plan's
+    # the trials' widths are their own: 5 or 8 bins per column with edges, the standardized value for 0
+    widths = [layout_of(e).encoded_width for e in records]
+    assert widths[0] == widths[3] < widths[1] < widths[2]
 
 
 @pytest.mark.parametrize("params", [{}, {"numeric_bins": BINS, "model": "xgboost"}])

@@ -79,11 +79,36 @@ def test_a_random_search_is_seeded_and_draws_within_its_ranges():
     ({"candidates": []}, {}, LIMITS, "search.candidates: [] should be non-empty"),
     (GRID, {"test_fraction": 0}, LIMITS, "set test_fraction > 0 so the reported figure comes from rows no trial was "
                                          "chosen by"),
+    # numeric_bins: each value's edges are planned once for every trial, so a list of values, of the mlp, a few
+    ({"strategy": "random", "candidates": [{"model": "mlp", "params": {"numeric_bins": {"low": 8, "high": 64,
+                                                                                         "integer": True}}}]},
+     {}, LIMITS, "candidates[0].params.numeric_bins: a list of values (e.g. [0, 32]), not a range"),
+    ({"candidates": [{"model": "xgboost", "params": {"numeric_bins": [0, 32]}}]}, {}, LIMITS,
+     "candidates[0].params.numeric_bins: quantile bins are the built-in mlp's input encoding; xgboost reads"),
+    ({"candidates": [{"model": "mlp", "params": {"numeric_bins": [0, 8, 16, 24, 32, 64]}}]}, {}, LIMITS,
+     "numeric_bins: the candidates ask for 5 bin counts ([8, 16, 24, 32, 64]), and one plan records the quantile "
+     "edges of at most 4: ask for fewer"),
+    ({"candidates": [{"model": "mlp", "params": {"numeric_bins": [0, 1000]}}]}, {}, LIMITS,
+     "search trial 2 (model=mlp numeric_bins=1000): invalid training parameters: numeric_bins"),
 ])
 def test_a_bad_search_is_refused_naming_the_field(block, base, limits, message):
     with pytest.raises(ConfigError) as refused:
         plan_search(block, base, limits, BOTH)
     assert message in str(refused.value)
+
+
+def test_a_search_varies_numeric_bins_and_its_plan_computes_the_edges_of_every_asked_value():
+    from pgtrain.data.quantiles import bin_counts
+
+    block = {"candidates": [{"model": "mlp", "params": {"numeric_bins": [0, 32, 8]}}, {"model": "mlp"},
+                            {"model": "xgboost"}]}
+    search = plan_search(block, {"numeric_bins": 16}, LIMITS, BOTH)
+    assert [t.params.get("numeric_bins") for t in search.trials] == [0, 32, 8, None, None]
+    # the mlp candidate without the knob trains with the run's 16; xgboost reads standardized values
+    assert bin_counts(TrainingConfig.from_mapping({"numeric_bins": 16, "search": block})) == (8, 16, 32)
+    assert bin_counts(TrainingConfig.from_mapping({"search": block})) == (8, 32)
+    assert bin_counts(TrainingConfig.from_mapping({"model": "xgboost", "numeric_bins": 16})) == ()
+    assert bin_counts(TrainingConfig.from_mapping({"search": {"candidates": [{"model": "mlp"}]}})) == ()
 
 
 def test_plan_run_s_launch_check_refuses_a_search_the_author_does_not_allow():

@@ -16,7 +16,9 @@ The block (a models-file entry's ``params.search``, or the trigger's ``search`` 
       metric: val_accuracy                # the validation metric the best trial is chosen by (its direction: METRICS;
                                           # default: early_stopping_metric, val_rmse for a regression's val_loss)
 
-A knob's value is a list of choices, or (random only) a range ``{low, high, log, integer}``. The author's caps
+A knob's value is a list of choices, or (random only) a range ``{low, high, log, integer}``; the mlp's
+``numeric_bins`` only a list (planning computes the quantile edges of each value, for every trial:
+``pgtrain.data.quantiles.bin_counts``). The author's caps
 (``search_limits`` in the settings file or a models-file entry): ``max_trials``, ``concurrency`` (trials at once:
 the mapped train task's ``max_active_tis_per_dagrun``) and ``max_total_world_size`` (ranks of all trials running
 at once); no ``search_limits``: no search.
@@ -39,11 +41,14 @@ STRATEGIES = ("grid", "random")
 # the run's seed and fractions: a trial with another seed would count other rows than the plan's) or the author's.
 PLAN_PARAMS = ("source_table", "key_column", "features_column", "feature_columns", "exclude_columns",
                "categorical_columns", "hashed_columns", "max_clear_levels", "max_level_length", "label_column", "task",
-               "missing_values", "max_categories", "numeric_bins", "min_category_count", "input_dim", "num_classes",
+               "missing_values", "max_categories", "min_category_count", "input_dim", "num_classes",
                "validation_fraction", "test_fraction", "seed", "bad_rows",
                "model_name", "world_size", "launcher", "backend", "collective_timeout", "precision", "stall_timeout",
                "init_from", "force", "search")
 DEFAULT_TRIALS = 8
+# numeric_bins values one search may ask for: planning computes and records the quantile edges of each (one sort per
+# column for all of them), and the plan's record holds every one's
+MAX_BIN_CHOICES = 4
 MAX_TRIALS = 1000  # no author may allow more (LIMITS_SCHEMA), so a block asking for more is refused as it parses
 
 _RANGE = {"type": "object", "additionalProperties": False, "required": ["low", "high"],
@@ -141,10 +146,14 @@ def plan_search(block: Mapping[str, Any], base: Mapping[str, Any], limits: Searc
                      for part in ("params", "model_options") for name, knob in candidate.get(part, {}).items()
                      if isinstance(knob, dict) and not (knob["low"] < knob["high"] and (
                          knob["low"] > 0 or not knob.get("log")))]
+        problems += _bins_problems(where, candidate)
         if strategy == "grid":
             problems += [f"{where}.{part}.{name}: a range needs strategy: random; a grid takes a list of values"
                          for part in ("params", "model_options") for name, knob in candidate.get(part, {}).items()
                          if isinstance(knob, dict)]
+    if len(asked := bins_asked(block)) > MAX_BIN_CHOICES:
+        problems.append(f"numeric_bins: the candidates ask for {len(asked)} bin counts ({sorted(asked)}), and one plan "
+                        f"records the quantile edges of at most {MAX_BIN_CHOICES}: ask for fewer")
     if problems:
         raise ConfigError("invalid search: " + "; ".join(problems))
     count = _count(block, strategy)  # before drawing: a grid's combinations can be far too many to build
@@ -177,6 +186,28 @@ def plan_search(block: Mapping[str, Any], base: Mapping[str, Any], limits: Searc
     if problems:
         raise ConfigError("invalid search: " + "; ".join(problems))
     return Search(tuple(trials), metric, METRICS[metric].higher_is_better, strategy)
+
+
+def bins_asked(block: Mapping[str, Any]) -> set[int]:
+    """The numeric_bins values > 0 the block's candidates list (a knob of another shape: none)."""
+    return {b for c in block.get("candidates") or () if isinstance(c, Mapping)
+            and isinstance(knob := (c.get("params") or {}).get("numeric_bins"), list)
+            for b in knob if isinstance(b, int) and not isinstance(b, bool) and b > 0}
+
+
+def _bins_problems(where: str, candidate: Mapping[str, Any]) -> list[str]:
+    """A candidate's numeric_bins: a list of values (the plan computes each one's edges before any trial, for all of
+    them), and only the built-in mlp's (others read standardized values)."""
+    knob = candidate.get("params", {}).get("numeric_bins")
+    if knob is None:
+        return []
+    if not isinstance(knob, list):
+        return [f"{where}.params.numeric_bins: a list of values (e.g. [0, 32]), not a range: planning computes the "
+                "quantile edges of each value once, for every trial"]
+    if candidate["model"] != "mlp" and any(isinstance(b, int) and b > 0 for b in knob):
+        return [f"{where}.params.numeric_bins: quantile bins are the built-in mlp's input encoding; "
+                f"{candidate['model']} reads the standardized values: drop numeric_bins from this candidate"]
+    return []
 
 
 def choice_metric(block: Mapping[str, Any], base: Mapping[str, Any]) -> str:

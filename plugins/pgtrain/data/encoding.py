@@ -86,7 +86,8 @@ def inputs(columns: Sequence[Column]) -> list[tuple[str, Column]]:
 def columns_of(encoding: Mapping[str, Any]) -> tuple[Column, ...]:
     return tuple(Column(c["name"], c["type"], c["kind"], c.get("mean"), bool(c.get("missing")),
                         tuple(c.get("levels") or ()), tuple(int(h) for h in c.get("hashes") or ()),
-                        tuple(float(e) for e in c.get("edges") or ()))
+                        tuple(float(e) for e in c.get("edges") or ()),
+                        tuple((int(b), tuple(float(v) for v in e)) for b, e in (c.get("bin_edges") or {}).items()))
                  for c in encoding.get("columns") or ())
 
 

@@ -159,8 +159,9 @@ class InputRecord:
 
 def _column_json(column: Column) -> dict[str, Any]:
     found = {**asdict(column), "levels": list(column.levels), "hashes": list(column.hashes)}
-    del found["edges"]  # written only where there are some: a record without them encodes as before edges
-    return found | ({"edges": list(column.edges)} if column.edges else {})
+    del found["edges"], found["bin_edges"]  # written only where there are some: a record without them is as before
+    return found | ({"edges": list(column.edges)} if column.edges else {}) | (
+        {"bin_edges": {str(b): list(e) for b, e in column.bin_edges}} if column.bin_edges else {})
 
 
 def of_version(spec: Mapping[str, Any], types: Mapping[str, str] | None = None) -> InputRecord:

@@ -8,36 +8,67 @@ float32; NULLs are not values: an imputed NULL is the column's mean, and its "wa
 scan rather than more aggregates of the row check's: an ordered-set aggregate would keep that scan from running in
 parallel. The edges are rounded to float32 (the input rows' type) and made distinct: a column with fewer than two
 distinct values keeps its standardized value.
+
+A search's trials share one plan but may each ask for their own numeric_bins (``bin_counts``): the one query takes
+``percentile_disc`` at the union of every asked B's fractions k/B (one sort per column, as for one B), and each B's
+edges are picked from it, exactly what a plan of that B alone records (k/B is the same float8 either way). The plan's
+record holds the largest B's as ``edges`` and the others' as ``bin_edges``; each trial's record (``for_bins``) holds
+exactly the edges its model uses, the largest's, another B's or none.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from fractions import Fraction
+from typing import Any
 
 import numpy as np
 import psycopg
 from psycopg import sql
 
+from pgtrain.config import search
+from pgtrain.config.param_schemas import MAX_NUMERIC_BINS
 from pgtrain.config.params import TrainingConfig
+from pgtrain.core.errors import PgtrainError
 from pgtrain.data.source.resolve import COLUMNS, Column, Source, valued
 from pgtrain.data.source.rows import is_held_out, scalar_value
+from pgtrain.models.spec import BUILTIN_MLP
 
 _FLOAT32_MAX = 3.4028234663852886e38
 
 
+def bin_counts(config: TrainingConfig) -> tuple[int, ...]:
+    """The numeric_bins (> 0, ascending) a plan of ``config`` computes edges for: the built-in mlp's own; with a
+    search, those of its mlp candidates (their list of values, else the run's numeric_bins): its trials share the
+    plan. A search ``plan_search`` will refuse for its bins (too many, out of range) gets none."""
+    if config.search is None:
+        return (config.numeric_bins,) if config.model == BUILTIN_MLP and config.numeric_bins > 0 else ()
+    mlps = [c for c in config.search.get("candidates") or ()
+            if isinstance(c, Mapping) and c.get("model") == BUILTIN_MLP]
+    asked = search.bins_asked({"candidates": mlps})
+    if any("numeric_bins" not in (c.get("params") or {}) for c in mlps) and config.numeric_bins > 0:
+        asked.add(config.numeric_bins)
+    return tuple(sorted(asked)) if len(asked) <= search.MAX_BIN_CHOICES and max(asked, default=0) <= MAX_NUMERIC_BINS \
+        else ()
+
+
 def wanted(source: Source, config: TrainingConfig) -> bool:
-    """Whether a plan of ``config`` records edges: the built-in mlp with numeric_bins, over scalar columns with a
-    number or date among them."""
-    return (config.model == "mlp" and config.numeric_bins > 0 and source.feature_format == COLUMNS
-            and bool(valued(source.feature_columns)))
+    """Whether a plan of ``config`` records edges: some numeric_bins of the built-in mlp (``bin_counts``), over
+    scalar columns with a number or date among them."""
+    return bool(bin_counts(config)) and source.feature_format == COLUMNS and bool(valued(source.feature_columns))
 
 
-def edges_query(source: Source, bins: int, validation_fraction: float, test_fraction: float, seed: int,
+def fractions(bins: Sequence[int]) -> list[float]:
+    """The fractions k/B of every B in ``bins`` (k = 0..B), each once, ascending."""
+    return [float(f) for f in sorted({Fraction(k, b) for b in bins for k in range(b + 1)})]
+
+
+def edges_query(source: Source, bins: Sequence[int], validation_fraction: float, test_fraction: float, seed: int,
                 exclude: sql.Composable | None) -> sql.Composable:
-    """SQL: one row, one float8[] per NUMBER or DATE column: its values' ``percentile_disc`` at i/``bins``,
-    i = 0..bins, over the training rows (``exclude``: bad rows, left out)."""
-    fractions = sql.Literal([i / bins for i in range(bins + 1)])
+    """SQL: one row, one float8[] per NUMBER or DATE column: its values' ``percentile_disc`` at the ``fractions``
+    of ``bins``, over the training rows (``exclude``: bad rows, left out)."""
+    at = sql.Literal(fractions(bins))
     held_out = is_held_out(source, validation_fraction, test_fraction, seed)
     aggregates = []
     for column in valued(source.feature_columns):
@@ -45,7 +76,7 @@ def edges_query(source: Source, bins: int, validation_fraction: float, test_frac
         aggregates.append(sql.SQL(
             "percentile_disc(CAST({f} AS double precision[])) WITHIN GROUP (ORDER BY {v}) "
             "FILTER (WHERE {v} BETWEEN {low} AND {high})").format(
-            f=fractions, v=value, low=sql.Literal(-_FLOAT32_MAX), high=sql.Literal(_FLOAT32_MAX)))
+            f=at, v=value, low=sql.Literal(-_FLOAT32_MAX), high=sql.Literal(_FLOAT32_MAX)))
     where = sql.SQL("NOT {}").format(held_out)
     if exclude is not None:
         where = sql.SQL("{} AND NOT {}").format(where, exclude)
@@ -60,12 +91,44 @@ def distinct_edges(values: Sequence[float] | None) -> tuple[float, ...]:
 
 def with_edges(conn: psycopg.Connection, source: Source, config: TrainingConfig,
                exclude: sql.Composable | None) -> Source:
-    """``source`` with each NUMBER or DATE column's edges (``edges_query``) when the plan wants them (``wanted``)."""
+    """``source`` with each NUMBER or DATE column's edges (``edges_query``) when the plan wants them (``wanted``):
+    the largest B's as ``edges``, every other B's in ``bin_edges``."""
     if not wanted(source, config):
         return source
-    row = conn.execute(edges_query(source, config.numeric_bins, config.validation_fraction, config.test_fraction,
-                                   config.seed, exclude)).fetchone()
+    bins = bin_counts(config)
+    row = conn.execute(edges_query(source, bins, config.validation_fraction, config.test_fraction, config.seed,
+                                   exclude)).fetchone()
+    index = {f: i for i, f in enumerate(fractions(bins))}
     found = dict(zip((c.name for c in valued(source.feature_columns)), row, strict=True))
-    columns: list[Column] = [replace(c, edges=distinct_edges(found[c.name])) if c.name in found else c
-                             for c in source.feature_columns]
+
+    def of(quantiles: Sequence[float] | None, b: int) -> tuple[float, ...]:
+        return distinct_edges([quantiles[index[f]] for f in fractions([b])] if quantiles is not None else None)
+
+    columns: list[Column] = []
+    for column in source.feature_columns:
+        if column.name in found:
+            quantiles, edges = found[column.name], of(found[column.name], bins[-1])
+            column = replace(column, edges=edges,
+                             bin_edges=tuple((b, of(quantiles, b)) for b in bins[:-1]) if edges else ())
+        columns.append(column)
     return replace(source, feature_columns=tuple(columns))
+
+
+def for_bins(encoding: Mapping[str, Any] | None, bins: int, planned: Sequence[int]) -> Mapping[str, Any] | None:
+    """A plan's input record (JSON; its edges for the ``planned`` bin counts, ``bin_counts``) as a trial of ``bins``
+    (0: none) records it: each column's edges of that B, none of the others'. A warm start's record is kept as it is
+    (its weights are for its parent's inputs). PgtrainError for a B the plan has no edges for."""
+    columns = (encoding or {}).get("columns") or ()
+    if encoding is None or encoding.get("parent_version") is not None or not any("edges" in c for c in columns):
+        return encoding
+    if bins and bins not in planned:
+        raise PgtrainError(f"numeric_bins {bins}: the plan has quantile edges for {list(planned)} only")
+    return {**encoding, "columns": [_column_for(c, bins, planned[-1]) for c in columns]}
+
+
+def _column_for(column: Mapping[str, Any], bins: int, largest: int) -> dict[str, Any]:
+    kept = {k: v for k, v in column.items() if k not in ("edges", "bin_edges")}
+    # min and max are every B's first and last edges: a column without edges for one B has none for any
+    if not bins or "edges" not in column:
+        return kept
+    return kept | {"edges": column["edges"] if bins == largest else column["bin_edges"][str(bins)]}

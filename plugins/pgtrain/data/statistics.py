@@ -127,9 +127,9 @@ def encode(conn: psycopg.Connection, source: Source, config: TrainingConfig, max
     if parent is not None:
         source = _from_parent(conn, source, parent, config, exclude)
         if quantiles.wanted(source, config) and not any(c.edges for c in source.feature_columns):
-            warnings.append(f"numeric_bins {config.numeric_bins}: the version this run starts from has standardized "
-                            "numeric inputs, which a warm start keeps (its weights are for them); train from scratch "
-                            "(init_from='scratch') for quantile bins")
+            warnings.append(f"numeric_bins {max(quantiles.bin_counts(config))}: the version this run starts from "
+                            "has standardized numeric inputs, which a warm start keeps (its weights are for them); "
+                            "train from scratch (init_from='scratch') for quantile bins")
     else:
         source = quantiles.with_edges(conn, source, config, exclude)
     if parent is None and (categorical or wants_classes):

@@ -15,6 +15,7 @@ from psycopg.types.json import Jsonb
 
 from pgtrain.config.params import TrainingConfig
 from pgtrain.config.search import Search, trial_config
+from pgtrain.data import quantiles
 from pgtrain.runs.record import epoch_metrics, get_run, kept_epoch
 
 # A trial's run starts as a fresh planned run: these columns of the search run's record are its own, not copied.
@@ -38,23 +39,28 @@ def trial_run_id(search_run: str, number: int) -> str:
 def create_trials(conn: psycopg.Connection, search_run: str, search: Search) -> list[str]:
     """Each trial's run, a copy of the search run's record that reads the search run's plan (one snapshot,
     manifest, batches and encoding for all: ``pgtrain.plan_of``), in one transaction; the trials already created by
-    an earlier try are kept as they are."""
+    an earlier try are kept as they are. A trial's input record is the plan's with exactly the quantile edges of its
+    own numeric_bins (``quantiles.for_bins``), so the version it may become records what its model uses."""
     parent = get_run(conn, search_run)
     base = parent.config.to_dict()
+    planned = quantiles.bin_counts(parent.config)
     with conn.transaction():
         for trial in search.trials:
             run_id = trial_run_id(search_run, trial.number)
-            config = TrainingConfig.from_mapping(trial_config(base, trial)).to_dict()
+            config = TrainingConfig.from_mapping(trial_config(base, trial))
+            encoding = quantiles.for_bins(parent.encoding, max(quantiles.bin_counts(config), default=0), planned)
             created = conn.execute(
                 """INSERT INTO pgtrain.training_runs
                    SELECT (jsonb_populate_record(NULL::pgtrain.training_runs,
                                                  to_jsonb(r) || %(fresh)s || jsonb_build_object(
                                                      'run_id', %(run)s::text, 'config', %(config)s::jsonb,
+                                                     'encoding', %(encoding)s::jsonb,
                                                      'plan_run', coalesce(r.plan_run, r.run_id),
                                                      'created_at', now(), 'updated_at', now()))).*
                    FROM pgtrain.training_runs r WHERE r.run_id = %(parent)s
                    ON CONFLICT (run_id) DO NOTHING RETURNING run_id""",
-                {"fresh": Jsonb(_FRESH), "run": run_id, "config": Jsonb(config), "parent": search_run}).fetchone()
+                {"fresh": Jsonb(_FRESH), "run": run_id, "config": Jsonb(config.to_dict()),
+                 "encoding": None if encoding is None else Jsonb(encoding), "parent": search_run}).fetchone()
             if created is None:
                 continue
             conn.execute("INSERT INTO pgtrain.search_trials (search_run, trial, run_id, params) "

@@ -57,6 +57,9 @@ class Column:
     # NUMBER, DATE: the training rows' quantile bin edges (float32 values, ascending, at least 2) the built-in mlp
     # encodes the value with (``pgtrain.data.quantiles``); (): the standardized value, as before edges
     edges: tuple[float, ...] = ()
+    # A plan shared by a search's trials: the edges of each other numeric_bins its trials ask for, (B, edges) by B
+    # (``pgtrain.data.quantiles.for_bins``: a trial's record holds only its own); () in every other record
+    bin_edges: tuple[tuple[int, tuple[float, ...]], ...] = ()
 
     @property
     def wire(self) -> str:
