@@ -174,3 +174,20 @@ def test_validation_and_test_fractions_that_hold_out_every_row_are_refused_befor
     with pytest.raises(ConfigError, match=r"validation_fraction 0\.5 and test_fraction 0\.5 hold out every row"):
         TrainingConfig(validation_fraction=0.5, test_fraction=0.5)
     assert TrainingConfig().test_fraction == 0.1 and PARAMETERS["test_fraction"]["maximum"] == 0.5
+
+
+def test_the_fields_type_checkers_see_are_the_declared_params_in_order_with_their_types():
+    """TrainingConfig's fields are made from the declarations at import; the TYPE_CHECKING copy of them (what IDEs and
+    type checkers read) must name the same fields, in the same order, with the same types."""
+    import ast
+    import dataclasses
+    import inspect
+
+    from pgtrain.config import training
+
+    body = next(node for node in ast.parse(inspect.getsource(training)).body
+                if isinstance(node, ast.ClassDef) and node.name == "TrainingConfig").body
+    block = next(node for node in body if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING")
+    seen = [(node.target.id, eval(ast.unparse(node.annotation), vars(training)))  # noqa: S307
+            for node in block.body if isinstance(node, ast.AnnAssign)]
+    assert seen == [(field.name, field.type) for field in dataclasses.fields(training.TrainingConfig)]

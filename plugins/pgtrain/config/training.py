@@ -9,7 +9,7 @@ import dataclasses
 import functools
 import operator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pgtrain.config.boosted import BOOSTED, DEFAULT_LEARNING_RATE, booster_options
 from pgtrain.config.metrics import metric_problems
@@ -62,6 +62,69 @@ def _declared_fields(cls: type) -> type:
 @_declared_fields
 class TrainingConfig:
     """A run's training params, one field per declared param (``pgtrain.config.param_schemas``)."""
+
+    if TYPE_CHECKING:  # the fields _declared_fields adds, for type checkers (a test holds them to the declarations)
+        source_table: str
+        key_column: str
+        features_column: str | None
+        feature_columns: tuple[str, ...] | str | None
+        exclude_columns: tuple[str, ...]
+        categorical_columns: tuple[str, ...]
+        label_column: str
+        task: str
+        missing_values: str
+        max_categories: int
+        min_category_count: int
+        input_dim: int | None
+        num_classes: int | None
+        validation_fraction: float
+        test_fraction: float
+        bad_rows: str
+        model_name: str
+        model: str
+        model_options: dict[str, Any]
+        search: dict[str, Any] | None
+        hidden_sizes: tuple[int, ...]
+        ensemble_members: int
+        numeric_bins: int
+        init_from: str | int
+        standardize_target: bool
+        dropout: float
+        normalization: str
+        epochs: int
+        batch_size: int | None
+        optimizer: str
+        learning_rate: float | None
+        weight_decay: float | None
+        lr_schedule: str
+        warmup_epochs: float
+        early_stopping_patience: int
+        early_stopping_metric: str
+        class_weight: str
+        seed: int
+        checkpoint_every: int
+        force: bool
+        world_size: int
+        launcher: str
+        backend: str
+        collective_timeout: int
+        precision: str
+        stall_timeout: int
+        max_accuracy_drop: float | None
+        max_rmse_rise: float | None
+        min_val_accuracy: float | None
+        max_val_rmse: float | None
+        metric: str | None
+        max_drop: float | None
+        floor: float | None
+        allow_unvalidated: bool
+        allow_retarget: bool
+        hashed_columns: tuple[str, ...]
+        max_clear_levels: int
+        max_level_length: int
+        intra_op_threads: int | None
+
+        def __init__(self, **params: Any) -> None: ...
 
     def __post_init__(self) -> None:
         problems = quality_gate_problems(vars(self), self.task)
