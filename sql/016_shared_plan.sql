@@ -44,3 +44,12 @@ ALTER TABLE pgtrain.locks ADD COLUMN IF NOT EXISTS lock_group text;
 COMMENT ON COLUMN pgtrain.locks.family IS
     'locks of one family exclude each other while held, unless of one lock_group; NULL: no family';
 CREATE INDEX IF NOT EXISTS locks_family ON pgtrain.locks (family) WHERE family IS NOT NULL;
+
+-- Training claims held while this migration runs join their model's family (launch.attempt.claim_family): a plain
+-- run's group is its run, a trial's (training:<model>#<search run>/trial-<n>) its search run.
+UPDATE pgtrain.locks
+   SET family = split_part(name, '#', 1),
+       lock_group = CASE WHEN position('#' IN name) > 0
+                         THEN regexp_replace(substr(name, position('#' IN name) + 1), '/trial-[0-9]+$', '')
+                         ELSE owner ->> 'training_run' END
+ WHERE name LIKE 'training:%' AND family IS NULL AND owner IS NOT NULL;

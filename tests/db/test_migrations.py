@@ -112,3 +112,26 @@ def test_a_database_migrated_with_001s_earlier_text_is_still_up_to_date(make_dat
         conn.execute("UPDATE pgtrain.schema_migrations SET checksum = 'something else' WHERE version = 1")
         with pytest.raises(PgtrainError, match="changed after it was applied"):
             apply_migrations(conn)
+
+
+def test_training_claims_held_across_the_upgrade_to_016_join_their_models_family(make_database, tmp_path):
+    """A plain run's claim and a trial's, held while 016 is applied, exclude each other afterwards as claims taken
+    after it do (launch.attempt.claim_family)."""
+    from pgtrain.launch.attempt import claim_family, claim_name
+
+    for migration in discover():
+        if migration.version < 16:
+            shutil.copy(migration.path, tmp_path / migration.path.name)
+    url = make_database(migrate=False)
+    trial = ("pgtrain_training/manual__1", 3)
+    held = {claim_name("m"): "pgtrain_training/plain", claim_name("m", trial): f"{trial[0]}/trial-3"}
+    with psycopg.connect(url, autocommit=True) as conn:
+        apply_migrations(conn, tmp_path)
+        for name, run in held.items():
+            conn.execute("INSERT INTO pgtrain.locks (name, token, owner, acquired_at, heartbeat_at, expires_at) "
+                         "VALUES (%s, nextval('pgtrain.fencing_tokens'), %s, now(), now(), now() + interval '1 hour')",
+                         (name, psycopg.types.json.Jsonb({"training_run": run})))
+        apply_migrations(conn)
+        joined = dict(conn.execute("SELECT name, ARRAY[family, lock_group] FROM pgtrain.locks").fetchall())
+    assert joined == {claim_name("m"): list(claim_family("m", "pgtrain_training/plain")),
+                      claim_name("m", trial): list(claim_family("m", f"{trial[0]}/trial-3", trial))}
