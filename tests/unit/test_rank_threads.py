@@ -70,10 +70,13 @@ def test_a_rank_waits_passively_unless_told_otherwise():
 
 
 def rank_openmp_settings(env: dict[str, str]) -> str:
-    """What torch's OpenMP runtime (libgomp) reports at load in a real `python -m trainer` process."""
-    done = subprocess.run([sys.executable, "-m", "trainer", "--help"], env={**env, "OMP_DISPLAY_ENV": "VERBOSE"},
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
+    """What torch's OpenMP runtime (libgomp) reports at load in a real `python -m trainer` process: one with no
+    training database, which loads torch and then refuses its run (its command line is read before torch loads)."""
+    env = {k: v for k, v in env.items() if "DATABASE_URL" not in k and k != "AIRFLOW_CONN_PGTRAIN_DB"}
+    done = subprocess.run([sys.executable, "-m", "trainer", "--run-id", "probe", "--attempt", "1"],
+                          env={**env, "OMP_DISPLAY_ENV": "VERBOSE"}, capture_output=True, text=True, timeout=300)
+    assert "no training database configured" in done.stderr and "OPENMP DISPLAY ENVIRONMENT" in done.stderr, \
+        done.stderr
     return done.stderr
 
 
