@@ -103,6 +103,20 @@ def test_a_searchs_trials_each_record_exactly_the_edges_of_their_own_numeric_bin
     assert widths[0] == widths[3] < widths[1] < widths[2]
 
 
+def test_a_search_run_of_another_model_still_plans_its_mlp_candidates_bins(ac):
+    """The search run's own model does not train (its trials' models do): an mlp candidate's bins are planned under a
+    search run whose model is xgboost."""
+    make_mixed_table(ac, 400)
+    search = {"candidates": [{"model": "mlp", "params": {"numeric_bins": [BINS]}}, {"model": "xgboost"}]}
+    run = planned_run(ac, "search", **mixed_params(model_name="xgb-search", model="xgboost", search=search, **SPLIT))
+    author = AuthorSettings(allowed_models=("mlp", "xgboost"), search_limits={"max_trials": 4})
+    binned, boosted = (record.get_run(ac, r).encoding for r in plan.plan_trials(ac, run.run_id, author))
+    values = training_values(ac)
+    assert {c["name"]: c["edges"] for c in binned["columns"] if "edges" in c} == \
+        {name: numpy_edges(found, BINS) for name, found in values.items()}
+    assert all("edges" not in c for c in boosted["columns"])
+
+
 @pytest.mark.parametrize("params", [{}, {"numeric_bins": BINS, "model": "xgboost"}])
 def test_a_plan_without_bins_records_no_edges(ac, params):
     make_mixed_table(ac, 200)
