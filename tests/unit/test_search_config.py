@@ -98,7 +98,7 @@ def test_a_bad_search_is_refused_naming_the_field(block, base, limits, message):
 
 
 def test_a_search_varies_numeric_bins_and_its_plan_computes_the_edges_of_every_asked_value():
-    from pgtrain.data.quantiles import bin_counts
+    from pgtrain.config.bins import bin_counts
 
     block = {"candidates": [{"model": "mlp", "params": {"numeric_bins": [0, 32, 8]}}, {"model": "mlp"},
                             {"model": "xgboost"}]}

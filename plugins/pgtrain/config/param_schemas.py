@@ -48,6 +48,7 @@ NORMALIZATIONS = ("none", "layer")
 # would refuse every existing model's warm start from its head (benchmarks/RESULTS.md, "The mlp as a shared-weight
 # ensemble").
 DEFAULT_ENSEMBLE_MEMBERS = 1
+BUILTIN_MLP = "mlp"  # the built-in model's name (pgtrain.models.network builds it)
 # The mlp's numeric inputs: 0 = each value standardized (as before); B > 1 = through up to B quantile bins of the
 # training rows, piecewise-linear encoded (pgtrain.data.quantiles, pgtrain.models.piecewise).
 DEFAULT_NUMERIC_BINS = 0

@@ -18,7 +18,7 @@ The block (a models-file entry's ``params.search``, or the trigger's ``search`` 
 
 A knob's value is a list of choices, or (random only) a range ``{low, high, log, integer}``; the mlp's
 ``numeric_bins`` only a list (planning computes the quantile edges of each value, for every trial:
-``pgtrain.data.quantiles.bin_counts``). The author's caps
+``pgtrain.config.bins.bin_counts``). The author's caps
 (``search_limits`` in the settings file or a models-file entry): ``max_trials``, ``concurrency`` (trials at once:
 the mapped train task's ``max_active_tis_per_dagrun``) and ``max_total_world_size`` (ranks of all trials running
 at once); no ``search_limits``: no search.

@@ -9,48 +9,29 @@ scan rather than more aggregates of the row check's: an ordered-set aggregate wo
 parallel. The edges are rounded to float32 (the input rows' type) and made distinct: a column with fewer than two
 distinct values keeps its standardized value.
 
-A search's trials share one plan but may each ask for their own numeric_bins (``bin_counts``): the one query takes
+A search's trials share one plan but may each ask for their own numeric_bins (``pgtrain.config.bins.bin_counts``): the one query takes
 ``percentile_disc`` at the union of every asked B's fractions k/B (one sort per column, as for one B), and each B's
 edges are picked from it, exactly what a plan of that B alone records (k/B is the same float8 either way). The plan's
-record holds the largest B's as ``edges`` and the others' as ``bin_edges``; each trial's record (``for_bins``) holds
+record holds the largest B's as ``edges`` and the others' as ``bin_edges``; each trial's record (``pgtrain.config.bins.for_bins``) holds
 exactly the edges its model uses, the largest's, another B's or none.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from fractions import Fraction
-from typing import Any
 
 import numpy as np
 import psycopg
 from psycopg import sql
 
-from pgtrain.config import search
-from pgtrain.config.param_schemas import MAX_NUMERIC_BINS
+from pgtrain.config.bins import bin_counts
 from pgtrain.config.params import TrainingConfig
-from pgtrain.core.errors import PgtrainError
 from pgtrain.data.source.resolve import COLUMNS, Column, Source, valued
 from pgtrain.data.source.rows import is_held_out, scalar_value
-from pgtrain.models.spec import BUILTIN_MLP
 
 _FLOAT32_MAX = 3.4028234663852886e38
-
-
-def bin_counts(config: TrainingConfig) -> tuple[int, ...]:
-    """The numeric_bins (> 0, ascending) a plan of ``config`` computes edges for: the built-in mlp's own; with a
-    search, those of its mlp candidates (their list of values, else the run's numeric_bins): its trials share the
-    plan. A search ``plan_search`` will refuse for its bins (too many, out of range) gets none."""
-    if config.search is None:
-        return (config.numeric_bins,) if config.model == BUILTIN_MLP and config.numeric_bins > 0 else ()
-    mlps = [c for c in config.search.get("candidates") or ()
-            if isinstance(c, Mapping) and c.get("model") == BUILTIN_MLP]
-    asked = search.bins_asked({"candidates": mlps})
-    if any("numeric_bins" not in (c.get("params") or {}) for c in mlps) and config.numeric_bins > 0:
-        asked.add(config.numeric_bins)
-    return tuple(sorted(asked)) if len(asked) <= search.MAX_BIN_CHOICES and max(asked, default=0) <= MAX_NUMERIC_BINS \
-        else ()
 
 
 def wanted(source: Source, config: TrainingConfig) -> bool:
@@ -114,21 +95,4 @@ def with_edges(conn: psycopg.Connection, source: Source, config: TrainingConfig,
     return replace(source, feature_columns=tuple(columns))
 
 
-def for_bins(encoding: Mapping[str, Any] | None, bins: int, planned: Sequence[int]) -> Mapping[str, Any] | None:
-    """A plan's input record (JSON; its edges for the ``planned`` bin counts, ``bin_counts``) as a trial of ``bins``
-    (0: none) records it: each column's edges of that B, none of the others'. A warm start's record is kept as it is
-    (its weights are for its parent's inputs). PgtrainError for a B the plan has no edges for."""
-    columns = (encoding or {}).get("columns") or ()
-    if encoding is None or encoding.get("parent_version") is not None or not any("edges" in c for c in columns):
-        return encoding
-    if bins and bins not in planned:
-        raise PgtrainError(f"numeric_bins {bins}: the plan has quantile edges for {list(planned)} only")
-    return {**encoding, "columns": [_column_for(c, bins, planned[-1]) for c in columns]}
 
-
-def _column_for(column: Mapping[str, Any], bins: int, largest: int) -> dict[str, Any]:
-    kept = {k: v for k, v in column.items() if k not in ("edges", "bin_edges")}
-    # min and max are every B's first and last edges: a column without edges for one B has none for any
-    if not bins or "edges" not in column:
-        return kept
-    return kept | {"edges": column["edges"] if bins == largest else column["bin_edges"][str(bins)]}

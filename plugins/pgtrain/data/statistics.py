@@ -22,6 +22,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from pgtrain.config.bins import bin_counts
 from pgtrain.config.params import MAX_CLASSES, TrainingConfig
 from pgtrain.core.errors import SourceError
 from pgtrain.data import level_storage, quantiles
@@ -127,7 +128,7 @@ def encode(conn: psycopg.Connection, source: Source, config: TrainingConfig, max
     if parent is not None:
         source = _from_parent(conn, source, parent, config, exclude)
         if quantiles.wanted(source, config) and not any(c.edges for c in source.feature_columns):
-            warnings.append(f"numeric_bins {max(quantiles.bin_counts(config))}: the version this run starts from "
+            warnings.append(f"numeric_bins {max(bin_counts(config))}: the version this run starts from "
                             "has standardized numeric inputs, which a warm start keeps (its weights are for them); "
                             "train from scratch (init_from='scratch') for quantile bins")
     else:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-BUILTIN_MLP = "mlp"
+from pgtrain.config.param_schemas import BUILTIN_MLP
+
+__all__ = ["BUILTIN_MLP", "ModelSpec"]
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,9 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from pgtrain.config.bins import bin_counts, for_bins
 from pgtrain.config.params import TrainingConfig
 from pgtrain.config.search import Search, trial_config
-from pgtrain.data import quantiles
 from pgtrain.runs.record import epoch_metrics, get_run, kept_epoch
 
 # A trial's run starts as a fresh planned run: these columns of the search run's record are its own, not copied.
@@ -40,15 +40,15 @@ def create_trials(conn: psycopg.Connection, search_run: str, search: Search) -> 
     """Each trial's run, a copy of the search run's record that reads the search run's plan (one snapshot,
     manifest, batches and encoding for all: ``pgtrain.plan_of``), in one transaction; the trials already created by
     an earlier try are kept as they are. A trial's input record is the plan's with exactly the quantile edges of its
-    own numeric_bins (``quantiles.for_bins``), so the version it may become records what its model uses."""
+    own numeric_bins (``config.bins.for_bins``), so the version it may become records what its model uses."""
     parent = get_run(conn, search_run)
     base = parent.config.to_dict()
-    planned = quantiles.bin_counts(parent.config)
+    planned = bin_counts(parent.config)
     with conn.transaction():
         for trial in search.trials:
             run_id = trial_run_id(search_run, trial.number)
             config = TrainingConfig.from_mapping(trial_config(base, trial))
-            encoding = quantiles.for_bins(parent.encoding, max(quantiles.bin_counts(config), default=0), planned)
+            encoding = for_bins(parent.encoding, max(bin_counts(config), default=0), planned)
             created = conn.execute(
                 """INSERT INTO pgtrain.training_runs
                    SELECT (jsonb_populate_record(NULL::pgtrain.training_runs,

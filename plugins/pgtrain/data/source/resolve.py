@@ -58,7 +58,7 @@ class Column:
     # encodes the value with (``pgtrain.data.quantiles``); (): the standardized value, as before edges
     edges: tuple[float, ...] = ()
     # A plan shared by a search's trials: the edges of each other numeric_bins its trials ask for, (B, edges) by B
-    # (``pgtrain.data.quantiles.for_bins``: a trial's record holds only its own); () in every other record
+    # (``pgtrain.config.bins.for_bins``: a trial's record holds only its own); () in every other record
     bin_edges: tuple[tuple[int, tuple[float, ...]], ...] = ()
 
     @property
