@@ -9,11 +9,12 @@ scan rather than more aggregates of the row check's: an ordered-set aggregate wo
 parallel. The edges are rounded to float32 (the input rows' type) and made distinct: a column with fewer than two
 distinct values keeps its standardized value.
 
-A search's trials share one plan but may each ask for their own numeric_bins (``pgtrain.config.bins.bin_counts``): the one query takes
-``percentile_disc`` at the union of every asked B's fractions k/B (one sort per column, as for one B), and each B's
-edges are picked from it, exactly what a plan of that B alone records (k/B is the same float8 either way). The plan's
-record holds the largest B's as ``edges`` and the others' as ``bin_edges``; each trial's record (``pgtrain.config.bins.for_bins``) holds
-exactly the edges its model uses, the largest's, another B's or none.
+A search's trials share one plan but may each ask for their own numeric_bins (``pgtrain.config.bins.bin_counts``):
+the one query takes ``percentile_disc`` at the union of every asked B's fractions k/B (one sort per column, as for
+one B), and each B's edges are picked from it, exactly what a plan of that B alone records (k/B is the same float8
+either way). The plan's record holds the largest B's as ``edges`` and the others' as ``bin_edges``; each trial's
+record (``pgtrain.config.bins.for_bins``) holds exactly the edges its model uses, the largest's, another B's or
+none.
 """
 
 from __future__ import annotations
