@@ -27,6 +27,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from pgtrain.core.errors import LockTimeout, PgtrainError, StaleLockToken
+from pgtrain.store import lock_statements as statements
 from pgtrain.store.control import ControlConnection, released_at_end
 
 log = logging.getLogger(__name__)
@@ -37,75 +38,6 @@ DEFAULT_TIMEOUT = 60.0
 # Upper bound on one wait between attempts, in case a wake-up is ever lost (e.g. a NOTIFY
 # dropped by a proxy); normal wake-ups are the NOTIFY on release and the lease's expiry.
 _MAX_WAIT = 5.0
-
-# A lock of a family (sql/016_shared_plan.sql) is not taken while another group's lock of the family is held (its
-# ``rival``); the caller serializes a family's acquisitions (``acquire_lock``), so two groups never both see none.
-_ACQUIRE = """
-WITH rival AS (
-    SELECT name FROM pgtrain.locks
-    WHERE family = %(family)s AND lock_group IS DISTINCT FROM %(group)s AND name <> %(name)s
-      AND owner IS NOT NULL AND expires_at > clock_timestamp()
-    ORDER BY expires_at DESC LIMIT 1),
-taken AS (
-    INSERT INTO pgtrain.locks AS l (name, token, owner, acquired_at, heartbeat_at, expires_at, family, lock_group)
-    SELECT %(name)s::text, nextval('pgtrain.fencing_tokens'), %(owner)s::jsonb, clock_timestamp(), clock_timestamp(),
-           clock_timestamp() + %(ttl)s * interval '1 second', %(family)s::text, %(group)s::text
-    WHERE NOT EXISTS (SELECT FROM rival)
-    ON CONFLICT (name) DO UPDATE
-       -- nextval here (not in VALUES) runs once the row lock is held: tokens grow in acquisition order.
-       SET token = greatest(nextval('pgtrain.fencing_tokens'), l.token + 1),
-           owner = EXCLUDED.owner,
-           acquired_at = clock_timestamp(),
-           heartbeat_at = clock_timestamp(),
-           expires_at = clock_timestamp() + %(ttl)s * interval '1 second',
-           family = EXCLUDED.family, lock_group = EXCLUDED.lock_group
-       WHERE l.owner IS NULL OR l.expires_at <= clock_timestamp() OR l.owner @> %(take_over)s::jsonb
-    RETURNING token, acquired_at, expires_at),
--- the expired leases of the family's other groups end with this take (a new token, as a taker gives): a stale
--- holder's late renewal or fenced write fails, rather than its group holding the family beside this one
-ended AS (
-    UPDATE pgtrain.locks
-       SET token = nextval('pgtrain.fencing_tokens'), owner = NULL, acquired_at = NULL, heartbeat_at = NULL,
-           expires_at = NULL
-     WHERE family = %(family)s AND lock_group IS DISTINCT FROM %(group)s AND name <> %(name)s
-       AND owner IS NOT NULL AND expires_at <= clock_timestamp() AND EXISTS (SELECT FROM taken))
-SELECT true, token, NULL::jsonb, acquired_at, expires_at, NULL::float8, %(name)s::text FROM taken
-UNION ALL
--- not taken: who holds it or its rival (as of this statement's snapshot), for how much longer, and which lock
-SELECT false, token, owner, acquired_at, expires_at,
-       extract(epoch FROM expires_at - clock_timestamp())::float8, name
-FROM pgtrain.locks WHERE name = coalesce((SELECT name FROM rival), %(name)s) AND NOT EXISTS (SELECT FROM taken)
-"""
-
-_HOLDER = """
-SELECT token, owner, acquired_at, expires_at,
-       extract(epoch FROM expires_at - clock_timestamp())::float8 AS remaining
-FROM pgtrain.locks WHERE name = %s
-"""
-
-_RELEASE = """
-WITH released AS (
-    UPDATE pgtrain.locks
-       SET owner = NULL, acquired_at = NULL, heartbeat_at = NULL, expires_at = NULL
-     WHERE name = %(name)s AND token = %(token)s AND owner IS NOT NULL
-    RETURNING name)
-SELECT pg_notify(%(channel)s, name) FROM released
-"""
-
-# SKIP LOCKED: while the holder's own fenced transaction holds the row, a renewal must not queue
-# behind it (a queued renewal would still land after the holder died and extend a dead lease).
-# %(owner)s: keys to change in the owner record (a null value drops its key), or NULL.
-_RENEW = """
-UPDATE pgtrain.locks AS l
-   SET heartbeat_at = clock_timestamp(), expires_at = clock_timestamp() + %(ttl)s * interval '1 second',
-       owner = coalesce(jsonb_strip_nulls(l.owner || %(owner)s::jsonb), l.owner)
-  FROM (SELECT name FROM pgtrain.locks
-         WHERE name = %(name)s AND token = %(token)s AND owner IS NOT NULL
-           FOR UPDATE SKIP LOCKED) AS mine
- WHERE l.name = mine.name
-RETURNING l.expires_at
-"""
-
 
 class LockNotHeld(PgtrainError):
     """A release or renewal of a lock this manager does not hold."""
@@ -224,11 +156,11 @@ class LockManager:
                 # connection later run without it.
                 with conn.transaction():
                     conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{remaining_ms}ms",))
-                    if family:  # in a statement of its own: _ACQUIRE's snapshot then sees the family's last taker
+                    if family:  # a statement of its own: ACQUIRE's snapshot then sees the family's last taker
                         conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"pgtrain.locks:{family[0]}",))
-                    return conn.execute(_ACQUIRE, arguments).fetchone()
+                    return conn.execute(statements.ACQUIRE, arguments).fetchone()
             except psycopg.errors.LockNotAvailable:
-                busy = conn.execute(_HOLDER, (name,)).fetchone()
+                busy = conn.execute(statements.HOLDER, (name,)).fetchone()
                 return (False, *busy, name) if busy else None
 
         while True:
@@ -408,7 +340,7 @@ class LockManager:
 
 def lock_holder(conn: psycopg.Connection, name: str) -> dict[str, Any] | None:
     """The current holder of ``name`` (owner, token, since, expires) or None when free."""
-    row = conn.execute(_HOLDER, (name,)).fetchone()
+    row = conn.execute(statements.HOLDER, (name,)).fetchone()
     if row is None or row[1] is None:
         return None
     return {"token": row[0], "owner": row[1], "acquired_at": row[2], "expires_at": row[3]}
@@ -419,11 +351,11 @@ def renew_lease(conn: psycopg.Connection, name: str, token: int, ttl: float,
     """Extend the lease (``name``, ``token``) to ``ttl`` seconds from now, changing ``owner``'s keys in its owner
     record (a None drops one): its new end, or None when the row is busy in the holder's own fenced transaction.
     Raises StaleLockToken when the lease has ended (released, or taken over with a newer token)."""
-    row = conn.execute(_RENEW, {"name": name, "token": token, "ttl": ttl,
+    row = conn.execute(statements.RENEW, {"name": name, "token": token, "ttl": ttl,
                                 "owner": Jsonb(dict(owner)) if owner else None}).fetchone()
     if row is not None:
         return row[0]
-    current = conn.execute(_HOLDER, (name,)).fetchone()
+    current = conn.execute(statements.HOLDER, (name,)).fetchone()
     if current is not None and current[0] == token and current[1] is not None:
         return None
     now = f"now held by {describe_owner(current[1])} with token {current[0]}" if current and current[1] else "now free"
@@ -432,13 +364,13 @@ def renew_lease(conn: psycopg.Connection, name: str, token: int, ttl: float,
 
 def release_lease(conn: psycopg.Connection, name: str, token: int) -> bool:
     """Free the lock if (``name``, ``token``) is still its lease, waking its waiters; False when it had ended."""
-    return bool(conn.execute(_RELEASE, {"name": name, "token": token, "channel": CHANNEL}).fetchall())
+    return bool(conn.execute(statements.RELEASE, {"name": name, "token": token, "channel": CHANNEL}).fetchall())
 
 
 def _released(conn: psycopg.Connection, lease: Lease) -> bool:
     """Whether the lock row is free with ``lease``'s token: released by its holder (expiry keeps the owner, a taker
     changes the token)."""
-    row = conn.execute(_HOLDER, (lease.name,)).fetchone()
+    row = conn.execute(statements.HOLDER, (lease.name,)).fetchone()
     return row is not None and row[0] == lease.token and row[1] is None
 
 
