@@ -58,7 +58,7 @@ from trainer.train import batch_and_rate
 
 ROWS = int(os.environ.get("PGTRAIN_BENCH_TRAIN_ROWS", "200000"))
 DIM = int(os.environ.get("PGTRAIN_BENCH_TRAIN_DIM", "100"))
-EPOCHS = int(os.environ.get("PGTRAIN_BENCH_TRAIN_EPOCHS", "3"))
+EPOCHS = int(os.environ.get("PGTRAIN_BENCH_TRAIN_EPOCHS", "5"))
 ROUNDS = int(os.environ.get("PGTRAIN_BENCH_TRAIN_ROUNDS", "5"))
 CLASSES = 10
 TARGETS = {"quiet": 0.9, "busy": 0.8}

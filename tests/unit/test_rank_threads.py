@@ -15,7 +15,15 @@ from pgtrain.config.params import PARAMETERS, TrainingConfig, unknown_keys
 from pgtrain.config.settings import AuthorSettings, load_settings
 from pgtrain.core.cpus import usable_cpus
 from pgtrain.core.errors import ConfigError
-from trainer.threads import set_up_threads, thread_summary, threads_per_rank, wait_passively
+from pgtrain.models.cost import multiply_adds_per_row
+from pgtrain.models.network import build_model
+from trainer.threads import (
+    STEP_WORK_PER_THREAD,
+    set_up_threads,
+    thread_summary,
+    threads_per_rank,
+    wait_passively,
+)
 
 
 def test_threads_per_rank_share_the_cpus_unless_omp_num_threads_says():
@@ -28,6 +36,27 @@ def test_threads_per_rank_share_the_cpus_unless_omp_num_threads_says():
     # the author's intra_op_threads (the run's config) before either
     assert threads_per_rank({"OMP_NUM_THREADS": "3"}, 2, chosen=5) == 5
     assert threads_per_rank({}, cpus, chosen=4) == 4
+
+
+def test_a_step_too_small_for_a_second_thread_gets_one():
+    cpus = usable_cpus()
+    assert threads_per_rank({}, 1, step_work=STEP_WORK_PER_THREAD - 1) == 1
+    assert threads_per_rank({}, 1, step_work=0) == 1
+    assert threads_per_rank({}, 1, step_work=2 * STEP_WORK_PER_THREAD) == min(2, cpus)
+    assert threads_per_rank({}, 1, step_work=10**15) == cpus  # never more than the CPUs it gets
+    assert threads_per_rank({}, 4 * cpus, step_work=10**15) == 1
+    # whoever chose a count is followed whatever the work
+    assert threads_per_rank({"OMP_NUM_THREADS": "3"}, 1, step_work=0) == 3
+    assert threads_per_rank({}, 1, chosen=4, step_work=0) == 4
+
+
+def test_a_step_s_work_counts_each_dense_weight_once_a_row_and_a_shared_weight_once_per_member():
+    plain = build_model("mlp", 100, 10, {"hidden_sizes": [50]}, 0)
+    assert multiply_adds_per_row(plain) == 100 * 50 + 50 * 10
+    deep = build_model("mlp", 8, 3, {"hidden_sizes": [256, 256]}, 0)
+    assert multiply_adds_per_row(deep) == 8 * 256 + 256 * 256 + 256 * 3
+    ensemble = build_model("mlp", 100, 10, {"hidden_sizes": [50], "members": 4}, 0)
+    assert multiply_adds_per_row(ensemble) == 4 * (100 * 50 + 50 * 10)
 
 
 def test_the_author_chooses_intra_op_threads_in_the_settings_file_or_a_models_entry(tmp_path):

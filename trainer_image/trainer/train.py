@@ -29,6 +29,7 @@ from pgtrain.core.errors import PgtrainError
 from pgtrain.data import input_record, loader
 from pgtrain.launch.horovodrun import name_passfile
 from pgtrain.launch.lifetime import die_with_parent
+from pgtrain.models.cost import multiply_adds_per_row
 from pgtrain.models.ensemble import member_loss, trained_output
 from pgtrain.models.network import ClampedUnstandardize, PgtrainModel, build_model, state_layout, writable_tensor
 from pgtrain.runs import record
@@ -231,7 +232,6 @@ def train(args: argparse.Namespace, cuda: Cuda = torch.cuda) -> int:
         print(f"collectives: {ranks.name} ({size} rank{'s' if size != 1 else ''})", flush=True)
     run = record.get_run(conn, args.run_id)
     config = run.config
-    set_up_threads(os.environ, ranks.local_size(), config.intra_op_threads)
     shards = record.get_manifest(conn, run.run_id)
     if len(shards) != size:
         raise PgtrainError(
@@ -241,6 +241,7 @@ def train(args: argparse.Namespace, cuda: Cuda = torch.cuda) -> int:
     if config.model == BOOSTED:  # trees grown across the same ranks from the same rows (trainer.boosted)
         from trainer import boosted  # only here: a rank of a network never loads the booster's module
 
+        set_up_threads(os.environ, ranks.local_size(), config.intra_op_threads)
         return boosted.train_rank(conn, run, shards, ranks.local_size(), device,
                                   lambda: load_rows(conn, run, shards, rank, size, imports))
     planned = input_record.of_run(run)
@@ -250,6 +251,9 @@ def train(args: argparse.Namespace, cuda: Cuda = torch.cuda) -> int:
     # init_from is refused first (a rank alone may have begun reading them meanwhile: that read is dropped).
     model = build_model(config.model, planned.input_dim, output_dim, config.model_options_for_build, config.seed,
                         run.encoding)
+    batch_size, learning_rate = batch_and_rate(config, shards)
+    set_up_threads(os.environ, ranks.local_size(), config.intra_op_threads,
+                   step_work=batch_size * multiply_adds_per_row(model))
     fingerprint = plan_fingerprint(shards)
     start = agree_on_start(conn, run, model, rank, fingerprint)
     check_encoding_parent(run, start.init_version)
@@ -279,7 +283,6 @@ def train(args: argparse.Namespace, cuda: Cuda = torch.cuda) -> int:
         low, high = global_range(y_train)
         model.target.low.copy_(low)
         model.target.high.copy_(high)
-    batch_size, learning_rate = batch_and_rate(config, shards)
     steps = steps_per_epoch(shards, batch_size)
     train_count = len(x_train)
     largest = -(-train_count // steps)

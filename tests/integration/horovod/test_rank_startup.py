@@ -47,6 +47,18 @@ def test_the_author_s_intra_op_threads_reach_the_rank(autocommit, db_url):
     assert any(f"{threads} threads per rank, passive waits" in line for line in output), output
 
 
+def test_a_rank_takes_a_second_thread_only_for_a_step_with_the_work_for_it(autocommit, db_url, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # the automatic count, whatever this machine's says
+    seed_samples(autocommit, rows=300, dim=8, classes=3)
+    # 8 -> 12 -> 3 at batch 64: 7k multiply-adds a step; 8 -> 256 -> 256 -> 3 at batch 512: 35M
+    for name, params, threads in (("small-step", {"hidden_sizes": [12], "batch_size": 64}, 1),
+                                  ("large-step", {"hidden_sizes": [256, 256], "batch_size": 512},
+                                   min(2, usable_cpus()))):
+        run = planned_run(autocommit, name, epochs=1, world_size=1, **params)
+        output = run_job(run, db_url)
+        assert any(f"{threads} threads per rank, passive waits" in line for line in output), (name, output)
+
+
 def test_a_rank_trains_without_importing_torch_dynamo(autocommit, db_url, tmp_path, monkeypatch):
     (tmp_path / "sitecustomize.py").write_text(PROBE)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))

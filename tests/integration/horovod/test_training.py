@@ -16,7 +16,6 @@ import torch.nn.functional as F
 
 from pgtrain.airflow.dag import train_run
 from pgtrain.config.params import DEFAULT_ENSEMBLE_MEMBERS, TrainingConfig
-from pgtrain.core.cpus import usable_cpus
 from pgtrain.core.errors import ClaimLost, TrainingFailed, TrainingInputError
 from pgtrain.data import loader, manifest
 from pgtrain.data.source.rows import TRAIN
@@ -121,9 +120,8 @@ def test_two_ranks_train_and_stage_parameters(autocommit, db_url):
 
     assert any("rank 0/2" in line for line in output) and any("rank 1/2" in line for line in output)
     assert any("epoch 3/3" in line and "samples/s" in line for line in output)
-    # two ranks on this machine share its CPUs, and their threads sleep while they wait
-    threads = max(1, usable_cpus() // 2)
-    assert any(f"{threads} threads per rank, passive waits" in line for line in output)
+    # a step this small is too little work for a second thread, and the thread sleeps while it waits
+    assert any("1 threads per rank, passive waits" in line for line in output)
     metrics = record.epoch_metrics(autocommit, run.run_id)
     assert [m["epoch"] for m in metrics] == [1, 2, 3]
     assert metrics[-1]["train_loss"] < metrics[0]["train_loss"]
