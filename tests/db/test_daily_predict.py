@@ -116,6 +116,37 @@ def test_upsert_updates_changed_scores_and_inserts_new_keys(aconn, db_url, capsy
 
 
 @pytest.mark.parametrize("mode", ["upsert", "replace", "append"])
+def test_a_table_predict_creates_takes_one_copy_in_every_mode_and_one_that_was_there_its_mode(aconn, mode):
+    """A new table has no rows and no other session sees it before the run commits: no staging, no key check,
+    no delete. A table that was there is written as its mode says."""
+    from pgtrain.store import prediction_table
+
+    model = regression_table(aconn)
+    targets = []
+    open_target = prediction_table.open_target
+
+    def open_and_note(*args, **kwargs):
+        targets.append(target := open_target(*args, **kwargs))
+        return target
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(inference, "open_target", open_and_note)
+        assert predict(aconn, "reg", None, "items", "id", "scores", mode=mode).rows == ROWS
+        aconn.execute("UPDATE public.items SET features = '{7,7,7}' WHERE id = 5")
+        if mode == "append":  # which refuses keys already there
+            aconn.execute("DELETE FROM scores")
+        assert predict(aconn, "reg", None, "items", "id", "scores", mode=mode).rows == ROWS
+
+    created, there = targets
+    assert created.copy_into == created.table
+    assert (there.copy_into == there.table) == (mode != "upsert")  # only an upsert stages its rows
+    got = dict(aconn.execute("SELECT id, prediction FROM scores").fetchall())
+    want = expected(aconn, model)
+    assert sorted(got) == list(range(1, ROWS + 1))
+    np.testing.assert_allclose([got[k] for k in sorted(got)], [want[k] for k in sorted(got)], atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["upsert", "replace", "append"])
 @pytest.mark.parametrize("failure", ["bad_source_row", "table_refuses_a_row"])
 def test_a_failure_midway_leaves_the_previous_scores(aconn, mode, failure):
     regression_table(aconn)

@@ -56,17 +56,15 @@ class Target:
 def open_target(conn: psycopg.Connection, into: str, source: Source, prediction_type: str, mode: str = DEFAULT_MODE,
                 classes: Sequence[str] | None = None) -> Target:
     """Resolve ``into`` (created when missing), refuse every way it does not fit, then make ready for ``mode``
-    (append: refuse keys already there; replace: delete the rows; upsert: the temporary table). ``classes``: the
+    (a table this call created takes one COPY whatever the mode; else append: refuse keys already there; replace:
+    delete the rows; upsert: the temporary table). ``classes``: the
     probabilities' classes (in text form), when they are written."""
     if mode not in MODES:
         raise PgtrainError(f"mode {mode!r}: give one of {', '.join(MODES)}")
     table = _table_name(conn, into)
     wanted = {source.key_column: source.key_type, PREDICTION_COLUMN: prediction_type,
               **({PROBABILITIES_COLUMN: _FLOAT8_ARRAY} if classes is not None else {})}
-    conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({} {} PRIMARY KEY, {})").format(
-        table, source.key, sql.SQL(source.key_type),  # format_type() of the source's key, from the catalog
-        sql.SQL(", ").join(sql.SQL("{} {} NOT NULL").format(sql.Identifier(c), sql.SQL(t))
-                           for c, t in list(wanted.items())[1:])))
+    created = _create_if_missing(conn, table, source, wanted)
     oid, _, _, kind = find_relation(conn, table.as_string(conn), role="--into")
     if kind not in ("r", "p"):
         raise PgtrainError(f"--into {into!r} is not a table (relkind {kind!r}); predict into a table")
@@ -78,7 +76,9 @@ def open_target(conn: psycopg.Connection, into: str, source: Source, prediction_
                            f"({source.key.as_string(conn)}), or use --mode replace")
     comment = _classes_comment(conn, oid, table, into, mode, columns, classes) if classes is not None else None
     copy_into = table
-    if mode == "append":
+    if created:  # no rows, and no other session sees it before this one commits: every mode is one COPY into it
+        pass
+    elif mode == "append":
         _refuse_keys_there(conn, table, into, source)
     elif mode == "replace":
         conn.execute(sql.SQL("DELETE FROM {}").format(table))
@@ -88,6 +88,21 @@ def open_target(conn: psycopg.Connection, into: str, source: Source, prediction_
             sql.Identifier(_STAGED), sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(t))
                                                         for c, t in wanted.items())))
     return Target(table, into, mode, source.key, tuple(wanted), copy_into, comment)
+
+
+def _create_if_missing(conn: psycopg.Connection, table: sql.Identifier, source: Source, wanted: dict[str, str]
+                       ) -> bool:
+    """Create the table unless it exists (the key, its primary key, then the wanted columns); True when this
+    transaction created it."""
+    try:
+        with conn.transaction():  # a savepoint: a table that exists leaves the transaction as it was
+            conn.execute(sql.SQL("CREATE TABLE {} ({} {} PRIMARY KEY, {})").format(
+                table, source.key, sql.SQL(source.key_type),  # format_type() of the source's key, from the catalog
+                sql.SQL(", ").join(sql.SQL("{} {} NOT NULL").format(sql.Identifier(c), sql.SQL(t))
+                                   for c, t in list(wanted.items())[1:])))
+    except psycopg.errors.DuplicateTable:
+        return False
+    return True
 
 
 def _table_name(conn: psycopg.Connection, into: str) -> sql.Identifier:
@@ -213,7 +228,7 @@ def prediction_copy(conn: psycopg.Connection, target: Target) -> Iterator[Callab
 
 def finish(conn: psycopg.Connection, target: Target) -> None:
     """The run's last writes, in its transaction: the upsert of the staged rows, the probabilities' classes."""
-    if target.mode == "upsert":
+    if target.copy_into != target.table:  # an upsert into a table that was there: the staged rows, merged
         names = [sql.Identifier(c) for c in target.columns]
         with _refused(target):
             conn.execute(sql.SQL(
