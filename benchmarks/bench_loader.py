@@ -468,7 +468,9 @@ def main() -> None:
               f"load average {os.getloadavg()[0]:.1f}", flush=True)
         specs = prepare(url, rows, dim, layouts)
         figures: dict[str, float | int | str] = {"loader.rows": rows, "loader.dim": dim, "loader.rounds": rounds}
+        started = os.getloadavg()[0]
         for layout in layouts:
+            layout_started = os.getloadavg()[0]
             measured: dict[str, list[dict]] = {name: [] for name in contenders}
             skipped: dict[str, str] = {} if layout in FETCH_LAYOUTS else {
                 "asyncpg_fetch": "fetch builds one Python float per value here (as fetchall does): bytea only"}
@@ -491,6 +493,9 @@ def main() -> None:
                     print(f"  {layout} round {round_ + 1} {name:<15} {result['seconds']:7.3f} s "
                           f"peak {result['peak_rss_mb']:7.1f} MB", flush=True)
             figures |= summarize(layout, measured, skipped)
+            figures[f"loader.{layout}.load_average"] = f"{layout_started:.2f}-{os.getloadavg()[0]:.2f}"
+        # the 1-minute load average when the run (each layout: its own figure) began and ended
+        figures["loader.load_average"] = f"{started:.2f}-{os.getloadavg()[0]:.2f}"
     report(figures)
 
 
