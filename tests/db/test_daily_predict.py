@@ -146,6 +146,22 @@ def test_a_table_predict_creates_takes_one_copy_in_every_mode_and_one_that_was_t
     np.testing.assert_allclose([got[k] for k in sorted(got)], [want[k] for k in sorted(got)], atol=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["upsert", "replace"])
+def test_into_names_the_table_sql_resolves_to_and_predict_writes_it_in_its_mode(aconn, mode):
+    """A session's temporary table hides a table of the same name: predict writes the one the name resolves to
+    (and creates no other), in its mode: it is not a table predict created."""
+    model = regression_table(aconn)
+    aconn.execute("CREATE TEMPORARY TABLE scores (id bigint PRIMARY KEY, prediction double precision NOT NULL)")
+    aconn.execute("INSERT INTO scores VALUES (1, -1), (999, -1)")
+
+    assert predict(aconn, "reg", None, "items", "id", "scores", mode=mode).rows == ROWS
+
+    assert aconn.execute("SELECT to_regclass('public.scores')").fetchone()[0] is None
+    got = dict(aconn.execute("SELECT id, prediction FROM pg_temp.scores").fetchall())
+    assert sorted(got) == list(range(1, ROWS + 1)) + ([999] if mode == "upsert" else [])
+    assert got[1] == pytest.approx(expected(aconn, model)[1], abs=1e-5)
+
+
 @pytest.mark.parametrize("mode", ["upsert", "replace", "append"])
 @pytest.mark.parametrize("failure", ["bad_source_row", "table_refuses_a_row"])
 def test_a_failure_midway_leaves_the_previous_scores(aconn, mode, failure):

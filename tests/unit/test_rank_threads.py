@@ -22,6 +22,7 @@ from trainer.threads import (
     set_up_threads,
     thread_summary,
     threads_per_rank,
+    threads_while,
     wait_passively,
 )
 
@@ -57,6 +58,17 @@ def test_a_step_s_work_counts_each_dense_weight_once_a_row_and_a_shared_weight_o
     assert multiply_adds_per_row(deep) == 8 * 256 + 256 * 256 + 256 * 3
     ensemble = build_model("mlp", 100, 10, {"hidden_sizes": [50], "members": 4}, 0)
     assert multiply_adds_per_row(ensemble) == 4 * (100 * 50 + 50 * 10)
+
+
+def recurrent(input_dim: int, output_dim: int) -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Unflatten(1, (1, input_dim)), torch.nn.GRU(input_dim, 16, batch_first=True))
+
+
+def test_a_layer_whose_cost_it_cannot_tell_leaves_the_threads_uncapped():
+    assert multiply_adds_per_row(recurrent(8, 3)) is None
+    weight_normed = torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(8, 3))
+    assert multiply_adds_per_row(torch.nn.Sequential(weight_normed)) is None
+    assert multiply_adds_per_row(torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 2))) == 8
 
 
 def test_the_author_chooses_intra_op_threads_in_the_settings_file_or_a_models_entry(tmp_path):
@@ -124,7 +136,13 @@ def test_a_rank_flushes_subnormal_floats_to_zero():
         set_up_threads({"OMP_NUM_THREADS": "1"}, 1)
         assert torch.get_num_threads() == 1
         assert torch.tensor([1e-40]).item() == 0 and torch.tensor([1e-37]).item() > 0
-        assert thread_summary({"OMP_WAIT_POLICY": "PASSIVE"}) == "1 threads per rank, passive waits"
+        assert thread_summary(1, {"OMP_WAIT_POLICY": "PASSIVE"}) == "1 threads per rank, passive waits"
+        torch.set_num_threads(2)
+        with threads_while(1):
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2
+        assert thread_summary(1, {"OMP_WAIT_POLICY": "PASSIVE"}) == (
+            "1 threads per rank, passive waits (2 outside the training steps)")
     finally:
         torch.set_num_threads(threads)
         torch.set_flush_denormal(flushing)

@@ -53,12 +53,23 @@ from trainer.evaluate import Task, balanced_class_weights, epoch_figures, test_f
 from trainer.optim import Schedule, load_optimizer_arrays, make_optimizer
 from trainer.start import Start, agree_on_start, check_encoding_parent, plan_fingerprint, write_checkpoint
 from trainer.stopping import BEST_EPOCH, EarlyStopping
-from trainer.threads import set_up_threads, thread_summary
+from trainer.threads import set_up_threads, thread_summary, threads_per_rank, threads_while
 
 
 def steps_per_epoch(manifest_rows: list[record.Shard], batch_size: int) -> int:
     """The same for every rank, from the largest shard, so no rank waits in an allreduce the others skip."""
     return max(1, math.ceil(max(s.train_count for s in manifest_rows) / batch_size))
+
+
+def cpu_step_work(model: torch.nn.Module, shards: list[record.Shard], steps: int, device: torch.device
+                  ) -> int | None:
+    """The multiply-adds of the largest training step's forward pass where the CPU computes it: what a rank's
+    training threads are sized by (``trainer.threads``); None on a GPU, or for layers ``multiply_adds_per_row``
+    cannot count."""
+    per_row = multiply_adds_per_row(model)
+    if device.type != "cpu" or per_row is None:
+        return None
+    return -(-max(s.train_count for s in shards) // steps) * per_row
 
 
 def batch_and_rate(config: TrainingConfig, shards: list[record.Shard]) -> tuple[int, float]:
@@ -232,6 +243,7 @@ def train(args: argparse.Namespace, cuda: Cuda = torch.cuda) -> int:
         print(f"collectives: {ranks.name} ({size} rank{'s' if size != 1 else ''})", flush=True)
     run = record.get_run(conn, args.run_id)
     config = run.config
+    set_up_threads(os.environ, ranks.local_size(), config.intra_op_threads)
     shards = record.get_manifest(conn, run.run_id)
     if len(shards) != size:
         raise PgtrainError(
@@ -241,7 +253,6 @@ def train(args: argparse.Namespace, cuda: Cuda = torch.cuda) -> int:
     if config.model == BOOSTED:  # trees grown across the same ranks from the same rows (trainer.boosted)
         from trainer import boosted  # only here: a rank of a network never loads the booster's module
 
-        set_up_threads(os.environ, ranks.local_size(), config.intra_op_threads)
         return boosted.train_rank(conn, run, shards, ranks.local_size(), device,
                                   lambda: load_rows(conn, run, shards, rank, size, imports))
     planned = input_record.of_run(run)
@@ -251,9 +262,6 @@ def train(args: argparse.Namespace, cuda: Cuda = torch.cuda) -> int:
     # init_from is refused first (a rank alone may have begun reading them meanwhile: that read is dropped).
     model = build_model(config.model, planned.input_dim, output_dim, config.model_options_for_build, config.seed,
                         run.encoding)
-    batch_size, learning_rate = batch_and_rate(config, shards)
-    set_up_threads(os.environ, ranks.local_size(), config.intra_op_threads,
-                   step_work=batch_size * multiply_adds_per_row(model))
     fingerprint = plan_fingerprint(shards)
     start = agree_on_start(conn, run, model, rank, fingerprint)
     check_encoding_parent(run, start.init_version)
@@ -283,6 +291,7 @@ def train(args: argparse.Namespace, cuda: Cuda = torch.cuda) -> int:
         low, high = global_range(y_train)
         model.target.low.copy_(low)
         model.target.high.copy_(high)
+    batch_size, learning_rate = batch_and_rate(config, shards)
     steps = steps_per_epoch(shards, batch_size)
     train_count = len(x_train)
     largest = -(-train_count // steps)
@@ -331,6 +340,8 @@ def fit(conn: psycopg.Connection, run: record.Run, model: PgtrainModel, start: S
     x_train, y_train, x_val, y_val, x_test, y_test = rows
     model.to(device)
     steps = steps_per_epoch(shards, batch_size)
+    step_threads = threads_per_rank(os.environ, collectives.active().local_size(), config.intra_op_threads,
+                                    cpu_step_work(model, shards, steps, device))
     optimizer = make_optimizer(config, model, learning_rate)
     if size > 1:  # one rank has nothing to average: no gradient hooks, no wait on the collectives each step
         # (a new optimizer over the same parameter groups: the state is loaded into it, below)
@@ -354,7 +365,7 @@ def fit(conn: psycopg.Connection, run: record.Run, model: PgtrainModel, start: S
         auto = [name for name in ("batch_size", "learning_rate") if getattr(config, name) is None]
         print(f"{config.optimizer} at learning rate {learning_rate:g} ({config.lr_schedule} schedule), batch "
               f"{batch_size} rows per rank (global {batch_size * size}), {steps} steps per epoch, "
-              f"{thread_summary()}" + (f" ({' and '.join(auto)} auto)" if auto else ""),
+              f"{thread_summary(step_threads)}" + (f" ({' and '.join(auto)} auto)" if auto else ""),
               flush=True)
         if config.early_stopping_patience and not stopping.on:
             print("early stopping is off: the run has no validation rows (validation_fraction 0)", flush=True)
@@ -370,9 +381,10 @@ def fit(conn: psycopg.Connection, run: record.Run, model: PgtrainModel, start: S
         torch.manual_seed(int(np.random.SeedSequence([config.seed, epoch, rank]).generate_state(1)[0]))
         model.train()
         # The order is dropped with the epoch: the next one is never built beside it.
-        train_sums = train_epoch(model, optimizer, schedule, (epoch - 1) * steps, task, batches,
-                                 torch.from_numpy(epoch_order(train_count, config.seed, epoch, rank)).to(
-                                     batches.rows_device), batch_bounds(train_count, steps), config.precision)
+        with threads_while(step_threads):
+            train_sums = train_epoch(model, optimizer, schedule, (epoch - 1) * steps, task, batches,
+                                     torch.from_numpy(epoch_order(train_count, config.seed, epoch, rank)).to(
+                                         batches.rows_device), batch_bounds(train_count, steps), config.precision)
         if device.type == "cuda":
             cuda.synchronize(device.index)
         train_seconds = time.perf_counter() - started

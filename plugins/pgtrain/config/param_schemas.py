@@ -320,5 +320,6 @@ RANK_SETTINGS: dict[str, dict[str, Any]] = {
     "intra_op_threads": {"default": None, "type": ["integer", "null"], "minimum": 1, "maximum": 1024,
                          "title": "Threads per rank",
                          "description": "torch's threads in each rank; empty = $OMP_NUM_THREADS if set, else the "
-                                        "CPUs the rank may use shared by the ranks on its node"},
+                                        "CPUs the rank may use shared by the ranks on its node (a small "
+                                        "network's training steps take fewer)"},
 }

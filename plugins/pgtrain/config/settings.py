@@ -14,7 +14,8 @@ They live in a YAML file next to the DAGs (``dags/pgtrain.yaml``, whose path the
 - ``max_world_size``: the most ranks a run may ask for;
 - ``categories``: the most levels a run may keep per categorical column and the fewest rows a kept level needs
   (a trigger beyond them is refused), and what of the levels a version may store in clear (``CATEGORIES``).
-- ``intra_op_threads``: torch's threads in each rank (``RANK_SETTINGS``; default: as many as its CPUs allow).
+- ``intra_op_threads``: torch's threads in each rank (``RANK_SETTINGS``; default: as many as its CPUs allow, fewer for a
+  small network's training steps: ``trainer.threads``).
 - ``search_limits``: whether a run may search, and its caps: ``max_trials``, ``concurrency`` (trials at once),
   ``max_total_world_size`` (``pgtrain.config.search``); none: a run with the ``search`` param is refused.
 

@@ -2,6 +2,9 @@
 
 - ``upsert`` (the default): every scored key gets this run's prediction, inserted or updated (one
   ``INSERT ... ON CONFLICT`` from a temporary table the COPY fills); no other row is touched.
+
+A table the run creates takes its rows in one COPY whatever the mode: it has none, and no other session sees it
+before the run commits.
 - ``replace``: the table's rows are deleted and this run's written, in the one transaction: other sessions see the
   previous rows until it commits, then the new ones (DELETE, not TRUNCATE, which an older snapshot sees empty).
 - ``append``: refused, before a row is written, when the table holds a key the source has; else rows are added.
@@ -52,6 +55,11 @@ class Target:
     copy_into: sql.Identifier
     classes_comment: str | None  # the probabilities' comment to record at the end (None: it is right already)
 
+    @property
+    def staged(self) -> bool:
+        """Whether the COPY fills the upsert's temporary table (merged into the table by ``finish``)."""
+        return self.copy_into != self.table
+
 
 def open_target(conn: psycopg.Connection, into: str, source: Source, prediction_type: str, mode: str = DEFAULT_MODE,
                 classes: Sequence[str] | None = None) -> Target:
@@ -64,8 +72,8 @@ def open_target(conn: psycopg.Connection, into: str, source: Source, prediction_
     table = _table_name(conn, into)
     wanted = {source.key_column: source.key_type, PREDICTION_COLUMN: prediction_type,
               **({PROBABILITIES_COLUMN: _FLOAT8_ARRAY} if classes is not None else {})}
-    created = _create_if_missing(conn, table, source, wanted)
-    oid, _, _, kind = find_relation(conn, table.as_string(conn), role="--into")
+    found, created = _resolve_or_create(conn, table, source, wanted)
+    oid, _, _, kind = found
     if kind not in ("r", "p"):
         raise PgtrainError(f"--into {into!r} is not a table (relkind {kind!r}); predict into a table")
     columns = _columns(conn, oid)
@@ -76,33 +84,41 @@ def open_target(conn: psycopg.Connection, into: str, source: Source, prediction_
                            f"({source.key.as_string(conn)}), or use --mode replace")
     comment = _classes_comment(conn, oid, table, into, mode, columns, classes) if classes is not None else None
     copy_into = table
-    if created:  # no rows, and no other session sees it before this one commits: every mode is one COPY into it
-        pass
-    elif mode == "append":
-        _refuse_keys_there(conn, table, into, source)
-    elif mode == "replace":
-        conn.execute(sql.SQL("DELETE FROM {}").format(table))
-    else:
-        copy_into = sql.Identifier("pg_temp", _STAGED)
-        conn.execute(sql.SQL("CREATE TEMPORARY TABLE {} ({}) ON COMMIT DROP").format(
-            sql.Identifier(_STAGED), sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(t))
-                                                        for c, t in wanted.items())))
+    if not created:  # a table this run created has no rows and no other session sees it: one COPY, whatever the mode
+        if mode == "append":
+            _refuse_keys_there(conn, table, into, source)
+        elif mode == "replace":
+            conn.execute(sql.SQL("DELETE FROM {}").format(table))
+        else:
+            copy_into = sql.Identifier("pg_temp", _STAGED)
+            conn.execute(sql.SQL("CREATE TEMPORARY TABLE {} ({}) ON COMMIT DROP").format(
+                sql.Identifier(_STAGED), sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(t))
+                                                            for c, t in wanted.items())))
     return Target(table, into, mode, source.key, tuple(wanted), copy_into, comment)
 
 
-def _create_if_missing(conn: psycopg.Connection, table: sql.Identifier, source: Source, wanted: dict[str, str]
-                       ) -> bool:
-    """Create the table unless it exists (the key, its primary key, then the wanted columns); True when this
-    transaction created it."""
+def _resolve_or_create(conn: psycopg.Connection, table: sql.Identifier, source: Source, wanted: dict[str, str]
+                       ) -> tuple[tuple[int, str, str, str], bool]:
+    """The table ``table`` names as SQL resolves it (a temporary table first, then the search_path), created when
+    it resolves to none (the key as PRIMARY KEY, then the wanted columns): (its relation, whether this call
+    created it). A table of another session created meanwhile is one that was there."""
+    name = table.as_string(conn)
+    found = find_relation(conn, name, role="--into")
+    if found is not None:
+        return found, False
     try:
-        with conn.transaction():  # a savepoint: a table that exists leaves the transaction as it was
+        with conn.transaction():  # a savepoint: a table created meanwhile leaves the transaction as it was
             conn.execute(sql.SQL("CREATE TABLE {} ({} {} PRIMARY KEY, {})").format(
                 table, source.key, sql.SQL(source.key_type),  # format_type() of the source's key, from the catalog
                 sql.SQL(", ").join(sql.SQL("{} {} NOT NULL").format(sql.Identifier(c), sql.SQL(t))
                                    for c, t in list(wanted.items())[1:])))
-    except psycopg.errors.DuplicateTable:
-        return False
-    return True
+        created = True
+    except (psycopg.errors.DuplicateTable, psycopg.errors.UniqueViolation):  # another session's, committed meanwhile
+        created = False
+    found = find_relation(conn, name, role="--into")
+    if found is None:  # not possible unless the name cannot be resolved after all
+        raise PgtrainError(f"--into {name}: the table could not be found after creating it")
+    return found, created
 
 
 def _table_name(conn: psycopg.Connection, into: str) -> sql.Identifier:
@@ -228,7 +244,7 @@ def prediction_copy(conn: psycopg.Connection, target: Target) -> Iterator[Callab
 
 def finish(conn: psycopg.Connection, target: Target) -> None:
     """The run's last writes, in its transaction: the upsert of the staged rows, the probabilities' classes."""
-    if target.copy_into != target.table:  # an upsert into a table that was there: the staged rows, merged
+    if target.staged:  # an upsert into a table that was there: the staged rows, merged
         names = [sql.Identifier(c) for c in target.columns]
         with _refused(target):
             conn.execute(sql.SQL(

@@ -49,10 +49,10 @@ def test_the_author_s_intra_op_threads_reach_the_rank(autocommit, db_url):
 
 def test_a_rank_takes_a_second_thread_only_for_a_step_with_the_work_for_it(autocommit, db_url, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # the automatic count, whatever this machine's says
-    seed_samples(autocommit, rows=300, dim=8, classes=3)
-    # 8 -> 12 -> 3 at batch 64: 7k multiply-adds a step; 8 -> 256 -> 256 -> 3 at batch 512: 35M
+    seed_samples(autocommit, rows=1400, dim=8, classes=3)  # about 1,120 training rows: 3 steps of 374 at batch 512
+    # 8 -> 12 -> 3 at batch 64: 8k multiply-adds a step; 8 -> 256 -> 256 -> 256 -> 3, 374 rows: 50M
     for name, params, threads in (("small-step", {"hidden_sizes": [12], "batch_size": 64}, 1),
-                                  ("large-step", {"hidden_sizes": [256, 256], "batch_size": 512},
+                                  ("large-step", {"hidden_sizes": [256, 256, 256], "batch_size": 512},
                                    min(2, usable_cpus()))):
         run = planned_run(autocommit, name, epochs=1, world_size=1, **params)
         output = run_job(run, db_url)

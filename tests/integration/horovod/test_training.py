@@ -113,7 +113,8 @@ def assert_same_parameters(distributed: dict[str, np.ndarray], model: torch.nn.M
         assert np.abs(distributed[name] - initial[name].numpy()).max() > 1e-3, name
 
 
-def test_two_ranks_train_and_stage_parameters(autocommit, db_url):
+def test_two_ranks_train_and_stage_parameters(autocommit, db_url, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # the automatic count, whatever this machine's says
     seed_samples(autocommit, rows=400, dim=16, classes=4)
     run = planned_run(autocommit, world_size=2, epochs=3, hidden_sizes=[12])
     output = run_job(run, db_url)
