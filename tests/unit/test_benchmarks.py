@@ -139,6 +139,14 @@ def test_the_figures_are_sklearn_s():
     assert refs.classification_figures(classes, probabilities) == pytest.approx(
         {"accuracy": accuracy_score(classes, probabilities.argmax(1)),
          "roc_auc": roc_auc_score(classes, probabilities, multi_class="ovr", labels=[0, 1, 2])}, abs=1e-12)
+    binary, tied = classes % 2, np.round(probabilities[:, :2] / probabilities[:, :2].sum(1, keepdims=True), 1)
+    assert refs.classification_figures(binary, tied)["roc_auc"] == pytest.approx(roc_auc_score(binary, tied[:, 1]),
+                                                                                abs=1e-12)
+    # a leading axis of resamples: each resample's figure
+    drawn = rng.integers(0, 200, (5, 200))
+    assert refs.roc_auc(classes[drawn], probabilities[drawn]) == pytest.approx(
+        [roc_auc_score(classes[d], probabilities[d], multi_class="ovr", labels=[0, 1, 2]) for d in drawn], abs=1e-12)
+    assert refs.r2(y[drawn], predicted[drawn]) == pytest.approx([r2_score(y[d], predicted[d]) for d in drawn])
 
 
 def test_the_bootstrap_interval_of_a_difference_is_paired():
