@@ -378,7 +378,7 @@ def measure(conn: psycopg.Connection, url: str, table: Table) -> dict[str, float
             intervals.setdefault(model, {})[metric] = (low, high)
             out[f"{prefix}.{model}.{metric}"] = round(value, 4)
             out[f"{prefix}.{model}.{metric}.vs_best_reference"] = round(difference, 4)
-            out[f"{prefix}.{model}.{metric}.vs_best_reference_ci95"] = [round(low, 4), round(high, 4)]
+            out[f"{prefix}.{model}.{metric}.vs_best_reference_ci95"] = [round(low, 4) + 0.0, round(high, 4) + 0.0]
             out[f"{prefix}.{model}.{metric}.resolvable_margin"] = round((high - low) / 2, 4)
             out[f"{prefix}.{model}.{metric}.best_reference"] = best
     for name in names:
