@@ -45,10 +45,17 @@ Figures, per table T and built-in B (``mlp``, ``xgboost``):
 - ``quality.T.B.<metric>.vs_best_reference``: the built-in's figure minus the best reference's (negative = behind;
   for rmse, lower is better: the best reference is the lowest, and negative = ahead), and
   ``quality.T.B.<metric>.best_reference``: which reference that is;
+- ``quality.T.B.<metric>.vs_best_reference_ci95``: [low, high], the 95% percentile interval of that difference over
+  2,000 paired bootstrap resamples of the scored rows (``quality_references.bootstrap_difference``: the built-in's
+  ``load_predictor`` predictions and the best reference's, scored on the same drawn rows; the best reference is
+  the one picked on all of them, so the interval leans a little in its favour), and
+  ``quality.T.B.<metric>.resolvable_margin``: half its width, roughly the smallest gap these rows tell apart;
 - ``quality.T.<reference>.<metric>`` and ``quality.T.<reference>.seconds`` (fit and predict); the networks' also
   ``.epochs``, ``.best_epoch`` and ``.time_limited``;
 - ``quality.T.target_met``: issue 31's targets all met (the better built-in within 0.005 of the best reference, the
   mlp within 0.015, on R² or accuracy and ROC AUC); ``quality.T.targets_missed``: the missed ones ("" when none);
+  ``quality.T.targets_missed_beyond_noise``: those of them missed beyond the rows' noise, the whole interval behind
+  by more than the margin (its upper end below minus the margin; "" when none): the rest may be chance;
 - ``quality.T.rows``, ``quality.T.validation_rows``, ``quality.T.scored_rows`` and ``quality.T.scored_on`` (the rows
   every figure is read on: "test", or "validation" without test rows); ``quality.targets_met`` (tables meeting
   theirs), ``quality.tables``, ``quality.built_ins``, ``quality.params`` (the params set over the defaults, "" for
@@ -270,23 +277,25 @@ def class_numbers(run: record.Run, rows: list[dict], target: str) -> np.ndarray:
 
 
 def pgtrain_figures(conn: psycopg.Connection, table: Table, run: record.Run, metrics: dict, rows: list[dict],
-                    split: Split, y_scored: np.ndarray) -> tuple[dict[str, float], str]:
+                    split: Split, y_scored: np.ndarray) -> tuple[dict[str, float], str, np.ndarray]:
     """pgtrain's figures: the version's recorded metrics on the scored rows (test_*, or val_* without test rows);
     ROC AUC recorded or else from the version's class probabilities on those rows. Those predictions are checked
-    against the recorded figures (the same rows, the same split)."""
+    against the recorded figures (the same rows, the same split), and returned (values, or class probabilities)."""
     from pgtrain import load_predictor
 
     predictor = load_predictor(conn, run.config.model_name)
     scored = [row for row, v in zip(rows, split.scored, strict=True) if v]
     prefix = "test_" if split.scored_on == "test" else "val_"
     if table.regression:
-        own = refs.regression_figures(y_scored, np.asarray(predictor.predict(scored), np.float64))
+        predicted = np.asarray(predictor.predict(scored), np.float64)
+        own = refs.regression_figures(y_scored, predicted)
         figures = {"r2": metrics[prefix + "r2"], "rmse": metrics[prefix + "rmse"]}
         for name in figures:
             assert abs(own[name] - figures[name]) <= 1e-3 * max(1.0, abs(figures[name])), \
                 f"{table.name}: the version records {prefix}{name} {figures[name]}, its predictions give {own[name]}"
-        return figures, "recorded"
-    own = refs.classification_figures(y_scored, predictor.predict_proba(scored))
+        return figures, "recorded", predicted
+    probabilities = np.asarray(predictor.predict_proba(scored), np.float64)
+    own = refs.classification_figures(y_scored, probabilities)
     accuracy = metrics[prefix + "accuracy"]
     # argmax of the same float32 logits: equal but for an exact tie
     assert abs(own["accuracy"] - accuracy) <= 1.0 / len(y_scored) + 1e-9, \
@@ -296,35 +305,39 @@ def pgtrain_figures(conn: psycopg.Connection, table: Table, run: record.Run, met
         if abs(recorded - own["roc_auc"]) > 1e-4:
             print(f"  {table.name}: recorded {prefix}roc_auc {recorded:.6f}, from the predictions "
                   f"{own['roc_auc']:.6f}", flush=True)
-        return {"accuracy": accuracy, "roc_auc": recorded}, "recorded"
-    return {"accuracy": accuracy, "roc_auc": own["roc_auc"]}, "predictions"
+        return {"accuracy": accuracy, "roc_auc": recorded}, "recorded", probabilities
+    return {"accuracy": accuracy, "roc_auc": own["roc_auc"]}, "predictions", probabilities
 
 
 def metrics_of(table: Table) -> tuple[str, ...]:
     return ("r2", "rmse") if table.regression else ("accuracy", "roc_auc")
 
 
-def targets(table: Table, behind: dict[str, dict[str, float]]) -> list[str]:
+def targets(table: Table, behind: dict[str, dict[str, float]], intervals: dict[str, dict[str, tuple[float, float]]]
+            ) -> tuple[list[str], list[str]]:
     """Issue 31's targets this table misses: the better built-in within BEST_MARGIN of the best reference, the mlp
-    within MLP_MARGIN (R², accuracy, ROC AUC); ``behind``: each built-in's vs_best_reference per metric."""
-    missed = []
+    within MLP_MARGIN (R², accuracy, ROC AUC); ``behind``: each built-in's vs_best_reference per metric. And those
+    of them missed beyond noise: the whole 95% interval of the difference (``intervals``) below minus the margin."""
+    missed, beyond_noise = [], []
     for metric in ("r2",) if table.regression else ("accuracy", "roc_auc"):
         best = max(behind, key=lambda model: behind[model][metric])
-        if behind[best][metric] < -BEST_MARGIN:
-            missed.append(f"{metric}: the better built-in ({best}) {behind[best][metric]:+.4f} behind the best "
-                          f"reference (margin {BEST_MARGIN})")
-        if "mlp" in behind and behind["mlp"][metric] < -MLP_MARGIN:
-            missed.append(f"{metric}: mlp {behind['mlp'][metric]:+.4f} behind the best reference "
-                          f"(margin {MLP_MARGIN})")
-    return missed
+        for model, margin, who in ((best, BEST_MARGIN, f"the better built-in ({best})"), ("mlp", MLP_MARGIN, "mlp")):
+            if model not in behind or behind[model][metric] >= -margin:
+                continue
+            missed.append(f"{metric}: {who} {behind[model][metric]:+.4f} behind the best reference (margin {margin})")
+            low, high = intervals[model][metric]
+            if high < -margin:
+                beyond_noise.append(f"{missed[-1]}, 95% interval [{low:+.4f}, {high:+.4f}]")
+    return missed, beyond_noise
 
 
-def measure(conn: psycopg.Connection, url: str, table: Table) -> dict[str, float | int | str | bool]:
+def measure(conn: psycopg.Connection, url: str, table: Table) -> dict[str, float | int | str | bool | list[float]]:
     """Every built-in trained and committed, every reference fitted, all scored on the same rows; the figures."""
     table.load(conn)
     prefix = f"quality.{table.name}"
-    out: dict[str, float | int | str | bool] = {}
+    out: dict[str, float | int | str | bool | list[float]] = {}
     ours: dict[str, dict[str, float]] = {}
+    predictions: dict[str, np.ndarray] = {}  # each built-in's and each reference's, on the scored rows
     split = rows = y = run = None
     for model in built_ins():
         run, metrics, seconds = train(conn, url, table, model)
@@ -334,7 +347,8 @@ def measure(conn: psycopg.Connection, url: str, table: Table) -> dict[str, float
         split = this_split
         y = (np.array([row[table.target] for row in rows], np.float64) if table.regression
              else class_numbers(run, rows, table.target))
-        ours[model], auc_from = pgtrain_figures(conn, table, run, metrics, rows, split, y[split.scored])
+        ours[model], auc_from, predictions[model] = pgtrain_figures(conn, table, run, metrics, rows, split,
+                                                                    y[split.scored])
         out.update({f"{prefix}.{model}.epochs": int(metrics.get("epochs") or 0),
                     f"{prefix}.{model}.train_seconds": round(seconds, 1)})
         if not table.regression:
@@ -348,31 +362,38 @@ def measure(conn: psycopg.Connection, url: str, table: Table) -> dict[str, float
     for name in names:
         with stopwatch() as took:
             predicted, info = refs.fit_and_score(name, data)
+        predictions[name] = predicted
         figures[name] = (refs.regression_figures(y[scored], predicted) if table.regression
                          else refs.classification_figures(y[scored], predicted))
         out[f"{prefix}.{name}.seconds"] = round(took(), 1)
         out.update({f"{prefix}.{name}.{key}": value for key, value in info.items()})
         print(f"  {table.name}: {name} {figures[name]} in {took():.1f} s {info or ''}", flush=True)
     behind: dict[str, dict[str, float]] = {}
+    intervals: dict[str, dict[str, tuple[float, float]]] = {}
     for model, figures_of_model in ours.items():
         for metric, value in figures_of_model.items():
             best, difference = refs.vs_best_reference(value, figures, metric, names)
+            low, high = refs.bootstrap_difference(y[scored], predictions[model], predictions[best], metric)
             behind.setdefault(model, {})[metric] = difference
+            intervals.setdefault(model, {})[metric] = (low, high)
             out[f"{prefix}.{model}.{metric}"] = round(value, 4)
             out[f"{prefix}.{model}.{metric}.vs_best_reference"] = round(difference, 4)
+            out[f"{prefix}.{model}.{metric}.vs_best_reference_ci95"] = [round(low, 4) + 0.0, round(high, 4) + 0.0]
+            out[f"{prefix}.{model}.{metric}.resolvable_margin"] = round((high - low) / 2, 4)
             out[f"{prefix}.{model}.{metric}.best_reference"] = best
     for name in names:
         out.update({f"{prefix}.{name}.{metric}": round(value, 4) for metric, value in figures[name].items()})
-    missed = targets(table, behind)
+    missed, beyond_noise = targets(table, behind, intervals)
     out[f"{prefix}.target_met"] = not missed
     out[f"{prefix}.targets_missed"] = "; ".join(missed)
+    out[f"{prefix}.targets_missed_beyond_noise"] = "; ".join(beyond_noise)
     if quality_search.enabled():  # the search row: 8 trials over both built-ins, the best committed
         out.update(quality_search.search_figures(conn, url, run.config, prefix,
                                                  "test_r2" if table.regression else "test_accuracy"))
     return out
 
 
-def print_table(measured: dict[str, Table], figures: dict[str, float | int | str | bool]) -> None:
+def print_table(measured: dict[str, Table], figures: dict[str, float | int | str | bool | list[float]]) -> None:
     """One line per table and figure: each built-in's, each reference's, and what misses."""
     columns = [*built_ins(), *dict.fromkeys(n for t in measured.values() for n in refs.references(t.regression))]
     print(f"\n{'table':<14}{'metric':<10}" + "".join(f"{c[:10]:>11}" for c in columns) + "  target")
@@ -380,7 +401,8 @@ def print_table(measured: dict[str, Table], figures: dict[str, float | int | str
         for i, metric in enumerate(metrics_of(table)):
             cells = "".join(f"{figures.get(f'quality.{name}.{c}.{metric}', ''):>11}" for c in columns)
             verdict = ("met" if figures[f"quality.{name}.target_met"] else
-                       "MISSED: " + str(figures[f"quality.{name}.targets_missed"])) if i == 0 else ""
+                       f"MISSED: {figures[f'quality.{name}.targets_missed']}; beyond the rows' noise: "
+                       f"{figures[f'quality.{name}.targets_missed_beyond_noise'] or 'none'}") if i == 0 else ""
             print(f"{name:<14}{metric:<10}{cells}  {verdict}")
     print(flush=True)
 
@@ -392,7 +414,7 @@ def main(names: list[str]) -> None:
         raise SystemExit(f"unknown tables {unknown}: use some of {', '.join(TABLES)}")
     print(f"quality benchmark: {', '.join(names)}; params over the defaults: {extra_params() or 'none'}; "
           f"{machine()}", flush=True)
-    figures: dict[str, float | int | str | bool] = {}
+    figures: dict[str, float | int | str | bool | list[float]] = {}
     with bench_database() as (_, url), psycopg.connect(url, autocommit=True) as conn:
         for name in names:
             with stopwatch() as took:

@@ -17,6 +17,9 @@ figure is read on:
   ``NETWORK_PATIENCE``, the best epoch's weights kept), as pgtrain's built-ins stop on them. A time limit per
   network ($PGTRAIN_BENCH_QUALITY_NETWORK_SECONDS, default 600) ends training early on a slow machine; the
   figures say how many epochs ran and whether the limit cut them.
+
+Figures (``METRICS``: one function each, for a figure and for the bootstrap alike): accuracy, ROC AUC, R² and RMSE;
+``bootstrap_difference``: the 95% paired bootstrap interval of a difference of two models' figures on the same rows.
 """
 
 from __future__ import annotations
@@ -64,23 +67,65 @@ def vs_best_reference(ours: float, figures: dict[str, dict[str, float]], metric:
     return name, ours - value
 
 
-def classification_figures(y: np.ndarray, probabilities: np.ndarray) -> dict[str, float]:
-    """accuracy and ROC AUC (binary: of class 1, the second in class order; else macro one-vs-rest) of class
-    probabilities whose columns are the classes 0..k-1."""
-    from sklearn.metrics import accuracy_score, roc_auc_score
+def accuracy(y: np.ndarray, probabilities: np.ndarray) -> np.ndarray:
+    """The share of rows whose most probable class is theirs; a leading axis of resamples gives one per resample."""
+    return (probabilities.argmax(-1) == y).mean(-1)
 
-    classes = probabilities.shape[1]
-    if classes == 2:
-        auc = roc_auc_score(y, probabilities[:, 1])
-    else:
-        auc = roc_auc_score(y, probabilities, multi_class="ovr", average="macro", labels=list(range(classes)))
-    return {"accuracy": float(accuracy_score(y, probabilities.argmax(1))), "roc_auc": float(auc)}
+
+def roc_auc(y: np.ndarray, probabilities: np.ndarray) -> np.ndarray:
+    """ROC AUC (binary: of class 1, the second in class order; else macro one-vs-rest) of class probabilities whose
+    columns are the classes 0..k-1, as sklearn's roc_auc_score; a leading axis of resamples gives one per resample;
+    NaN where it is undefined (a class missing from ``y``)."""
+    classes = probabilities.shape[-1]
+    return np.mean([_binary_roc_auc(y == c, probabilities[..., c]) for c in ([1] if classes == 2 else range(classes))],
+                   axis=0)
+
+
+def _binary_roc_auc(positive: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """The area under the ROC curve as the Mann-Whitney statistic: the chance that a positive row scores above a
+    negative one, ties counting half (the rank sum of the positives, ties given their mean rank)."""
+    from scipy.stats import rankdata
+
+    positives = positive.sum(-1)
+    pairs = positives * (positive.shape[-1] - positives)
+    with np.errstate(invalid="ignore", divide="ignore"):  # no pairs: undefined, NaN
+        return ((rankdata(scores, axis=-1) * positive).sum(-1) - positives * (positives + 1) / 2) / pairs
+
+
+def r2(y: np.ndarray, predicted: np.ndarray) -> np.ndarray:
+    """The coefficient of determination (as sklearn's r2_score); a leading axis of resamples gives one per resample."""
+    residual = ((y - predicted) ** 2).sum(-1)
+    return 1.0 - residual / ((y - y.mean(-1, keepdims=True)) ** 2).sum(-1)
+
+
+def rmse(y: np.ndarray, predicted: np.ndarray) -> np.ndarray:
+    return np.sqrt(((y - predicted) ** 2).mean(-1))
+
+
+METRICS = {"accuracy": accuracy, "roc_auc": roc_auc, "r2": r2, "rmse": rmse}  # each: (y, predicted) -> figure
+
+
+def classification_figures(y: np.ndarray, probabilities: np.ndarray) -> dict[str, float]:
+    """accuracy and ROC AUC (``roc_auc``) of class probabilities whose columns are the classes 0..k-1."""
+    return {"accuracy": float(accuracy(y, probabilities)), "roc_auc": float(roc_auc(y, probabilities))}
 
 
 def regression_figures(y: np.ndarray, predicted: np.ndarray) -> dict[str, float]:
-    from sklearn.metrics import mean_squared_error, r2_score
+    return {"r2": float(r2(y, predicted)), "rmse": float(rmse(y, predicted))}
 
-    return {"r2": float(r2_score(y, predicted)), "rmse": float(np.sqrt(mean_squared_error(y, predicted)))}
+
+def bootstrap_difference(y: np.ndarray, ours: np.ndarray, theirs: np.ndarray, metric: str, resamples: int = 2000,
+                         seed: int = 0) -> tuple[float, float]:
+    """The 95% percentile interval of ``metric``(ours) - ``metric``(theirs) over ``resamples`` paired bootstrap
+    resamples of the rows (both scored on the same drawn rows); ``ours``/``theirs``: predicted values, or class
+    probabilities (a column per class). Resamples where the metric is undefined (ROC AUC of one class) are
+    skipped."""
+    function = METRICS[metric]
+    rows = np.random.default_rng(seed).integers(0, len(y), size=(resamples, len(y)))
+    differences = np.concatenate([function(y[chunk], ours[chunk]) - function(y[chunk], theirs[chunk])
+                                  for chunk in np.array_split(rows, max(1, resamples // 100))])
+    low, high = np.percentile(differences[np.isfinite(differences)], [2.5, 97.5])
+    return float(low), float(high)
 
 
 def inputs(frame: object, numeric: list, text: list, train: np.ndarray, *others: np.ndarray) -> list[np.ndarray]:

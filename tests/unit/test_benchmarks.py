@@ -124,6 +124,99 @@ def test_a_network_reference_stops_on_its_validation_rows():
     assert refs.classification_figures(y[250:], probabilities)["accuracy"] > 0.85
 
 
+def test_the_figures_are_sklearn_s():
+    """accuracy, ROC AUC, R² and RMSE (one function each, for the figures and the bootstrap) give sklearn's figures."""
+    import numpy as np
+    from sklearn.metrics import accuracy_score, mean_squared_error, r2_score, roc_auc_score
+
+    refs = _quality_references()
+    rng = np.random.default_rng(2)
+    y, predicted = rng.normal(size=200), rng.normal(size=200)
+    assert refs.regression_figures(y, predicted) == pytest.approx(
+        {"r2": r2_score(y, predicted), "rmse": np.sqrt(mean_squared_error(y, predicted))}, abs=1e-12)
+    classes = rng.integers(0, 3, 200)
+    probabilities = rng.dirichlet(np.ones(3), 200)
+    assert refs.classification_figures(classes, probabilities) == pytest.approx(
+        {"accuracy": accuracy_score(classes, probabilities.argmax(1)),
+         "roc_auc": roc_auc_score(classes, probabilities, multi_class="ovr", labels=[0, 1, 2])}, abs=1e-12)
+    binary, tied = classes % 2, np.round(probabilities[:, :2] / probabilities[:, :2].sum(1, keepdims=True), 1)
+    assert refs.classification_figures(binary, tied)["roc_auc"] == pytest.approx(roc_auc_score(binary, tied[:, 1]),
+                                                                                abs=1e-12)
+    # a leading axis of resamples: each resample's figure
+    drawn = rng.integers(0, 200, (5, 200))
+    assert refs.roc_auc(classes[drawn], probabilities[drawn]) == pytest.approx(
+        [roc_auc_score(classes[d], probabilities[d], multi_class="ovr", labels=[0, 1, 2]) for d in drawn], abs=1e-12)
+    assert refs.r2(y[drawn], predicted[drawn]) == pytest.approx([r2_score(y[d], predicted[d]) for d in drawn])
+
+
+def test_the_bootstrap_interval_of_a_difference_is_paired():
+    """bench_quality's vs_best_reference_ci95: the same model twice differs by exactly 0; a model whose every error
+    is 5% smaller than the other's is ahead on every resample (the rows drawn alike for both: an unpaired bootstrap
+    of these noisy rows would straddle 0); a clearly better classifier's interval excludes 0; the same seed, the
+    same interval."""
+    import numpy as np
+
+    refs = _quality_references()
+    rng = np.random.default_rng(3)
+    y = rng.normal(size=300)
+    theirs = y + rng.normal(scale=2.0, size=300)
+    for metric in ("r2", "rmse"):
+        assert refs.bootstrap_difference(y, theirs, theirs, metric) == (0.0, 0.0)
+    ours = y + 0.95 * (theirs - y)
+    r2_low, r2_high = refs.bootstrap_difference(y, ours, theirs, "r2")
+    rmse_low, rmse_high = refs.bootstrap_difference(y, ours, theirs, "rmse")
+    assert 0 < r2_low < r2_high and rmse_low < rmse_high < 0
+    assert refs.bootstrap_difference(y, ours, theirs, "r2") == (r2_low, r2_high)
+    assert refs.bootstrap_difference(y, ours, theirs, "r2", seed=1) != (r2_low, r2_high)
+
+    classes = rng.integers(0, 2, 300)
+    good = np.where(rng.random(300) < 0.9, classes, 1 - classes)  # right on ~90% of the rows
+    poor = np.where(rng.random(300) < 0.6, classes, 1 - classes)  # ~60%
+    good_p, poor_p = (np.stack([1 - 0.8 * c - 0.1, 0.8 * c + 0.1], 1) for c in (good, poor))
+    for metric in ("accuracy", "roc_auc"):
+        assert refs.bootstrap_difference(classes, good_p, good_p, metric) == (0.0, 0.0)
+        low, high = refs.bootstrap_difference(classes, good_p, poor_p, metric, resamples=500)
+        assert 0 < low < high
+
+
+def test_resamples_without_a_class_are_left_out_of_a_roc_auc_interval():
+    """ROC AUC is undefined on drawn rows of one class: such resamples are skipped, not NaN nor an error."""
+    import warnings
+
+    import numpy as np
+
+    refs = _quality_references()
+    classes = np.array([1] + [0] * 9)  # a third of the resamples (0.9^10 = 0.35) draw no 1
+    scores = np.linspace(0.1, 0.9, 10)
+    ours, theirs = (np.stack([1 - s, s], 1) for s in (scores, scores[::-1]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        low, high = refs.bootstrap_difference(classes, ours, theirs, "roc_auc", resamples=200)
+    assert np.isfinite(low) and np.isfinite(high) and low <= high
+
+
+def test_a_target_is_missed_beyond_noise_only_where_its_whole_interval_is_behind_the_margin():
+    """bench_quality's targets_missed keeps its literal verdict; targets_missed_beyond_noise only those whose 95%
+    interval's upper end is behind by more than the margin."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import bench_quality
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    diabetes = bench_quality.TABLES["diabetes"]
+    behind = {"mlp": {"r2": -0.04}, "xgboost": {"r2": -0.01}}
+    missed, beyond = bench_quality.targets(diabetes, behind, {"mlp": {"r2": (-0.07, -0.02)},
+                                                               "xgboost": {"r2": (-0.03, 0.01)}})
+    assert missed == ["r2: the better built-in (xgboost) -0.0100 behind the best reference (margin 0.005)",
+                      "r2: mlp -0.0400 behind the best reference (margin 0.015)"]
+    assert beyond == ["r2: mlp -0.0400 behind the best reference (margin 0.015), 95% interval [-0.0700, -0.0200]"]
+    # an upper end inside the margin: missed, but not beyond noise
+    assert bench_quality.targets(diabetes, behind, {"mlp": {"r2": (-0.07, -0.01)}, "xgboost": {"r2": (-0.03, 0.01)}}
+                                 ) == (missed, [])
+    assert bench_quality.targets(diabetes, {"mlp": {"r2": 0.0}, "xgboost": {"r2": -0.01}},
+                                 {"mlp": {"r2": (-0.03, 0.03)}, "xgboost": {"r2": (-0.03, 0.01)}}) == ([], [])
+
+
 def test_the_manifest_benchmark_s_run_is_admitted_on_any_machine(monkeypatch):
     """bench_manifest plans 8 shards: its run must be admitted where fewer CPUs are than ranks (a local launcher
     refuses world_size 8 on these 2 cores, and the benchmark then measured nothing)."""
