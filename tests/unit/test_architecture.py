@@ -113,9 +113,10 @@ def test_no_import_circles():
             visit(module)
 
 
-# The model builders are torch modules: imported by a rank, and lazily by store.inference when a version is used.
+# The model builders are torch modules: imported by a rank, and lazily by store.inference when a version is used;
+# models.cost (a network's work a row) by a rank only.
 TORCH_MODULES = ("pgtrain.models.network", "pgtrain.models.ensemble", "pgtrain.models.layers",
-                 "pgtrain.models.piecewise", "pgtrain.models.booster")
+                 "pgtrain.models.piecewise", "pgtrain.models.booster", "pgtrain.models.cost")
 
 
 def test_the_library_below_airflow_imports_no_airflow_and_no_torch_at_module_level():
