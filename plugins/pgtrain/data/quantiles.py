@@ -94,6 +94,3 @@ def with_edges(conn: psycopg.Connection, source: Source, config: TrainingConfig,
                              bin_edges=tuple((b, of(quantiles, b)) for b in bins[:-1]) if edges else ())
         columns.append(column)
     return replace(source, feature_columns=tuple(columns))
-
-
-

@@ -352,7 +352,7 @@ def renew_lease(conn: psycopg.Connection, name: str, token: int, ttl: float,
     record (a None drops one): its new end, or None when the row is busy in the holder's own fenced transaction.
     Raises StaleLockToken when the lease has ended (released, or taken over with a newer token)."""
     row = conn.execute(statements.RENEW, {"name": name, "token": token, "ttl": ttl,
-                                "owner": Jsonb(dict(owner)) if owner else None}).fetchone()
+                                          "owner": Jsonb(dict(owner)) if owner else None}).fetchone()
     if row is not None:
         return row[0]
     current = conn.execute(statements.HOLDER, (name,)).fetchone()

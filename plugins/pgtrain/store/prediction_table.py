@@ -2,12 +2,12 @@
 
 - ``upsert`` (the default): every scored key gets this run's prediction, inserted or updated (one
   ``INSERT ... ON CONFLICT`` from a temporary table the COPY fills); no other row is touched.
-
-A table the run creates takes its rows in one COPY whatever the mode: it has none, and no other session sees it
-before the run commits.
 - ``replace``: the table's rows are deleted and this run's written, in the one transaction: other sessions see the
   previous rows until it commits, then the new ones (DELETE, not TRUNCATE, which an older snapshot sees empty).
 - ``append``: refused, before a row is written, when the table holds a key the source has; else rows are added.
+
+A table the run creates takes its rows in one COPY whatever the mode: it has none, and no other session sees it
+before the run commits.
 
 ``--into`` is resolved as SQL resolves it (never into pgtrain's own schema), created when missing (the key as
 PRIMARY KEY), and every way an existing table does not fit what this run writes is refused before a row is
