@@ -6,9 +6,11 @@ from __future__ import annotations
 import numpy as np
 import psycopg
 import pytest
+from psycopg import sql
 
 from pgtrain.data import manifest
-from pgtrain.data.source.rows import TEST, TRAIN, VALIDATION
+from pgtrain.data.source.resolve import resolve_source
+from pgtrain.data.source.rows import TEST, TRAIN, VALIDATION, held_out_key, split_part
 from pgtrain.runs import record
 from tests.db.test_manifest import load_all, make_table, plan
 
@@ -56,6 +58,26 @@ def test_the_split_is_disjoint_deterministic_covers_every_row_and_is_the_documen
     parts = np.concatenate([d.part for d in load_all(ac, untested)])
     np.testing.assert_array_equal(parts == VALIDATION, expected == VALIDATION)
     assert not (parts == TEST).any() and sum(s.test_count for s in record.get_manifest(ac, untested.run_id)) == 0
+
+
+@pytest.mark.parametrize(("validation_fraction", "test_fraction"), [(0.15, 0.2), (0.1, 0.0), (0.0, 0.3), (0.0, 0.0)])
+def test_each_rows_part_and_held_out_key_as_the_sql_sends_them_is_the_documented_part(ac, validation_fraction,
+                                                                                     test_fraction):
+    """What the loader receives (``split_part``) and what the check scan collects (``held_out_key``) for every
+    row, also with an empty validation or test part."""
+    make_table(ac, "t", 2000)
+    split = {"validation_fraction": validation_fraction, "test_fraction": test_fraction, "seed": 3}
+    source = resolve_source(ac, "public.t", "id", "features", "label")
+    rows = ac.execute(sql.SQL("SELECT id, {}, {} FROM public.t ORDER BY id").format(
+        split_part(source, validation_fraction, test_fraction, 3),
+        held_out_key(source, validation_fraction, test_fraction, 3))).fetchall()
+    expected = documented_parts(ac, "public.t", **split)
+    np.testing.assert_array_equal([bytes(part)[0] for _, part, _ in rows], expected)
+    for (key, _, held), part in zip(rows, expected, strict=True):
+        assert (held is None) == (part == TRAIN)
+        assert held is None or bytes(held) == key.to_bytes(8, "big", signed=True) + bytes([part])
+    assert {TRAIN, VALIDATION, TEST} & set(expected.tolist()) == {TRAIN} | (
+        {VALIDATION} if validation_fraction else set()) | ({TEST} if test_fraction else set())
 
 
 def test_the_encoding_learns_categories_from_training_rows_only(ac):

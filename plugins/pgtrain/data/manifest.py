@@ -39,10 +39,10 @@ from pgtrain.data.source.rows import (
     VALIDATION,
     bad_row,
     feature_length,
+    held_out_key,
     is_held_out,
     is_validation,
     key_range,
-    split_part,
     target_length,
 )
 from pgtrain.data.source.snapshot import (
@@ -190,14 +190,13 @@ _MIN_HEAP_TUPLE_BYTES = 32  # tuple header and the smallest key, aligned: heap b
 
 
 def folded_split(conn: psycopg.Connection, source: Source, validation_fraction: float, seed: int,
-                 test_fraction: float = 0.0) -> tuple[sql.Composable, sql.Composable] | None:
-    """The split for ``check_rows(split=...)`` (the held-out rows, and each one's part) when the check scan can
-    collect the held-out keys (``_keys_fold_into_the_check``), else None (``cut_shards`` counts them in a pass of
-    its own)."""
+                 test_fraction: float = 0.0) -> sql.Composable | None:
+    """The split for ``check_rows(split=...)`` (``held_out_key``: each held-out row's key and part) when the check
+    scan can collect the held-out keys (``_keys_fold_into_the_check``), else None (``cut_shards`` counts them in a
+    pass of its own)."""
     if not _keys_fold_into_the_check(conn, source, validation_fraction + test_fraction):
         return None
-    return (is_held_out(source, validation_fraction, test_fraction, seed),
-            split_part(source, validation_fraction, test_fraction, seed))
+    return held_out_key(source, validation_fraction, test_fraction, seed)
 
 
 def _keys_fold_into_the_check(conn: psycopg.Connection, source: Source, held_fraction: float) -> bool:

@@ -56,15 +56,15 @@ def bad_rows_report(kinds: dict[str, BadRows]) -> dict[str, dict[str, object]]:
 def check_rows(conn: psycopg.Connection, source: Source, dim: int, num_classes: int | None,
                clock: XidClock, output_dim: int | None = None, *, values: bool = True,
                where: sql.Composable | None = None,
-               split: tuple[sql.Composable, sql.Composable] | None = None,
+               split: sql.Composable | None = None,
                extra: Sequence[sql.Composable] = ()) -> RowCheck:
     """Row count, largest good label (classification without num_classes), each bad-row kind's count and example
     keys, and (scalar feature columns) which columns hold bad values; ``values=False`` leaves the kinds of
-    LOAD_KINDS to the loader; ``where`` (SQL) restricts the rows checked. ``split`` (SQL: which rows, and a byte
-    each; ``is_held_out`` and ``split_part``; integer keys only): the lean scan also collects the keys of the rows
-    it holds, each followed by its byte (``held_keys``), so that ``cut_shards`` needs no pass of its own to count
-    each shard's validation and test rows. ``extra``: more aggregates the
-    lean scan computes on the way (``pgtrain.data.statistics``: the numeric columns' training means).
+    LOAD_KINDS to the loader; ``where`` (SQL) restricts the rows checked. ``split`` (SQL: ``held_out_key``, a
+    held-out row's key and part, NULL for the others; integer keys only): the lean scan also collects those
+    (``held_keys``), so that ``cut_shards`` needs no pass of its own to count each shard's validation and test
+    rows. ``extra``: more aggregates the lean scan computes on the way (``pgtrain.data.statistics``: the numeric
+    columns' training means).
 
     One lean scan counts the rows and the bad ones (``source.bad_row``: the kinds' checks in fewer calls); only
     when it finds some (or rows whose xmin needs noting) does a second scan break them down by kind with example
@@ -78,8 +78,7 @@ def check_rows(conn: psycopg.Connection, source: Source, dim: int, num_classes: 
                 else sql.SQL("0"))
     # The largest label only matters when num_classes is inferred from it (max_label is None otherwise).
     infer = source.target_format == "label" and not num_classes
-    keys = (sql.SQL("string_agg(int8send(CAST({} AS bigint)) || {}, ''::bytea) FILTER (WHERE {})").format(
-        source.key, split[1], split[0]) if split is not None else sql.SQL("NULL::bytea"))
+    keys = (sql.SQL("string_agg({}, ''::bytea)").format(split) if split is not None else sql.SQL("NULL::bytea"))
     total, bad, max_label, aliased, held_keys, *extras = conn.execute(sql.SQL(
         """SELECT count(*), count(*) FILTER (WHERE {any_bad}), {max_label}, {aliasing}, {keys}{extra}
            FROM {rel} {where}""").format(

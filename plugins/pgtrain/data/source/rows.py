@@ -124,11 +124,29 @@ TRAIN, VALIDATION, TEST = 0, 1, 2
 
 
 def split_part(source: Source, validation_fraction: float, test_fraction: float, seed: int) -> sql.Composable:
-    """SQL bytea, one byte: the row's part (TRAIN, VALIDATION, TEST), from one hash per row: width_bucket is 0
-    below the first bound (validation), 1 below the second (test), else 2 (training)."""
+    """SQL bytea, one byte: the row's part (TRAIN, VALIDATION, TEST)."""
+    return by_part(source, validation_fraction, test_fraction, seed, *(
+        sql.SQL("'\\x0{}'::bytea").format(sql.SQL(str(part))) for part in (TRAIN, VALIDATION, TEST)))
+
+
+def held_out_key(source: Source, validation_fraction: float, test_fraction: float, seed: int) -> sql.Composable:
+    """SQL bytea: a held-out row's integer key (``int8send``) followed by its part's byte; NULL for a training row
+    (``string_agg`` skips it)."""
+    key = sql.SQL("int8send(CAST({} AS bigint))").format(source.key)
+    return by_part(source, validation_fraction, test_fraction, seed, sql.SQL("NULL::bytea"),
+                   *(sql.SQL("{} || '\\x0{}'::bytea").format(key, sql.SQL(str(part))) for part in (VALIDATION, TEST)))
+
+
+def by_part(source: Source, validation_fraction: float, test_fraction: float, seed: int, train: sql.Composable,
+            validation: sql.Composable, test: sql.Composable) -> sql.Composable:
+    """SQL: ``train``, ``validation`` or ``test`` by the row's part of the split. A training row (most rows) is
+    settled by the first test, one hash; a held-out row takes a second (cheaper than ``width_bucket`` over one
+    hash: docs/performance.md, "One hash for a training row")."""
     first, last = split_bounds(validation_fraction, test_fraction)
-    return sql.SQL("set_byte('\\x00'::bytea, 0, mod(width_bucket({}, ARRAY[{}, {}]::bigint[]) + 1, 3))").format(
-        split_bucket(source, seed), sql.Literal(first), sql.Literal(last))
+    bucket = split_bucket(source, seed)
+    return sql.SQL("(CASE WHEN {b} >= {last} THEN {train} WHEN {b} >= {first} THEN {test} ELSE {validation} END)"
+                   ).format(b=bucket, last=sql.Literal(last), first=sql.Literal(first), train=train, test=test,
+                            validation=validation)
 
 
 def key_range(source: Source, lo: str | sql.Composable, hi: str | sql.Composable) -> sql.Composable:
