@@ -253,17 +253,32 @@ def _network(name: str, data: Data) -> tuple[np.ndarray, dict[str, float | int |
         return float(torch.nn.functional.nll_loss(predicted.clamp_min(1e-12).log(), y))
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=rate, weight_decay=decay)
-    x, y = torch.from_numpy(data.x_train), target(data.y_train)
     limit = float(os.environ.get("PGTRAIN_BENCH_QUALITY_NETWORK_SECONDS") or 600)
-    start, best, best_state, since, epochs = time.perf_counter(), float("inf"), None, 0, 0
+    epochs, since = early_stopped(model, lambda x, y: loss(members(x), y), validation_loss, optimizer,
+                                  torch.from_numpy(data.x_train), target(data.y_train), NETWORK_BATCH,
+                                  NETWORK_EPOCHS, NETWORK_PATIENCE, limit)
+    predicted = predict(data.x_scored).double().numpy()
+    time_limited = epochs < NETWORK_EPOCHS and since < NETWORK_PATIENCE
+    return (predicted * scale + mean if data.regression else predicted), {
+        "epochs": epochs, "best_epoch": epochs - since, "time_limited": time_limited}
+
+
+def early_stopped(model: object, batch_loss: object, validation_loss: object, optimizer: object, x: object,
+                  y: object, batch: int, epochs: int, patience: int, seconds: float = float("inf")) -> tuple[int, int]:
+    """Train ``model`` (torch) on ``x``, ``y`` in epochs of shuffled batches (``batch_loss(x, y)``, SEED's order)
+    until ``epochs`` ran, ``patience`` epochs passed without a lower ``validation_loss()``, or ``seconds``; then
+    load the best epoch's weights. (epochs run, epochs since the best)."""
+    import torch
+
+    start, best, best_state, since, ran = time.perf_counter(), float("inf"), None, 0, 0
     generator = torch.Generator().manual_seed(SEED)
-    while epochs < NETWORK_EPOCHS and since < NETWORK_PATIENCE and time.perf_counter() - start < limit:
+    while ran < epochs and since < patience and time.perf_counter() - start < seconds:
         model.train()
-        for batch in torch.randperm(len(x), generator=generator).split(NETWORK_BATCH):
+        for rows in torch.randperm(len(x), generator=generator).split(batch):
             optimizer.zero_grad()
-            loss(members(x[batch]), y[batch]).backward()
+            batch_loss(x[rows], y[rows]).backward()
             optimizer.step()
-        epochs += 1
+        ran += 1
         current = validation_loss()
         if current < best:
             best, since = current, 0
@@ -271,7 +286,4 @@ def _network(name: str, data: Data) -> tuple[np.ndarray, dict[str, float | int |
         else:
             since += 1
     model.load_state_dict(best_state)
-    predicted = predict(data.x_scored).double().numpy()
-    time_limited = epochs < NETWORK_EPOCHS and since < NETWORK_PATIENCE
-    return (predicted * scale + mean if data.regression else predicted), {
-        "epochs": epochs, "best_epoch": epochs - since, "time_limited": time_limited}
+    return ran, since
