@@ -26,10 +26,14 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 LR, RIDGE, HGB = "logistic_regression", "ridge", "hist_gradient_boosting"
 LIGHTGBM, XGB, CATBOOST, PLAIN_MLP, TABM = "lightgbm", "xgb", "catboost", "plain_mlp", "tabm"
@@ -263,8 +267,10 @@ def _network(name: str, data: Data) -> tuple[np.ndarray, dict[str, float | int |
         "epochs": epochs, "best_epoch": epochs - since, "time_limited": time_limited}
 
 
-def early_stopped(model: object, batch_loss: object, validation_loss: object, optimizer: object, x: object,
-                  y: object, batch: int, epochs: int, patience: int, seconds: float = float("inf")) -> tuple[int, int]:
+def early_stopped(model: torch.nn.Module, batch_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                  validation_loss: Callable[[], float], optimizer: torch.optim.Optimizer, x: torch.Tensor,
+                  y: torch.Tensor, batch: int, epochs: int, patience: int, seconds: float = float("inf")
+                  ) -> tuple[int, int]:
     """Train ``model`` (torch) on ``x``, ``y`` in epochs of shuffled batches (``batch_loss(x, y)``, SEED's order)
     until ``epochs`` ran, ``patience`` epochs passed without a lower ``validation_loss()``, or ``seconds``; then
     load the best epoch's weights. (epochs run, epochs since the best)."""
@@ -285,5 +291,7 @@ def early_stopped(model: object, batch_loss: object, validation_loss: object, op
             best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         else:
             since += 1
+    if best_state is None:
+        raise RuntimeError(f"no epoch of {ran} had a finite validation loss: the network diverged")
     model.load_state_dict(best_state)
     return ran, since

@@ -9,7 +9,7 @@ learning rate and weight decay, epochs and early-stopping patience on the valida
 rows), each with or without ``rtdl_num_embeddings.PeriodicEmbeddings`` (Gorishniy et al. 2022, "PLR" lite: k = 48
 trainable frequencies per number, initialised with scale sigma, then a shared Linear + ReLU to d = 16) in front of
 the numbers (the one-hot columns pass as they are). ``e_mlp`` is the same network without the embeddings, so each
-variant's difference to it is the embeddings' effect alone.
+variant's difference to it is the embeddings' effect at one seed.
 """
 
 from __future__ import annotations

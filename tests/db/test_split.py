@@ -76,8 +76,27 @@ def test_each_rows_part_and_held_out_key_as_the_sql_sends_them_is_the_documented
     for (key, _, held), part in zip(rows, expected, strict=True):
         assert (held is None) == (part == TRAIN)
         assert held is None or bytes(held) == key.to_bytes(8, "big", signed=True) + bytes([part])
-    assert {TRAIN, VALIDATION, TEST} & set(expected.tolist()) == {TRAIN} | (
-        {VALIDATION} if validation_fraction else set()) | ({TEST} if test_fraction else set())
+    assert set(expected.tolist()) == {TRAIN} | ({VALIDATION} if validation_fraction else set()) | (
+        {TEST} if test_fraction else set())
+
+
+def test_a_row_whose_bucket_is_a_bound_takes_the_part_above_it(ac):
+    """A bucket equal to the first bound is a test row, one equal to the second a training row, as documented."""
+    make_table(ac, "t", 500)
+    source = resolve_source(ac, "public.t", "id", "features", "label")
+    key, bucket = ac.execute("SELECT id, abs(mod(hashtextextended(id::text, 3), 1000000)) AS b FROM public.t "
+                             "WHERE abs(mod(hashtextextended(id::text, 3), 1000000)) BETWEEN 1000 AND 800000 "
+                             "ORDER BY id LIMIT 1").fetchone()
+    for validation_fraction, test_fraction, part in ((bucket / 1e6, 0.1, TEST), (0.0, bucket / 1e6, TRAIN),
+                                                     (bucket / 1e6, 0.0, TRAIN)):
+        found = ac.execute(sql.SQL("SELECT {}, {} FROM public.t WHERE id = %s").format(
+            split_part(source, validation_fraction, test_fraction, 3),
+            held_out_key(source, validation_fraction, test_fraction, 3)), (key,)).fetchone()
+        assert bytes(found[0])[0] == part
+        assert (found[1] is None) == (part == TRAIN)
+        assert part == documented_parts(ac, "public.t", validation_fraction=validation_fraction,
+                                        test_fraction=test_fraction, seed=3)[
+            ac.execute("SELECT count(*) FROM public.t WHERE id < %s", (key,)).fetchone()[0]]
 
 
 def test_the_encoding_learns_categories_from_training_rows_only(ac):

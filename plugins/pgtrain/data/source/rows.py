@@ -1,8 +1,8 @@
 """The SQL fragments that select a source's rows, check them and send them, shared by the planner
 (``compute_shards``) and the trainer's loader so that both sides agree on which rows a run trains on:
 
-- ``split_part`` / ``is_validation`` / ``is_test`` / ``is_held_out``: the deterministic train/validation/test
-  split (a hash of the key: docs/configuration.md, "The split");
+- ``split_part`` / ``held_out_key`` / ``is_validation`` / ``is_test`` / ``is_held_out`` (``by_part``): the
+  deterministic train/validation/test split (a hash of the key: docs/configuration.md, "The split");
 - ``row_checks`` / ``bad_row``: what makes a row unusable (NULLs, NaN/Inf, values beyond float32, wrong
   length, bad label or target);
 - ``feature_payload`` / ``target_payload``: the binary form of a row's features and target the loader reads.
@@ -125,8 +125,8 @@ TRAIN, VALIDATION, TEST = 0, 1, 2
 
 def split_part(source: Source, validation_fraction: float, test_fraction: float, seed: int) -> sql.Composable:
     """SQL bytea, one byte: the row's part (TRAIN, VALIDATION, TEST)."""
-    return by_part(source, validation_fraction, test_fraction, seed, *(
-        sql.SQL("'\\x0{}'::bytea").format(sql.SQL(str(part))) for part in (TRAIN, VALIDATION, TEST)))
+    return by_part(source, validation_fraction, test_fraction, seed,
+                   *(sql.Literal(bytes([part])) for part in (TRAIN, VALIDATION, TEST)))
 
 
 def held_out_key(source: Source, validation_fraction: float, test_fraction: float, seed: int) -> sql.Composable:
@@ -134,14 +134,14 @@ def held_out_key(source: Source, validation_fraction: float, test_fraction: floa
     (``string_agg`` skips it)."""
     key = sql.SQL("int8send(CAST({} AS bigint))").format(source.key)
     return by_part(source, validation_fraction, test_fraction, seed, sql.SQL("NULL::bytea"),
-                   *(sql.SQL("{} || '\\x0{}'::bytea").format(key, sql.SQL(str(part))) for part in (VALIDATION, TEST)))
+                   *(sql.SQL("{} || {}").format(key, sql.Literal(bytes([part]))) for part in (VALIDATION, TEST)))
 
 
 def by_part(source: Source, validation_fraction: float, test_fraction: float, seed: int, train: sql.Composable,
             validation: sql.Composable, test: sql.Composable) -> sql.Composable:
-    """SQL: ``train``, ``validation`` or ``test`` by the row's part of the split. A training row (most rows) is
-    settled by the first test, one hash; a held-out row takes a second (cheaper than ``width_bucket`` over one
-    hash: docs/performance.md, "One hash for a training row")."""
+    """SQL: ``train``, ``validation`` or ``test`` by the row's part of the split: two comparisons, no array. A
+    training row (most rows) is settled by the first, one hash; a held-out row hashes again for the second
+    (docs/performance.md, "No ``width_bucket`` per row")."""
     first, last = split_bounds(validation_fraction, test_fraction)
     bucket = split_bucket(source, seed)
     return sql.SQL("(CASE WHEN {b} >= {last} THEN {train} WHEN {b} >= {first} THEN {test} ELSE {validation} END)"
