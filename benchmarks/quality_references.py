@@ -226,13 +226,27 @@ def _network(name: str, data: Data) -> tuple[np.ndarray, dict[str, float | int |
             layers += [torch.nn.Linear(d_in, 256), torch.nn.ReLU()]
         model = torch.nn.Sequential(*layers, torch.nn.Linear(256, outputs))
         rate, decay = 1e-3, 1e-4
+    limit = float(os.environ.get("PGTRAIN_BENCH_QUALITY_NETWORK_SECONDS") or 600)
+    predicted, epochs, since = fit_network(model, data, rate, decay, NETWORK_BATCH, NETWORK_EPOCHS,
+                                           NETWORK_PATIENCE, limit)
+    time_limited = epochs < NETWORK_EPOCHS and since < NETWORK_PATIENCE
+    return predicted, {"epochs": epochs, "best_epoch": epochs - since, "time_limited": time_limited}
+
+
+def fit_network(model: torch.nn.Module, data: Data, rate: float, decay: float, batch: int, epochs: int,
+                patience: int, seconds: float = float("inf")) -> tuple[np.ndarray, int, int]:
+    """Train ``model`` (rows -> outputs, or rows -> members -> outputs) with AdamW on ``data``'s training rows, the
+    regression target standardized, stopping early on the validation rows (``early_stopped``): (its predictions on
+    the scored rows, in the target's units or as class probabilities; epochs run; epochs since the best)."""
+    import torch
+
     mean, scale = (float(data.y_train.mean()), float(data.y_train.std()) or 1.0) if data.regression else (0.0, 1.0)
 
     def target(y: np.ndarray) -> torch.Tensor:
         return torch.tensor((y - mean) / scale, dtype=torch.float32) if data.regression else torch.tensor(y)
 
     def members(x: torch.Tensor) -> torch.Tensor:
-        """(rows, members, outputs): TabM's k predictions, the plain MLP's one."""
+        """(rows, members, outputs): TabM's k predictions, a plain network's one."""
         out = model(x)
         return out if out.ndim == 3 else out[:, None, :]
 
@@ -257,14 +271,11 @@ def _network(name: str, data: Data) -> tuple[np.ndarray, dict[str, float | int |
         return float(torch.nn.functional.nll_loss(predicted.clamp_min(1e-12).log(), y))
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=rate, weight_decay=decay)
-    limit = float(os.environ.get("PGTRAIN_BENCH_QUALITY_NETWORK_SECONDS") or 600)
-    epochs, since = early_stopped(model, lambda x, y: loss(members(x), y), validation_loss, optimizer,
-                                  torch.from_numpy(data.x_train), target(data.y_train), NETWORK_BATCH,
-                                  NETWORK_EPOCHS, NETWORK_PATIENCE, limit)
+    ran, since = early_stopped(model, lambda x, y: loss(members(x), y), validation_loss, optimizer,
+                               torch.from_numpy(data.x_train), target(data.y_train), batch, epochs, patience,
+                               seconds)
     predicted = predict(data.x_scored).double().numpy()
-    time_limited = epochs < NETWORK_EPOCHS and since < NETWORK_PATIENCE
-    return (predicted * scale + mean if data.regression else predicted), {
-        "epochs": epochs, "best_epoch": epochs - since, "time_limited": time_limited}
+    return (predicted * scale + mean if data.regression else predicted), ran, since
 
 
 def early_stopped(model: torch.nn.Module, batch_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],

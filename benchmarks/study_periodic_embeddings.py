@@ -38,53 +38,33 @@ def network(name: str, data: refs.Data) -> tuple[np.ndarray, dict[str, float | i
     # refs.inputs standardizes the numbers (and their missing-value indicators): one-hot columns are the 0/1 ones.
     numeric = [j for j in range(data.x_train.shape[1]) if not np.isin(data.x_train[:, j], (0.0, 1.0)).all()]
     one_hot = sorted(set(range(data.x_train.shape[1])) - set(numeric))
-    embed = (PeriodicEmbeddings(len(numeric), EMBEDDING_WIDTH, frequency_init_scale=sigma, lite=True)
-             if sigma is not None else None)
-    width = (len(numeric) * EMBEDDING_WIDTH if embed is not None else len(numeric)) + len(one_hot)
-    layers: list[torch.nn.Module] = []
-    for size in hidden:
-        layers += [torch.nn.Linear(width, size), torch.nn.ReLU()]
-        width = size
-    net = torch.nn.Sequential(*layers, torch.nn.Linear(width, 1 if data.regression else data.classes))
-    modules = torch.nn.ModuleList([net] + ([embed] if embed is not None else []))
 
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        numbers = x[:, numeric]
-        if embed is not None:
-            numbers = embed(numbers).flatten(1)
-        return net(torch.cat([numbers, x[:, one_hot]], 1))
+    class Network(torch.nn.Module):
+        """The numbers (through the embeddings, if any), then the one-hot columns, into an MLP."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = (PeriodicEmbeddings(len(numeric), EMBEDDING_WIDTH, frequency_init_scale=sigma, lite=True)
+                          if sigma is not None else None)
+            width = (len(numeric) * EMBEDDING_WIDTH if sigma is not None else len(numeric)) + len(one_hot)
+            layers: list[torch.nn.Module] = []
+            for size in hidden:
+                layers += [torch.nn.Linear(width, size), torch.nn.ReLU()]
+                width = size
+            self.net = torch.nn.Sequential(*layers, torch.nn.Linear(width, 1 if data.regression else data.classes))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            numbers = x[:, numeric]
+            if self.embed is not None:
+                numbers = self.embed(numbers).flatten(1)
+            return self.net(torch.cat([numbers, x[:, one_hot]], 1))
 
     config = TrainingConfig()
     batch = config.batch_size_for(len(data.x_train))
-    mean, scale = (float(data.y_train.mean()), float(data.y_train.std()) or 1.0) if data.regression else (0.0, 1.0)
-
-    def target(y: np.ndarray) -> torch.Tensor:
-        return torch.tensor((y - mean) / scale, dtype=torch.float32) if data.regression else torch.tensor(y)
-
-    def loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        if data.regression:
-            return torch.nn.functional.mse_loss(out[:, 0], y)
-        return torch.nn.functional.cross_entropy(out, y)
-
-    @torch.no_grad()
-    def predict(x: np.ndarray) -> torch.Tensor:
-        modules.eval()
-        out = forward(torch.from_numpy(x))
-        return out[:, 0] if data.regression else out.softmax(-1)
-
-    def validation_loss() -> float:
-        predicted, y = predict(data.x_validation), target(data.y_validation)
-        if data.regression:
-            return float(((predicted - y) ** 2).mean())
-        return float(torch.nn.functional.nll_loss(predicted.clamp_min(1e-12).log(), y))
-
-    optimizer = torch.optim.AdamW(modules.parameters(), lr=config.learning_rate_for(batch),
-                                  weight_decay=config.weight_decay_value)
-    epochs, _ = refs.early_stopped(modules, lambda x, y: loss(forward(x), y), validation_loss, optimizer,
-                                   torch.from_numpy(data.x_train), target(data.y_train), batch, config.epochs,
-                                   config.early_stopping_patience)
-    predicted = predict(data.x_scored).double().numpy()
-    return (predicted * scale + mean if data.regression else predicted), {"epochs": epochs}
+    predicted, epochs, _ = refs.fit_network(Network(), data, config.learning_rate_for(batch),
+                                            config.weight_decay_value, batch, config.epochs,
+                                            config.early_stopping_patience)
+    return predicted, {"epochs": epochs}
 
 
 def main(tables: list[str]) -> None:

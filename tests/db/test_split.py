@@ -84,9 +84,8 @@ def test_a_row_whose_bucket_is_a_bound_takes_the_part_above_it(ac):
     """A bucket equal to the first bound is a test row, one equal to the second a training row, as documented."""
     make_table(ac, "t", 500)
     source = resolve_source(ac, "public.t", "id", "features", "label")
-    key, bucket = ac.execute("SELECT id, abs(mod(hashtextextended(id::text, 3), 1000000)) AS b FROM public.t "
-                             "WHERE abs(mod(hashtextextended(id::text, 3), 1000000)) BETWEEN 1000 AND 800000 "
-                             "ORDER BY id LIMIT 1").fetchone()
+    key, bucket = ac.execute("SELECT id, b FROM (SELECT id, abs(mod(hashtextextended(id::text, 3), 1000000)) AS b "
+                             "FROM public.t) AS keyed WHERE b BETWEEN 1000 AND 800000 ORDER BY id LIMIT 1").fetchone()
     for validation_fraction, test_fraction, part in ((bucket / 1e6, 0.1, TEST), (0.0, bucket / 1e6, TRAIN),
                                                      (bucket / 1e6, 0.0, TRAIN)):
         found = ac.execute(sql.SQL("SELECT {}, {} FROM public.t WHERE id = %s").format(
